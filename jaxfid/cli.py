@@ -1,0 +1,68 @@
+"""`jaxfid <command>`: a thin dispatcher.
+
+Each command lives in its own module, which exposes ``add_parser(subparsers)``
+(registering its arguments and ``set_defaults(func=run)``) and a ``run(args)``
+that calls library code. The CLI holds no logic a test cannot call directly.
+Bad input raises :class:`jaxfid.data.errors.InputError`; it is printed as one
+line and the process exits with status 2, with no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from jaxfid.data.errors import InputError
+
+# command modules, imported lazily so that `jaxfid --help` stays fast.
+COMMAND_MODULES = (
+    "jaxfid.commands.convert",
+    "jaxfid.commands.predict",
+    "jaxfid.commands.train",
+    "jaxfid.commands.index",
+    "jaxfid.commands.retrieve",
+    "jaxfid.commands.corpus",
+    "jaxfid.commands.eval_retrieval",
+    "jaxfid.commands.plot",
+    "jaxfid.commands.bench",
+    "jaxfid.commands.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="jaxfid",
+      description="Retrieval-augmented T5 (FiD, ReAtt, ReFusion) in JAX.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  for name in COMMAND_MODULES:
+    try:
+      module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name == name:  # command not built (yet): leave it out
+        continue
+      raise
+    module.add_parser(sub)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = build_parser()
+  args, unknown = parser.parse_known_args(argv)
+  if getattr(args, "accepts_gin_bindings", False):
+    from jaxfid.commands.gin_flags import split_gin_bindings
+    args.gin_bindings, unknown = split_gin_bindings(unknown)
+  if unknown:
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  try:
+    result = args.func(args)
+  except InputError as e:
+    print(f"jaxfid {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print(f"jaxfid {args.command}: interrupted", file=sys.stderr)
+    return 130
+  return int(result or 0)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

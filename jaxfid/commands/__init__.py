@@ -1,0 +1,1 @@
+"""One module per `jaxfid` command (see jaxfid/cli.py)."""

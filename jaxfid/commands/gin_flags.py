@@ -1,0 +1,71 @@
+"""t5x-style gin flags shared by ``jaxfid train`` and ``jaxfid bench``.
+
+``--gin_file=F`` (repeatable; later files override earlier ones) and
+``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``). Gin files and
+their ``include``s are found relative to the working directory, then to the
+jaxfid source tree (so ``gin/fid/tiny.gin`` works from anywhere).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import gin
+
+from jaxfid.data.errors import InputError
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def add_gin_arguments(parser) -> None:
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help="gin config file (repeatable)")
+  parser.add_argument("--gin_search_path", action="append", default=[],
+                      help="extra directory to resolve gin files and includes")
+
+
+def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
+  """Pull ``--gin.NAME=VALUE`` out of argparse's unknown arguments."""
+  bindings, rest = [], []
+  for arg in unknown:
+    if arg.startswith("--gin."):
+      name, sep, value = arg[len("--gin."):].partition("=")
+      if not sep:
+        raise SystemExit(f"jaxfid: error: {arg}: expected --gin.NAME=VALUE")
+      bindings.append(f"{name}={value}")
+    else:
+      rest.append(arg)
+  return bindings, rest
+
+
+def _resolve(path: str, search: list[str]) -> str:
+  if os.path.exists(path):
+    return path
+  for root in search:
+    candidate = os.path.join(root, path)
+    if os.path.exists(candidate):
+      return candidate
+  raise InputError(path, "no such gin file")
+
+
+def parse_gin(gin_files: list[str], bindings: list[str],
+              search_paths: list[str] = ()) -> None:
+  """Parse files then bindings; a gin error becomes a one-line InputError."""
+  search = [os.getcwd(), *search_paths, SOURCE_ROOT]
+  for root in search:
+    gin.add_config_file_search_path(root)
+  files = [_resolve(f, search) for f in gin_files]
+  if not files:
+    raise InputError("--gin_file", "at least one gin file is required")
+  gin.clear_config()
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)  # gin logs every search path it tries
+  try:
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+  except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
+    where = files[-1] if not bindings else "gin bindings"
+    raise InputError(where, f"gin: {' '.join(str(e).split())}") from None
+  finally:
+    root.setLevel(level)

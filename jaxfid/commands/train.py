@@ -1,0 +1,32 @@
+"""``jaxfid train --gin_file=F [--gin_file=G ...] [--gin.NAME=VALUE ...]``."""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(subparsers) -> None:
+  from jaxfid.commands import gin_flags
+  p = subparsers.add_parser(
+      "train", help="train a model from gin files (FiD, ReAtt, ReFusion)",
+      description="Train from gin files; rerunning the same command resumes "
+                  "from the latest checkpoint in MODEL_DIR.")
+  gin_flags.add_gin_arguments(p)
+  p.set_defaults(func=run, accepts_gin_bindings=True)
+
+
+def run(args) -> int:
+  import gin
+
+  from jaxfid.commands import gin_flags
+  from jaxfid.training import launch
+  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  try:
+    result = gin.get_configurable(launch.run)()
+  except TypeError as e:
+    if "gin.REQUIRED" in str(e) or "required" in str(e):
+      from jaxfid.data.errors import InputError
+      raise InputError("gin", " ".join(str(e).split())) from None
+    raise
+  print(json.dumps({k: v for k, v in result.items()
+                    if isinstance(v, (int, float, str, bool))}))
+  return 0

@@ -1,0 +1,1 @@
+"""Data readers, formats and pipelines (never imports a model)."""

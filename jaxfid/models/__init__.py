@@ -1,0 +1,1 @@
+"""Networks: T5 and the retrieval-augmented models built on it."""

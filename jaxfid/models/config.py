@@ -1,0 +1,142 @@
+"""The T5 configuration: one frozen dataclass, passed whole, with size presets.
+
+Field names are HF ``T5Config``'s, so a ``config.json`` maps onto it directly
+(see ``jaxfid.checkpoints``). Presets follow the published T5 (v1.0) and T5.1.1
+sizes; ``gin/models/*.gin`` select them for a run.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Sizes and switches of a T5 encoder-decoder.
+
+  Attributes:
+    vocab_size: rows of the (shared) token embedding (32128 for T5).
+    d_model: width of the residual stream D.
+    d_kv: width of one attention head E; ``num_heads * d_kv`` may differ from
+      ``d_model``.
+    d_ff: hidden width of the feed-forward block F.
+    num_heads: attention heads H.
+    num_layers: encoder layers.
+    num_decoder_layers: decoder layers.
+    feed_forward_proj: 'relu' (T5 v1.0), 'gated-gelu' (T5.1.1), 'gelu',
+      'gated-relu'.
+    tie_word_embeddings: output logits use the shared embedding (scaled by
+      ``d_model**-0.5``); otherwise an untied ``logits_dense`` without scaling.
+    relative_attention_num_buckets / relative_attention_max_distance: the
+      relative position buckets.
+    layer_norm_epsilon: RMS norm epsilon.
+    dropout_rate: dropout on embeddings, sublayer outputs, attention weights
+      and the feed-forward hidden layer (as HF/T5).
+    dtype: activation dtype ('float32' or 'bfloat16'); parameters are always
+      float32, logits and softmax always float32.
+    remat: gradient checkpointing of each layer: 'none', 'full' (recompute
+      everything) or 'dots' (save matmul outputs without batch dims).
+    cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
+      (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
+      layer (standard T5).
+    multi_query_cross_attention: FiDO multi-query cross-attention (one key and
+      one value head shared by all query heads).
+  """
+  vocab_size: int = 32128
+  d_model: int = 512
+  d_kv: int = 64
+  d_ff: int = 2048
+  num_heads: int = 8
+  num_layers: int = 6
+  num_decoder_layers: int = 6
+  feed_forward_proj: str = "relu"
+  tie_word_embeddings: bool = True
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  dropout_rate: float = 0.1
+  dtype: str = "float32"
+  remat: str = "none"
+  cross_attention_period: int = 1
+  multi_query_cross_attention: bool = False
+
+  def __post_init__(self):
+    if self.feed_forward_proj not in FEED_FORWARD_PROJS:
+      raise ValueError(f"feed_forward_proj must be one of {FEED_FORWARD_PROJS},"
+                       f" got {self.feed_forward_proj!r}")
+    if self.remat not in ("none", "full", "dots"):
+      raise ValueError(f"remat must be 'none', 'full' or 'dots', got "
+                       f"{self.remat!r}")
+    if self.cross_attention_period < 1:
+      raise ValueError("cross_attention_period must be >= 1")
+
+  @property
+  def is_gated(self) -> bool:
+    return self.feed_forward_proj.startswith("gated-")
+
+  @property
+  def activation(self) -> str:
+    return self.feed_forward_proj.split("-")[-1]
+
+  @property
+  def activation_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def inner_dim(self) -> int:
+    return self.num_heads * self.d_kv
+
+  def has_cross_attention(self, decoder_layer: int) -> bool:
+    return (decoder_layer + 1) % self.cross_attention_period == 0
+
+  def replace(self, **changes) -> "T5Config":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, fields: dict) -> "T5Config":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+def _v1_0(d_model, d_ff, d_kv, num_heads, num_layers) -> T5Config:
+  return T5Config(d_model=d_model, d_ff=d_ff, d_kv=d_kv, num_heads=num_heads,
+                  num_layers=num_layers, num_decoder_layers=num_layers,
+                  feed_forward_proj="relu", tie_word_embeddings=True)
+
+
+def _v1_1(d_model, d_ff, d_kv, num_heads, num_layers) -> T5Config:
+  return T5Config(d_model=d_model, d_ff=d_ff, d_kv=d_kv, num_heads=num_heads,
+                  num_layers=num_layers, num_decoder_layers=num_layers,
+                  feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
+PRESETS: dict[str, T5Config] = {
+    "t5_small": _v1_0(512, 2048, 64, 8, 6),
+    "t5_base": _v1_0(768, 3072, 64, 12, 12),
+    "t5_large": _v1_0(1024, 4096, 64, 16, 24),
+    "t5_3b": _v1_0(1024, 16384, 128, 32, 24),
+    "t5_11b": _v1_0(1024, 65536, 128, 128, 24),
+    "t5_1_1_small": _v1_1(512, 1024, 64, 6, 8),
+    "t5_1_1_base": _v1_1(768, 2048, 64, 12, 12),
+    "t5_1_1_large": _v1_1(1024, 2816, 64, 16, 24),
+    "t5_1_1_xl": _v1_1(2048, 5120, 64, 32, 24),
+    "t5_1_1_xxl": _v1_1(4096, 10240, 64, 64, 24),
+    # CPU-sized model for tests and the demo (gin/fid/tiny.gin).
+    "tiny": T5Config(d_model=64, d_ff=128, d_kv=16, num_heads=4, num_layers=2,
+                     num_decoder_layers=2, feed_forward_proj="gated-gelu",
+                     tie_word_embeddings=False),
+}
+
+
+def preset(name: str, **overrides) -> T5Config:
+  """A named preset (``PRESETS`` keys; '-' and '.' accepted for '_')."""
+  key = name.replace("-", "_").replace(".", "_")
+  if key not in PRESETS:
+    raise ValueError(f"unknown T5 preset {name!r}; known: {sorted(PRESETS)}")
+  return PRESETS[key].replace(**overrides)

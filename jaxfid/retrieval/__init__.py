@@ -1,0 +1,1 @@
+"""Retrieval: corpora, BM25, dense and token indexes, search and metrics."""

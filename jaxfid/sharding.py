@@ -1,0 +1,132 @@
+"""Logical axis names and the one table that maps them onto a device mesh.
+
+Models only *name* axes (constants below); they never see a mesh. The trainer
+builds a ``jax.sharding.Mesh`` with axes ``data``, ``fsdp`` and ``model`` and
+turns logical names into ``PartitionSpec``s with :func:`logical_to_mesh`.
+Follows t5x's ``standard_logical_axis_rules`` and maxtext's ``common_types``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Parameter axes.
+VOCAB = "vocab"
+EMBED = "embed"
+MLP = "mlp"
+HEADS = "heads"
+KV = "kv"
+JOINED_KV = "joined_kv"  # heads * kv, flattened (T5X kernel layout)
+RELPOS_BUCKETS = "relpos_buckets"
+# Activation axes.
+BATCH = "batch"
+PASSAGES = "passages"
+LENGTH = "length"
+ACT_EMBED = "activation_embed"
+ACT_HEADS = "activation_heads"
+ACT_MLP = "activation_mlp"
+ACT_VOCAB = "activation_vocab"
+
+MESH_AXES = ("data", "fsdp", "model")
+
+# logical axis -> mesh axis (or tuple of mesh axes, or None = replicated).
+# Parameters: tensor-parallel over `model` (Megatron layout), and the embed
+# dimension sharded over `fsdp` (ZeRO-3 style, gathered by XLA per use).
+# Activations: batch over every data-parallel axis.
+LOGICAL_AXIS_RULES: tuple[tuple[str, object], ...] = (
+    (VOCAB, "model"),
+    (EMBED, "fsdp"),
+    (MLP, "model"),
+    (HEADS, "model"),
+    (JOINED_KV, "model"),
+    (KV, None),
+    (RELPOS_BUCKETS, None),
+    (BATCH, ("data", "fsdp")),
+    (PASSAGES, None),
+    (LENGTH, None),
+    (ACT_EMBED, None),
+    (ACT_HEADS, "model"),
+    (ACT_MLP, "model"),
+    (ACT_VOCAB, "model"),
+)
+
+
+def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
+                    mesh: Mesh | None = None) -> PartitionSpec:
+  """PartitionSpec for logical axis names; a mesh axis is used at most once.
+
+  Mesh axes of size 1 (or absent from ``mesh``) are dropped, so the same rules
+  serve any mesh shape.
+  """
+  table = dict(rules)
+  used: set[str] = set()
+  spec = []
+  for name in axes:
+    target = table.get(name) if name is not None else None
+    if target is None:
+      spec.append(None)
+      continue
+    targets = (target,) if isinstance(target, str) else tuple(target)
+    keep = []
+    for t in targets:
+      if t in used:
+        continue
+      if mesh is not None and (t not in mesh.shape or mesh.shape[t] == 1):
+        continue
+      keep.append(t)
+    used.update(keep)
+    spec.append(None if not keep else keep[0] if len(keep) == 1 else tuple(keep))
+  return PartitionSpec(*spec)
+
+
+def parse_mesh(spec: str, devices=None) -> Mesh:
+  """A mesh from a string such as ``'data=4,model=2'`` (missing axes are 1).
+
+  ``-1`` for one axis takes the remaining devices; an empty string puts every
+  device on ``data``.
+  """
+  import numpy as np
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = {a: 1 for a in MESH_AXES}
+  spec = (spec or "").strip()
+  if not spec:
+    sizes["data"] = len(devices)
+  else:
+    for part in spec.split(","):
+      name, _, value = part.partition("=")
+      name = name.strip()
+      if name not in sizes or not value.strip().lstrip("-").isdigit():
+        raise ValueError(f"bad MESH {spec!r}: expected e.g. 'data=4,model=2' "
+                         f"with axes from {MESH_AXES}")
+      sizes[name] = int(value)
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+      raise ValueError(f"bad MESH {spec!r}: at most one axis may be -1")
+    known = int(np.prod([s for s in sizes.values() if s != -1]))
+    if free:
+      sizes[free[0]] = len(devices) // known
+  total = int(np.prod(list(sizes.values())))
+  if total != len(devices):
+    raise ValueError(f"MESH {spec!r} needs {total} devices; "
+                     f"{len(devices)} are available")
+  grid = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
+  return Mesh(grid, MESH_AXES)
+
+
+def named_sharding(mesh: Mesh, axes: Sequence[str | None]) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_mesh(axes, mesh=mesh))
+
+
+def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
+  """Activation sharding constraint by logical names; a no-op without a mesh.
+
+  The trainer enters ``jax.set_mesh(mesh)``; models call this at block
+  boundaries.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return x
+  spec = logical_to_mesh(axes, mesh=mesh)
+  return jax.lax.with_sharding_constraint(x, spec)

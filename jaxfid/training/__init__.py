@@ -1,0 +1,1 @@
+"""Training: step functions, the trainer loop, checkpointing, metrics."""

@@ -1,0 +1,86 @@
+"""The train step: a pure function of (state, batch), jit-compiled with shardings.
+
+``state`` is a dict pytree ``{'step', 'params', 'opt_state'}``. The loss is
+the mean cross-entropy per target token over the *whole* global batch: with
+``accumulation_steps = A`` the batch is cut into A microbatches whose losses
+are token sums divided by the whole batch's token count, so the accumulated
+gradient equals the full-batch gradient exactly.
+
+Dropout randomness is ``fold_in(key(seed), step)``: a resumed run draws the
+same masks as an uninterrupted one. A non-finite loss or gradient leaves
+params and optimizer state untouched (the trainer then stops or skips).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+LossFn = Callable[..., tuple[jax.Array, dict]]
+
+
+def _split_microbatches(batch: dict, n: int) -> dict:
+  def cut(x):
+    b = x.shape[0]
+    if b % n:
+      raise ValueError(f"batch of {b} does not split into {n} microbatches")
+    return x.reshape(n, b // n, *x.shape[1:])  # [A, B/A, ...]
+  return jax.tree.map(cut, batch)
+
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                    *, seed: int, accumulation_steps: int = 1):
+  """``train_step(state, batch) -> (state, metrics)``.
+
+  ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``.
+  """
+  base_key = jax.random.key(seed)
+
+  def grads_of(params, batch, rng, normalizer):
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (loss, metrics), grads = grad_fn(params, batch, rng, normalizer)
+    return loss, metrics, grads
+
+  def train_step(state, batch):
+    params = state["params"]
+    rng = jax.random.fold_in(base_key, state["step"])
+    normalizer = jnp.sum(batch["decoder_target_tokens"] > 0).astype(jnp.float32)
+    if accumulation_steps == 1:
+      loss, metrics, grads = grads_of(params, batch, rng, normalizer)
+    else:
+      micro = _split_microbatches(batch, accumulation_steps)
+
+      def body(carry, xs):
+        i, mb = xs
+        loss, metrics, grads = grads_of(params, mb, jax.random.fold_in(rng, i),
+                                        normalizer)
+        acc_loss, acc_metrics, acc_grads = carry
+        return (acc_loss + loss,
+                jax.tree.map(jnp.add, acc_metrics, metrics),
+                jax.tree.map(jnp.add, acc_grads, grads)), None
+
+      first_metrics = jax.eval_shape(
+          lambda: grads_of(params, jax.tree.map(lambda x: x[0], micro), rng,
+                           normalizer)[1])
+      init = (jnp.zeros((), jnp.float32),
+              jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first_metrics),
+              jax.tree.map(jnp.zeros_like, params))
+      (loss, metrics, grads), _ = jax.lax.scan(
+          body, init, (jnp.arange(accumulation_steps), micro))
+      metrics = jax.tree.map(lambda m: m / accumulation_steps, metrics)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(
+        lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = {"step": state["step"] + 1,
+                 "params": keep(new_params, params),
+                 "opt_state": keep(opt_state, state["opt_state"])}
+    metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
+                   finite=finite.astype(jnp.float32))
+    return new_state, metrics
+
+  return train_step

@@ -1,0 +1,295 @@
+"""The FiD trainer, top to bottom: data, mesh, init or restore, steps, eval, checkpoints.
+
+gin configures ``train`` (see ``gin/fid/*.gin``; the macros ``MODEL_DIR``,
+``TRAIN_DATA``, ``TRAIN_STEPS``, ``BATCH_SIZE``, ``N_CONTEXT``, ... are bound
+to its arguments there). Nothing below the top level reads gin.
+
+Reliability:
+  * every batch and dropout mask is a function of (seed, step), and the
+    latest checkpoint holds (step, params, optimizer state): rerunning the
+    same command resumes and continues step for step as if never stopped;
+  * SIGTERM (preemption) finishes the current step, writes a checkpoint and
+    exits cleanly; SIGKILL loses at most the steps since the last checkpoint;
+  * a non-finite loss never reaches the parameters: the step's update is
+    dropped and the run stops naming the step (``on_nan='stop'``) or goes on
+    (``'skip'``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from jaxfid import predict as predict_lib
+from jaxfid import sharding as shd
+from jaxfid.data import fid_format, pipeline
+from jaxfid.data.errors import InputError
+from jaxfid.models.config import T5Config
+from jaxfid.models.model import FiDModel
+from jaxfid.training import checkpointing, optim
+from jaxfid.training.metrics_log import MetricsLog
+from jaxfid.training.step import make_train_step
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+@dataclasses.dataclass
+class Shardings:
+  mesh: Any
+  params: Any
+  state: Any
+  batch: NamedSharding
+  replicated: NamedSharding
+
+
+def make_shardings(mesh, model: FiDModel, optimizer) -> Shardings:
+  """Parameter, optimizer-state and batch shardings from the logical axes."""
+  is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)
+  specs = jax.tree.map(lambda axes: shd.logical_to_mesh(axes, mesh=mesh),
+                       model.param_axes(), is_leaf=is_axes)
+  is_spec = lambda x: isinstance(x, PartitionSpec)
+  opt_shapes = jax.eval_shape(optimizer.init, model.abstract_params())
+  opt_specs = optax.tree_map_params(
+      optimizer, lambda _, spec: spec, opt_shapes, specs,
+      transform_non_params=lambda _: PartitionSpec(), is_leaf=is_spec)
+  to_named = lambda tree: jax.tree.map(lambda s: NamedSharding(mesh, s), tree,
+                                       is_leaf=is_spec)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  params = to_named(specs)
+  state = {"step": replicated, "params": params, "opt_state": to_named(opt_specs)}
+  batch = NamedSharding(mesh, shd.logical_to_mesh((shd.BATCH,), mesh=mesh))
+  return Shardings(mesh, params, state, batch, replicated)
+
+
+def global_batch(host_batch: dict, sharding: NamedSharding, batch_size: int) -> dict:
+  """Assemble global arrays from each host's rows (single host: a device_put)."""
+  def put(x):
+    shape = (batch_size, *x.shape[1:])
+    return jax.make_array_from_process_local_data(sharding, x, shape)
+  return jax.tree.map(put, host_batch)
+
+
+def load_initial_params(path: str, model: FiDModel, shardings) -> dict:
+  from jaxfid.models.loading import load_checkpoint
+  other, params, _ = load_checkpoint(path)
+  mine = dataclasses.replace(model.config, dropout_rate=0.0, dtype="float32",
+                             remat="none")
+  theirs = dataclasses.replace(other.config, dropout_rate=0.0, dtype="float32",
+                               remat="none")
+  if mine != theirs:
+    diff = [f.name for f in dataclasses.fields(mine)
+            if getattr(mine, f.name) != getattr(theirs, f.name)]
+    raise InputError(path, f"INIT_CHECKPOINT's model differs from the run's "
+                     f"in {', '.join(diff)}; list the matching gin/models file")
+  return jax.device_put(params, shardings)
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handler)
+    except ValueError:  # not the main thread
+      self._previous = None
+    return self
+
+  def _handler(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
+          model_config: T5Config = T5Config(), train_steps: int = 10000,
+          batch_size: int = 64, n_context: int = 100, text_maxlength: int = 250,
+          answer_maxlength: int = 20, learning_rate: float = 1e-4,
+          optimizer: str = "adam", schedule: str = "constant",
+          warmup_steps: int = 0, weight_decay: float = 0.0,
+          clip_norm: float = 1.0, accumulation_steps: int = 1,
+          eval_every: int = 500, checkpoint_every: int = 500,
+          log_every: int = 10, keep_checkpoints: int = 2, seed: int = 0,
+          mesh: str = "", init_checkpoint: str | None = None,
+          dataset: str = "nq", eval_batch_size: int = 8,
+          eval_max_examples: int | None = None, eval_beams: int = 1,
+          first_phase_n_context: int | None = None,
+          final_phase_steps: int = 1000, on_nan: str = "stop",
+          progress: bool = True) -> dict:
+  """Train a FiD reader; returns the last metrics.
+
+  Two-phase training (the paper's): with ``first_phase_n_context`` set, steps
+  before the last ``final_phase_steps`` use that many passages, the rest
+  ``n_context``.
+  """
+  from jaxfid.tokenization import load_tokenizer
+  if on_nan not in ("stop", "skip"):
+    raise ValueError(f"on_nan must be 'stop' or 'skip', got {on_nan!r}")
+
+  # 1. Data: read and validate everything before any work.
+  train_examples = fid_format.read_fid_examples(train_data)
+  eval_examples = fid_format.read_fid_examples(eval_data) if eval_data else []
+  if eval_max_examples:
+    eval_examples = eval_examples[:eval_max_examples]
+  spiece_dir = init_checkpoint if init_checkpoint and os.path.isfile(
+      os.path.join(init_checkpoint, "spiece.model")) else None
+  tokenizer = load_tokenizer(spiece_dir)
+
+  # 2. Model, optimizer, mesh and shardings.
+  model = FiDModel(model_config)
+  opt, lr_schedule = optim.make_optimizer(
+      learning_rate, optimizer=optimizer, schedule=schedule,
+      warmup_steps=warmup_steps, total_steps=train_steps,
+      weight_decay=weight_decay, clip_norm=clip_norm)
+  device_mesh = shd.parse_mesh(mesh)
+  sh = make_shardings(device_mesh, model, opt)
+
+  # 3. Run directory: config, vocabulary, checkpoints.
+  os.makedirs(model_dir, exist_ok=True)
+  checkpointing.write_run_config(model_dir, {
+      "method": "fid", "model": model_config.to_dict(),
+      "n_context": n_context, "text_maxlength": text_maxlength,
+      "answer_maxlength": answer_maxlength, "dataset": dataset})
+  if not os.path.exists(os.path.join(model_dir, "spiece.model")):
+    shutil.copyfile(tokenizer.path, os.path.join(model_dir, "spiece.model"))
+  ckpts = checkpointing.RunCheckpoints(model_dir, keep=keep_checkpoints)
+
+  with jax.set_mesh(device_mesh), _Preemption() as preemption:
+    # 4. Init or restore.
+    start = ckpts.latest_step()
+    if start is not None:
+      abstract = jax.eval_shape(lambda: {
+          "step": jnp.zeros((), jnp.int32),
+          "params": model.abstract_params(),
+          "opt_state": opt.init(model.abstract_params())})
+      abstract = jax.tree.map(
+          lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                   sharding=sharding),
+          abstract, sh.state)
+      state = ckpts.restore(abstract, start)
+      print(f"resumed from step {start} in {model_dir}", file=sys.stderr)
+    else:
+      start = 0
+      if init_checkpoint:
+        params = load_initial_params(init_checkpoint, model, sh.params)
+      else:
+        params = jax.jit(lambda: model.init_params(seed),
+                         out_shardings=sh.params)()
+      state = jax.jit(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
+                                 "opt_state": opt.init(p)},
+                      out_shardings=sh.state)(params)
+
+    loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
+    step_fn = jax.jit(make_train_step(loss_fn, opt, seed=seed,
+                                      accumulation_steps=accumulation_steps),
+                      in_shardings=(sh.state, sh.batch),
+                      out_shardings=(sh.state, sh.replicated),
+                      donate_argnums=0)
+    log = MetricsLog(model_dir, resume_step=start)
+    batchers: dict[int, pipeline.FidBatcher] = {}
+
+    def batcher_for(step: int) -> pipeline.FidBatcher:
+      n = n_context
+      if first_phase_n_context and step < train_steps - final_phase_steps:
+        n = first_phase_n_context
+      if n not in batchers:
+        batchers[n] = pipeline.FidBatcher(
+            train_examples, tokenizer, batch_size=batch_size, n_context=n,
+            text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+            seed=seed, dataset=dataset, process_index=jax.process_index(),
+            process_count=jax.process_count())
+      return batchers[n]
+
+    predict_fn = predict_lib.make_predict_fn(
+        model, max_decode_len=answer_maxlength, num_beams=eval_beams)
+
+    def evaluate(step: int) -> dict:
+      eval_bs = eval_batch_size
+      preds = predict_lib.generate(
+          model, state["params"], tokenizer, eval_examples,
+          n_context=n_context, text_maxlength=text_maxlength,
+          answer_maxlength=answer_maxlength, batch_size=eval_bs,
+          predict_fn=predict_fn, progress=progress,
+          put_batch=lambda b: jax.device_put(b, sh.replicated))
+      scores = predict_lib.score(eval_examples, preds)
+      if jax.process_index() == 0:
+        predict_lib.write_predictions(
+            os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
+            eval_examples, preds, scores)
+      result = {"eval_em": scores["em"], "eval_f1": scores["f1"],
+                "eval_examples": len(eval_examples)}
+      log.write(step, result)
+      if ckpts.maybe_save_best(step, state["params"], scores["em"]):
+        result["best"] = True
+      return result
+
+    # 5. The loop.
+    last = {}
+    t0, t_last, n_since = time.time(), time.time(), 0
+    bar = tqdm(total=train_steps, initial=start, desc="train",
+               disable=not progress, file=sys.stderr)
+    step = start
+    try:
+      while step < train_steps:
+        host = batcher_for(step).batch(step)
+        batch = global_batch(host, sh.batch, batch_size)
+        state, metrics = step_fn(state, batch)
+        step += 1
+        n_since += 1
+        bar.update(1)
+        metrics = jax.device_get(metrics)
+        if not metrics["finite"]:
+          message = (f"non-finite loss {metrics['loss']} at step {step}; "
+                     "the update was not applied")
+          if on_nan == "stop":
+            raise NonFiniteLoss(message)
+          print(f"warning: {message}", file=sys.stderr)
+        if step % log_every == 0 or step == train_steps:
+          now = time.time()
+          last = {"loss": float(metrics["loss"]),
+                  "token_accuracy": float(metrics["token_accuracy"]),
+                  "grad_norm": float(metrics["grad_norm"]),
+                  "learning_rate": float(lr_schedule(step - 1)),
+                  "examples_per_sec": n_since * batch_size / max(now - t_last, 1e-9)}
+          log.write(step, last)
+          bar.set_postfix(loss=f"{last['loss']:.4f}")
+          t_last, n_since = now, 0
+        if eval_examples and (step % eval_every == 0 or step == train_steps):
+          last.update(evaluate(step))
+          bar.set_postfix(loss=f"{last.get('loss', 0):.4f}",
+                          em=f"{last['eval_em']:.3f}")
+        if step % checkpoint_every == 0 or step == train_steps:
+          ckpts.save(step, state)
+        if preemption.requested:
+          ckpts.save(step, state, force=True)
+          print(f"SIGTERM: saved step {step} to {model_dir}; exiting",
+                file=sys.stderr)
+          break
+    finally:
+      bar.close()
+      for b in batchers.values():
+        b.close()
+      log.close()
+      ckpts.close()
+  last["step"] = step
+  last["train_time_s"] = time.time() - t0
+  return last
