@@ -59,16 +59,42 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
 
 
 def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
-  """EM and F1 (SQuAD normalisation, max over gold answers)."""
-  ems = [evaluation.exact_match(p, ex.answers) for p, ex in zip(predictions, examples)]
-  f1s = [evaluation.f1_score(p, ex.answers) for p, ex in zip(predictions, examples)]
-  n = max(len(ems), 1)
-  return {"em": float(sum(ems) / n), "f1": float(sum(f1s) / n),
-          "per_example_em": ems, "per_example_f1": f1s}
+  """EM and F1 (SQuAD normalisation, max over gold answers).
+
+  Examples without gold answers get ``None`` and are left out of the means.
+  """
+  ems, f1s = [], []
+  for p, ex in zip(predictions, examples):
+    ems.append(evaluation.exact_match(p, ex.answers) if ex.answers else None)
+    f1s.append(evaluation.f1_score(p, ex.answers) if ex.answers else None)
+  scored = [e for e in ems if e is not None]
+  n = max(len(scored), 1)
+  return {"em": float(sum(scored) / n),
+          "f1": float(sum(f for f in f1s if f is not None) / n),
+          "scored": len(scored), "per_example_em": ems, "per_example_f1": f1s}
+
+
+def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
+                   n_context: int, text_maxlength: int, batch_size: int = 8,
+                   mode: str = "probs") -> list[list[float]]:
+  """Cross-attention score of each example's passages (in FiD's sorted order)."""
+  fn = jax.jit(lambda p, b: model.passage_scores(
+      p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
+  out: list[list[float]] = []
+  for start, real, batch in pipeline.eval_batches(
+      examples, tokenizer, batch_size=batch_size, n_context=n_context,
+      text_maxlength=text_maxlength):
+    scores = np.asarray(fn(params, jax.tree.map(jnp.asarray, batch)))
+    for i in range(real):
+      n = int(batch["passage_mask"][i].sum())
+      out.append([float(s) for s in scores[i, :n]])
+  return out
 
 
 def write_predictions(path: str, examples: Sequence[FidExample],
-                      predictions: Sequence[str], scores: dict) -> None:
+                      predictions: Sequence[str], scores: dict,
+                      passage_scores: Sequence[Sequence[float]] | None = None
+                      ) -> None:
   """One JSON line per example, input order; atomic."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
@@ -81,6 +107,8 @@ def write_predictions(path: str, examples: Sequence[FidExample],
                   "answers": list(ex.answers),
                   "em": scores["per_example_em"][i],
                   "f1": scores["per_example_f1"][i]}
+        if passage_scores is not None:
+          record["passage_scores"] = passage_scores[i]
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
   finally:

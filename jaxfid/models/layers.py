@@ -7,8 +7,10 @@ Einsum letters:
 
 Conventions (t5x ``examples/t5/layers.py``):
   * parameters are float32 and carry ``logical_axes`` metadata naming their
-    axes (``jaxfid.sharding``); activations run in ``config.dtype``; attention
-    logits, softmax and output logits are float32;
+    axes (``jaxfid.sharding``); activations run in ``config.dtype`` (norm
+    outputs, projections, attention, MLP); the residual stream, attention
+    logits, softmax and output logits are float32, as under mixed-precision
+    autocast — bf16 rounding then does not accumulate over the layers;
   * no ``1/sqrt(E)`` scaling of attention logits (T5 folds it into the init).
 
 Hooks for the methods built on T5:
@@ -87,7 +89,8 @@ class Embed(nnx.Module):
     self.dtype = config.activation_dtype
 
   def __call__(self, tokens: Array) -> Array:
-    return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)  # [B, L, D]
+    """float32 [B, L, D]: the residual stream starts (and stays) float32."""
+    return jnp.take(self.embedding[...], tokens, axis=0)  # [B, L, D]
 
   def attend(self, x: Array) -> Array:
     """Logits against the embedding, float32 ``[..., V]``."""

@@ -146,8 +146,10 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
     raise ValueError(f"on_nan must be 'stop' or 'skip', got {on_nan!r}")
 
   # 1. Data: read and validate everything before any work.
-  train_examples = fid_format.read_fid_examples(train_data)
-  eval_examples = fid_format.read_fid_examples(eval_data) if eval_data else []
+  train_examples = fid_format.read_fid_examples(
+      train_data, require_answers=True, n_context=n_context)
+  eval_examples = (fid_format.read_fid_examples(
+      eval_data, require_answers=True, n_context=n_context) if eval_data else [])
   if eval_max_examples:
     eval_examples = eval_examples[:eval_max_examples]
   spiece_dir = init_checkpoint if init_checkpoint and os.path.isfile(

@@ -1,0 +1,70 @@
+"""``jaxfid predict``: a checkpoint and a FiD file -> PRED.jsonl and the EM.
+
+  jaxfid predict --checkpoint DIR --data FILE --n-context N --text-maxlength L
+      --answer-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
+
+DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
+an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
+checkpoint, else the latest).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser("predict", help="answer the questions of a FiD file")
+  p.add_argument("--checkpoint", required=True)
+  p.add_argument("--data", required=True, help="FiD JSON or JSONL")
+  p.add_argument("--n-context", type=int, required=True)
+  p.add_argument("--text-maxlength", type=int, required=True)
+  p.add_argument("--answer-maxlength", type=int, required=True,
+                 help="maximum number of generated tokens (EOS included)")
+  p.add_argument("--output", required=True, help="PRED.jsonl")
+  p.add_argument("--batch-size", type=int, default=8)
+  p.add_argument("--beam-size", type=int, default=1)
+  p.add_argument("--length-penalty", type=float, default=0.6,
+                 help="beam search length penalty alpha (t5x brevity penalty)")
+  p.add_argument("--dtype", default=None, help="activation dtype override")
+  p.add_argument("--passage-scores", action="store_true",
+                 help="also write each passage's cross-attention score")
+  p.set_defaults(func=run)
+
+
+def run(args) -> int:
+  from jaxfid.data.errors import InputError
+  from jaxfid.data.fid_format import read_fid_examples
+
+  for name in ("n_context", "text_maxlength", "answer_maxlength", "batch_size",
+               "beam_size"):
+    if getattr(args, name) < 1:
+      raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+  # Validate the data before loading anything heavy.
+  examples = read_fid_examples(args.data)
+
+  import os
+
+  from jaxfid import predict as predict_lib
+  from jaxfid.models.loading import load_checkpoint
+  from jaxfid.tokenization import load_tokenizer
+  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype)
+  tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
+  preds = predict_lib.generate(
+      model, params, tokenizer, examples, n_context=args.n_context,
+      text_maxlength=args.text_maxlength,
+      answer_maxlength=args.answer_maxlength, batch_size=args.batch_size,
+      num_beams=args.beam_size, alpha=args.length_penalty)
+  scores = predict_lib.score(examples, preds)
+  extra = None
+  if args.passage_scores:
+    extra = predict_lib.passage_scores(
+        model, params, tokenizer, examples, n_context=args.n_context,
+        text_maxlength=args.text_maxlength, batch_size=args.batch_size)
+  predict_lib.write_predictions(args.output, examples, preds, scores,
+                                passage_scores=extra)
+  print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),
+                    "examples": len(examples), "output": args.output}))
+  print(f"EM {100 * scores['em']:.2f} on {len(examples)} examples",
+        file=sys.stderr)
+  return 0

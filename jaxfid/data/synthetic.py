@@ -1,0 +1,91 @@
+"""The demo's data: questions whose answer must be read from the right passage.
+
+Every made-up entity (``Zorvane``, ``Kelbrin``, ...) has one short document per
+relation (``Zorvane's favourite color is green.``). A question asks for one
+relation of one entity (``what is the favourite color of Zorvane?``); the
+answer is a common word drawn afresh for every entity, so it cannot be
+memorised — it has to be read. Test entities never occur in training, so the
+model must learn to *read*: find, among several retrieved passages about the
+entity (and about other entities with the same relation), the one whose
+relation word matches the question, and copy its answer.
+
+A tiny T5 trained from scratch learns this within a few thousand CPU steps,
+whereas it cannot learn to match made-up names or to copy made-up words in
+that budget (measured with a reference FiD): hence relation words pick the
+passage and answers are common words.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+RELATIONS = ("favourite color", "home city", "pet", "favourite food",
+             "sport", "job", "instrument", "car")
+
+# Answers: common words, one shared pool, so the relation cannot give the
+# answer away: it must be read from the passage that names the relation.
+ANSWER_WORDS = (
+    "red", "green", "blue", "yellow", "black", "white", "paris", "london",
+    "tokyo", "berlin", "rome", "madrid", "dog", "cat", "horse", "rabbit",
+    "bread", "rice", "cheese", "soup", "tennis", "football", "golf", "hockey",
+    "doctor", "teacher", "farmer", "pilot", "piano", "guitar", "violin",
+    "drums", "ford", "toyota", "honda", "volvo", "river", "garden", "winter",
+    "summer")
+
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v",
+           "z", "br", "dr", "gr", "kl", "tr", "zh")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "n", "r", "l", "s", "th", "x", "nd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  id: str
+  title: str
+  text: str
+
+
+def entity_names(n: int, rng: np.random.Generator, exclude=frozenset()) -> list[str]:
+  """``n`` distinct made-up three-syllable names, none in ``exclude``."""
+  names: list[str] = []
+  seen = set(exclude)
+  while len(names) < n:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(3)]
+    name = ("".join(parts) + rng.choice(_CODAS)).capitalize()
+    if name not in seen:
+      seen.add(name)
+      names.append(name)
+  return names
+
+
+def make_world(names: list[str], rng: np.random.Generator, id_prefix: str
+               ) -> tuple[list[Document], list[dict]]:
+  """Documents (one per entity and relation) and every possible question."""
+  docs, questions = [], []
+  for e, name in enumerate(names):
+    for r, relation in enumerate(RELATIONS):
+      answer = str(rng.choice(ANSWER_WORDS))
+      doc_id = f"{id_prefix}{e}-{r}"
+      docs.append(Document(doc_id, name, f"{name}'s {relation} is {answer}."))
+      questions.append({"id": f"q-{doc_id}",
+                        "question": f"what is the {relation} of {name}?",
+                        "answers": [answer], "gold_id": doc_id})
+  return docs, questions
+
+
+def make_demo_data(num_train_entities: int = 400, num_test_entities: int = 40,
+                   seed: int = 0) -> dict:
+  """Train and test worlds over disjoint entities.
+
+  Returns ``{'train_docs', 'train_questions', 'test_docs', 'test_questions'}``.
+  """
+  rng = np.random.default_rng(seed)
+  train_names = entity_names(num_train_entities, rng)
+  test_names = entity_names(num_test_entities, rng, exclude=set(train_names))
+  train_docs, train_q = make_world(train_names, rng, "train")
+  test_docs, test_q = make_world(test_names, rng, "test")
+  rng.shuffle(train_q)
+  rng.shuffle(test_q)
+  return {"train_docs": train_docs, "train_questions": train_q,
+          "test_docs": test_docs, "test_questions": test_q}
