@@ -70,7 +70,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       (loss, metrics, grads), _ = jax.lax.scan(
           body, init, (jnp.arange(accumulation_steps), micro))
       metrics = jax.tree.map(lambda m: m / accumulation_steps, metrics)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = optimizer.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)
