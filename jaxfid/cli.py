@@ -56,7 +56,7 @@ def main(argv=None) -> int:
   try:
     result = args.func(args)
   except InputError as e:
-    print(f"jaxfid {args.command}: error: {e}", file=sys.stderr)
+    print(f"jaxfid {args.command}: error: {e.message}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print(f"jaxfid {args.command}: interrupted", file=sys.stderr)

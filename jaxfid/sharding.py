@@ -85,7 +85,8 @@ def parse_mesh(spec: str, devices=None) -> Mesh:
   """A mesh from a string such as ``'data=4,model=2'`` (missing axes are 1).
 
   ``-1`` for one axis takes the remaining devices; an empty string puts every
-  device on ``data``.
+  device on ``data``; a mesh smaller than the device count uses the first
+  devices (``'data=1'``: one device).
   """
   import numpy as np
   devices = list(devices if devices is not None else jax.devices())
@@ -108,9 +109,10 @@ def parse_mesh(spec: str, devices=None) -> Mesh:
     if free:
       sizes[free[0]] = len(devices) // known
   total = int(np.prod(list(sizes.values())))
-  if total != len(devices):
+  if total > len(devices) or total < 1:
     raise ValueError(f"MESH {spec!r} needs {total} devices; "
                      f"{len(devices)} are available")
+  devices = devices[:total]  # a smaller mesh uses the first devices
   grid = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
   return Mesh(grid, MESH_AXES)
 

@@ -20,9 +20,11 @@ class InputError(Exception):
     self.path = str(path)
     self.where = where
     self.reason = " ".join(str(reason).split())  # always one line
-    super().__init__(self._message())
+    super().__init__(self.message)
 
-  def _message(self) -> str:
+  @property
+  def message(self) -> str:
+    """The one-line message (also when a framework appended context to args)."""
     if self.where is None:
       return f"{self.path}: {self.reason}"
     if isinstance(self.where, int):

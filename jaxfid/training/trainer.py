@@ -162,7 +162,16 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
       learning_rate, optimizer=optimizer, schedule=schedule,
       warmup_steps=warmup_steps, total_steps=train_steps,
       weight_decay=weight_decay, clip_norm=clip_norm)
-  device_mesh = shd.parse_mesh(mesh)
+  try:
+    device_mesh = shd.parse_mesh(mesh)
+  except ValueError as e:
+    raise InputError("MESH", str(e)) from None
+  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
+  if batch_size % (data_parallel * accumulation_steps):
+    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
+                     f"data-parallel size {data_parallel} (MESH {mesh!r}, "
+                     f"{len(device_mesh.devices.flat)} devices) times "
+                     f"ACCUMULATION_STEPS {accumulation_steps}")
   sh = make_shardings(device_mesh, model, opt)
 
   # 3. Run directory: config, vocabulary, checkpoints.

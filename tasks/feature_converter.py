@@ -1,0 +1,147 @@
+"""FiD task features -> the model batch features jaxfid trains and predicts on.
+
+seqio's standard converters handle rank-1 features only; FiD's encoder input
+is rank 2 (passages x tokens). :func:`fid_feature_converter` turns the task
+features
+
+* ``inputs``: int32 ``[p, None]`` (ragged, EOS-terminated rows) and
+* ``targets``: int32 ``[None]`` (EOS-terminated)
+
+into fixed-shape model features, the same arrays as
+``jaxfid.data.pipeline.FidBatcher`` builds from a FiD file:
+
+* ``encoder_input_tokens``: int32 ``[n_context, text_maxlength]``;
+* ``passage_mask``: bool ``[n_context]``, True for real passages;
+* ``decoder_target_tokens``: int32 ``[answer_maxlength]``.
+
+Rows are cut to their first ``n_context``; a token row longer than its
+length keeps its first ``length - 1`` tokens followed by EOS (so a row that
+already fits is unchanged, and ``fid_format.encode_example`` /
+``encode_target`` give the same ids); missing passages are all-zero rows
+with a False mask; padding is 0.
+
+:class:`FidFeatureConverter` wraps it as a ``seqio.FeatureConverter`` for
+``seqio.get_dataset`` and ``seqio.Evaluator``. Its ``task_feature_lengths``
+are ``{"inputs": (n_context, text_maxlength) or text_maxlength, "targets":
+answer_maxlength}`` (with an int, ``n_context`` comes from the
+constructor). Packing is not supported. seqio's own length assertions
+assume one length per feature, so they are off: the converter pads and
+truncates to exact shapes itself.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import seqio
+import tensorflow as tf
+
+EOS_ID = 1
+_Spec = seqio.FeatureConverter.FeatureSpec
+
+
+def _fit_rows(rows, n_rows: int, length: int):
+  """Ragged int rows -> ``([n_rows, length] int32, [n_rows] bool)``."""
+  if not isinstance(rows, tf.RaggedTensor):
+    rows = tf.RaggedTensor.from_tensor(rows, padding=0)
+  rows = tf.cast(rows[:n_rows], tf.int32)
+  lengths = rows.row_lengths()
+  real = tf.shape(lengths)[0]
+  dense = rows.to_tensor(default_value=0, shape=[n_rows, length])
+  too_long = tf.pad(lengths > length, [[0, n_rows - real]])
+  last = tf.where(too_long, EOS_ID, dense[:, length - 1])
+  dense = tf.concat([dense[:, :length - 1], last[:, None]], axis=1)
+  dense = tf.ensure_shape(dense, [n_rows, length])
+  mask = tf.ensure_shape(tf.range(n_rows) < real, [n_rows])
+  return dense, mask
+
+
+def _fit_tokens(tokens, length: int):
+  """Int tokens -> int32 ``[length]``, EOS kept when cut."""
+  tokens = tf.cast(tokens, tf.int32)
+  n = tf.shape(tokens)[0]
+  kept = tokens[:length]
+  padded = tf.pad(kept, [[0, length - tf.shape(kept)[0]]])
+  last = tf.where(n > length, EOS_ID, padded[length - 1])
+  out = tf.concat([padded[:length - 1], last[None]], axis=0)
+  return tf.ensure_shape(out, [length])
+
+
+def convert_example(ex: Mapping[str, tf.Tensor], n_context: int,
+                    text_maxlength: int,
+                    answer_maxlength: int) -> dict[str, tf.Tensor]:
+  """The model features of one task example (see the module docstring)."""
+  tokens, mask = _fit_rows(ex["inputs"], n_context, text_maxlength)
+  return {"encoder_input_tokens": tokens, "passage_mask": mask,
+          "decoder_target_tokens": _fit_tokens(ex["targets"],
+                                               answer_maxlength)}
+
+
+def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
+                          text_maxlength: int,
+                          answer_maxlength: int) -> tf.data.Dataset:
+  """Maps FiD task examples to fixed-shape model features (unbatched).
+
+  Args:
+    ds: examples with ``inputs`` (ragged ``[p, None]``) and ``targets``.
+    n_context: passages per example.
+    text_maxlength: tokens per passage, EOS included.
+    answer_maxlength: target tokens, EOS included.
+  """
+  for name, value in (("n_context", n_context),
+                      ("text_maxlength", text_maxlength),
+                      ("answer_maxlength", answer_maxlength)):
+    if int(value) < 1:
+      raise ValueError(f"{name} must be at least 1, got {value}")
+  return ds.map(
+      lambda ex: convert_example(ex, int(n_context), int(text_maxlength),
+                                 int(answer_maxlength)),
+      num_parallel_calls=tf.data.AUTOTUNE)
+
+
+class FidFeatureConverter(seqio.FeatureConverter):
+  """``seqio.FeatureConverter`` around :func:`fid_feature_converter`.
+
+  Args:
+    n_context: passages per example when ``task_feature_lengths["inputs"]``
+      is an int (the text length); a pair overrides it.
+  """
+
+  TASK_FEATURES = {"inputs": _Spec(dtype=tf.int32, rank=2, sequence_dim=1),
+                   "targets": _Spec(dtype=tf.int32)}
+  MODEL_FEATURES = {"encoder_input_tokens": _Spec(dtype=tf.int32, rank=2),
+                    "passage_mask": _Spec(dtype=tf.bool),
+                    "decoder_target_tokens": _Spec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, n_context: int | None = None, pack: bool = False,
+               **kwargs):
+    if pack:
+      raise ValueError("FidFeatureConverter does not pack examples")
+    kwargs.setdefault("apply_length_check", False)
+    super().__init__(pack=False, **kwargs)
+    self._n_context = n_context
+
+  def _lengths(self, task_feature_lengths: Mapping) -> tuple[int, int, int]:
+    inputs = task_feature_lengths["inputs"]
+    if isinstance(inputs, int):
+      if self._n_context is None:
+        raise ValueError("task_feature_lengths['inputs'] is an int: give the "
+                         "converter n_context, or pass (n_context, "
+                         "text_maxlength)")
+      n_context, text_maxlength = self._n_context, inputs
+    else:
+      n_context, text_maxlength = inputs
+    return int(n_context), int(text_maxlength), int(
+        task_feature_lengths["targets"])
+
+  def _convert_features(self, ds: tf.data.Dataset,
+                        task_feature_lengths: Mapping) -> tf.data.Dataset:
+    return fid_feature_converter(ds, *self._lengths(task_feature_lengths))
+
+  def get_model_feature_lengths(self, task_feature_lengths: Mapping
+                                ) -> dict[str, int]:
+    n_context, text_maxlength, answer_maxlength = self._lengths(
+        task_feature_lengths)
+    return {"encoder_input_tokens": text_maxlength,
+            "passage_mask": n_context,
+            "decoder_target_tokens": answer_maxlength}

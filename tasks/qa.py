@@ -1,0 +1,102 @@
+"""seqio tasks for Fusion-in-Decoder open-domain QA.
+
+FiD-format files (``question``/``answers``/``target``/``ctxs``) under the
+data directory (:func:`tasks.config.fid_data_dir`):
+
+=================  ==================================================
+``nq_open_fid``    ``{data_dir}/nq/{train,validation|dev,test}.json[l]``
+``trivia_qa_fid``  ``{data_dir}/trivia_qa/...``
+``squad_open_fid`` ``{data_dir}/squad/...``
+=================  ==================================================
+
+TFDS question sets joined with retrieval results (FiD JSON/JSONL from
+``jaxfid retrieve``) under :func:`tasks.config.fid_retrieval_dir` (same
+layout) or named per split in :func:`tasks.config.fid_retrieval_files`:
+
+=============================  ========================================
+``natural_questions_open_fid``  ``natural_questions_open:1.0.0``
+``trivia_qa_unfiltered_fid``    ``trivia_qa/unfiltered.nocontext:1.1.0``
+``squad_v1_1_fid``              ``squad/v1.1:3.0.0``
+=============================  ========================================
+
+Every task has the output features ``inputs`` (rank 2: passages x tokens)
+and ``targets``, the preprocessors of :mod:`tasks.preprocessors`, the
+``exact_match`` and ``f1`` metrics of :mod:`tasks.metrics` and seqio's
+default shuffle buffer. Get a dataset with
+``sequence_length={"inputs": (n_context, text_maxlength), "targets":
+answer_maxlength}`` and batch it through
+:func:`tasks.feature_converter.fid_feature_converter` (or
+``FidFeatureConverter`` with ``seqio.get_dataset`` / ``seqio.Evaluator``).
+
+Registration only builds the task objects: no file is opened and no TFDS
+call is made until ``get_dataset``. :func:`register_tasks` replaces existing
+registrations, so calling it again (for instance after changing gin
+bindings in a notebook) never fails.
+"""
+from __future__ import annotations
+
+import functools
+
+import seqio
+
+from jaxfid.tokenization import seqio_vocabulary
+from tasks import metrics, preprocessors, sources
+
+# FiD-file tasks: name -> dataset (its subdirectory of the data directory)
+FID_FILE_TASKS = {
+    "nq_open_fid": sources.NQ,
+    "trivia_qa_fid": sources.TRIVIA_QA,
+    "squad_open_fid": sources.SQUAD,
+}
+# TFDS tasks: name -> (dataset, TFDS name, TFDS splits)
+TFDS_TASKS = {
+    "natural_questions_open_fid": (sources.NQ, "natural_questions_open:1.0.0",
+                                   ("train", "validation")),
+    "trivia_qa_unfiltered_fid": (sources.TRIVIA_QA,
+                                 "trivia_qa/unfiltered.nocontext:1.1.0",
+                                 ("train", "validation", "test")),
+    "squad_v1_1_fid": (sources.SQUAD, "squad/v1.1:3.0.0",
+                       ("train", "validation")),
+}
+TASK_NAMES = tuple(FID_FILE_TASKS) + tuple(TFDS_TASKS)
+
+
+@functools.lru_cache(maxsize=1)
+def output_features() -> dict[str, seqio.Feature]:
+  """``inputs`` (rank 2) and ``targets``, T5's vocabulary, EOS on both."""
+  vocab = seqio_vocabulary()
+  return {"inputs": seqio.Feature(vocabulary=vocab, add_eos=True, rank=2),
+          "targets": seqio.Feature(vocabulary=vocab, add_eos=True)}
+
+
+def task_preprocessors(dataset: str) -> list:
+  """The preprocessors of a task over ``dataset`` (nq, trivia_qa, squad)."""
+  return [
+      preprocessors.select_passages,
+      functools.partial(preprocessors.choose_target, dataset_name=dataset),
+      functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=True,
+                        with_eos=False),
+      preprocessors.append_eos_after_trim,
+  ]
+
+
+def _add(name: str, source, dataset: str) -> seqio.Task:
+  seqio.TaskRegistry.remove(name)
+  return seqio.TaskRegistry.add(
+      name, source=source, output_features=output_features(),
+      preprocessors=task_preprocessors(dataset),
+      postprocess_fn=metrics.postprocess_answer,
+      metric_fns=[metrics.exact_match, metrics.f1])
+
+
+def register_tasks() -> list[str]:
+  """(Re-)registers every FiD QA task; returns their names."""
+  for name, dataset in FID_FILE_TASKS.items():
+    _add(name, sources.fid_file_source(dataset), dataset)
+  for name, (dataset, tfds_name, splits) in TFDS_TASKS.items():
+    _add(name, sources.RetrievalTfdsSource(tfds_name, splits, dataset, name),
+         dataset)
+  return list(TASK_NAMES)
+
+
+register_tasks()

@@ -1,0 +1,109 @@
+"""Every gin file parses, builds its model and trains one step on a tiny model.
+
+Run files (gin/fid/*.gin) are parsed with tiny-model bindings and train one
+step through ``launch.run``; model files (gin/models/*.gin), listed after a
+run file, must switch the model to the named preset (checked on abstract
+shapes) and also train one step once shrunk.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import gin
+import pytest
+
+from jaxfid.commands import gin_flags
+from jaxfid.models import config as config_lib
+from jaxfid.models.model import FiDModel
+from jaxfid.models.t5 import abstract_t5, count_params
+from jaxfid.training import launch
+
+ROOT = gin_flags.SOURCE_ROOT
+RUN_FILES = sorted(os.path.relpath(p, ROOT)
+                   for p in glob.glob(os.path.join(ROOT, "gin", "fid", "*.gin")))
+MODEL_FILES = sorted(os.path.relpath(p, ROOT)
+                     for p in glob.glob(os.path.join(ROOT, "gin", "models", "*.gin")))
+TINY = ["config.T5Config.d_model = 16", "config.T5Config.d_kv = 4",
+        "config.T5Config.d_ff = 32", "config.T5Config.num_heads = 2",
+        "config.T5Config.num_layers = 1", "config.T5Config.num_decoder_layers = 1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  d = tmp_path_factory.mktemp("gin_data")
+  examples = [{"question": f"what is {i}?", "answers": [str(i)],
+               "ctxs": [{"title": "t", "text": f"it is {i}", "score": 1.0}]}
+              for i in range(4)]
+  (d / "train.json").write_text(json.dumps(examples))
+  return d
+
+
+def _run_bindings(data, model_dir):
+  return [f"MODEL_DIR = '{model_dir}'", f"TRAIN_DATA = '{data / 'train.json'}'",
+          f"EVAL_DATA = '{data / 'train.json'}'", "TRAIN_STEPS = 1",
+          "BATCH_SIZE = 2", "N_CONTEXT = 2", "TEXT_MAXLENGTH = 12",
+          "ANSWER_MAXLENGTH = 3", "EVAL_EVERY = 1", "CHECKPOINT_EVERY = 1",
+          "DTYPE = 'float32'", "INIT_CHECKPOINT = None", "MESH = 'data=2'",
+          "trainer.train.progress = False"]
+
+
+def _train_one_step(files, bindings):
+  gin_flags.parse_gin(files, bindings)
+  try:
+    result = gin.get_configurable(launch.run)()
+  finally:
+    gin.clear_config()
+  assert result["step"] == 1 and result["loss"] > 0
+  return result
+
+
+def test_found_the_gin_files():
+  assert {"gin/fid/base.gin", "gin/fid/large.gin", "gin/fid/tiny.gin",
+          "gin/fid/two_phase.gin"} <= set(RUN_FILES)
+  assert len(MODEL_FILES) >= 10
+
+
+@pytest.mark.parametrize("run_file", RUN_FILES)
+def test_run_file_trains_one_step(run_file, data, tmp_path):
+  extra = ["FIRST_PHASE_N_CONTEXT = 1"] if "two_phase" in run_file else []
+  _train_one_step([run_file], TINY + _run_bindings(data, tmp_path) + extra)
+
+
+@pytest.mark.parametrize("model_file", MODEL_FILES)
+def test_model_file_switches_the_model(model_file):
+  gin_flags.parse_gin(["gin/fid/base.gin", model_file],
+                      ["MODEL_DIR = 'x'", "TRAIN_DATA = 'x'"])
+  try:
+    cfg = gin.query_parameter("trainer.train.model_config").scoped_configurable_fn()
+  finally:
+    gin.clear_config()
+  name = os.path.basename(model_file)[:-len(".gin")]
+  want = config_lib.preset(name)
+  arch = ("vocab_size", "d_model", "d_kv", "d_ff", "num_heads", "num_layers",
+          "num_decoder_layers", "feed_forward_proj", "tie_word_embeddings")
+  assert {k: getattr(cfg, k) for k in arch} == {k: getattr(want, k) for k in arch}
+  assert count_params(abstract_t5(cfg)) == count_params(abstract_t5(want))
+  # It builds: abstract parameters with a logical axis name per dimension.
+  model = FiDModel(cfg)
+  axes = model.param_axes()
+  import jax
+  for shape, names in zip(jax.tree.leaves(model.abstract_params()),
+                          jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))):
+    assert len(names) == len(shape.shape)
+
+
+def test_model_file_trains_one_step_when_shrunk(data, tmp_path):
+  _train_one_step(["gin/fid/tiny.gin", "gin/models/t5_small.gin"],
+                  TINY + _run_bindings(data, tmp_path))
+
+
+PUBLISHED = {"t5_base": 223e6, "t5_large": 738e6, "t5_1_1_xl": 2.85e9,
+             "t5_small": 60.5e6, "t5_3b": 2.85e9, "t5_11b": 11.3e9}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_full_size_presets_have_published_parameter_counts(name):
+  n = count_params(abstract_t5(config_lib.preset(name)))
+  assert abs(n - PUBLISHED[name]) / PUBLISHED[name] < 0.01, n

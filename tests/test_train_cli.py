@@ -1,0 +1,183 @@
+"""The FiD command line end to end on tiny data: train, resume, SIGTERM, predict, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxfid.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = "red green blue paris london dog cat bread rice golf".split()
+
+
+def _write_data(directory):
+  examples = []
+  for i in range(24):
+    answer = WORDS[i % len(WORDS)]
+    ctxs = [{"title": f"doc {j}", "text": f"the thing {i} is "
+             f"{answer if j == 0 else WORDS[(i + j) % len(WORDS)]}",
+             "score": 1.0 - j / 10} for j in range(3)]
+    examples.append({"question": f"what is thing {i}?", "answers": [answer],
+                     "ctxs": ctxs})
+  (directory / "train.json").write_text(json.dumps(examples))
+  with open(directory / "dev.jsonl", "w") as f:
+    for ex in examples[:6]:
+      f.write(json.dumps(ex) + "\n")
+  return directory / "train.json", directory / "dev.jsonl"
+
+
+def _train_args(model_dir, train, dev, steps, extra=()):
+  return ["train", "--gin_file=gin/fid/tiny.gin",
+          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_DATA='{train}'",
+          f"--gin.EVAL_DATA='{dev}'", f"--gin.TRAIN_STEPS={steps}",
+          "--gin.BATCH_SIZE=8", "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=24",
+          "--gin.ANSWER_MAXLENGTH=4", "--gin.LEARNING_RATE=1e-3",
+          "--gin.EVAL_EVERY=3", "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1",
+          "--gin.SEED=0", "--gin.DROPOUT_RATE=0.1", "--gin.MESH='data=1'",
+          *extra]
+
+
+def _metrics(model_dir):
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _losses(model_dir):
+  return {m["step"]: m["loss"] for m in _metrics(model_dir) if "loss" in m}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  return _write_data(tmp_path_factory.mktemp("cli_data"))
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+  """An uninterrupted 6-step run."""
+  train, dev = data
+  model_dir = tmp_path_factory.mktemp("run") / "out"
+  assert main(_train_args(model_dir, train, dev, 6)) == 0
+  return model_dir
+
+
+def test_train_writes_metrics_checkpoints_and_predictions(trained):
+  metrics = _metrics(trained)
+  train_lines = [m for m in metrics if "loss" in m]
+  assert [m["step"] for m in train_lines] == [1, 2, 3, 4, 5, 6]
+  assert all(m["loss"] > 0 for m in train_lines)
+  evals = [m for m in metrics if "eval_em" in m]
+  assert [m["step"] for m in evals] == [3, 6]
+  assert os.listdir(os.path.join(trained, "checkpoints"))
+  assert os.path.isdir(os.path.join(trained, "best"))
+  preds = open(os.path.join(trained, "eval", "predictions_6.jsonl")).readlines()
+  assert len(preds) == 6
+
+
+def test_rerun_resumes_and_matches_uninterrupted(data, trained, tmp_path):
+  train, dev = data
+  model_dir = tmp_path / "out"
+  assert main(_train_args(model_dir, train, dev, 4)) == 0
+  # "Crash" after step 4: the same command with more steps resumes from 4.
+  assert main(_train_args(model_dir, train, dev, 6)) == 0
+  want, got = _losses(trained), _losses(model_dir)
+  assert sorted(got) == [1, 2, 3, 4, 5, 6]
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
+
+
+def test_sigterm_saves_and_resumes(data, trained, tmp_path):
+  train, dev = data
+  model_dir = tmp_path / "out"
+  args = _train_args(model_dir, train, dev, 6,
+                     extra=["--gin.CHECKPOINT_EVERY=100", "--gin.EVAL_EVERY=100"])
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *args], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  metrics_file = os.path.join(model_dir, "metrics.jsonl")
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(metrics_file) and _losses(model_dir):
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err.decode()[-2000:]
+  assert b"SIGTERM" in err
+  saved = [int(s) for s in os.listdir(os.path.join(model_dir, "checkpoints"))
+           if s.isdigit()]
+  assert saved and max(saved) < 6
+  assert main(args) == 0
+  want, got = _losses(trained), _losses(model_dir)
+  assert sorted(got) == [1, 2, 3, 4, 5, 6]
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
+
+
+def test_predict_from_model_dir(data, trained, tmp_path, capsys):
+  _, dev = data
+  out = tmp_path / "pred.jsonl"
+  rc = main(["predict", "--checkpoint", str(trained), "--data", str(dev),
+             "--n-context", "2", "--text-maxlength", "24",
+             "--answer-maxlength", "4", "--output", str(out),
+             "--batch-size", "4"])
+  assert rc == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  lines = [json.loads(l) for l in out.read_text().splitlines()]
+  assert len(lines) == 6
+  questions = [json.loads(l)["question"] for l in open(dev)]
+  assert [l["question"] for l in lines] == questions
+  for l in lines:
+    assert {"question", "prediction", "answers", "em"} <= set(l)
+  assert printed["em"] == pytest.approx(sum(l["em"] for l in lines) / 6)
+
+
+BAD_FILES = {
+    "invalid_json": ('[{"question": "q", "answers": ["a"]},\n{oops}]', "2"),
+    "no_question": ('[{"answers": ["a"], "ctxs": []}]', "record 1"),
+    "passage_without_text": ('{"question": "q", "answers": ["a"], "ctxs": [{"title": "t"}]}\n', ":1"),
+    "empty": ("", "empty"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_bad_data_fails_cleanly_for_predict_and_train(kind, trained, tmp_path):
+  content, needle = BAD_FILES[kind]
+  bad = tmp_path / f"{kind}.json"
+  bad.write_text(content)
+  out = tmp_path / "pred.jsonl"
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  commands = [
+      ["predict", "--checkpoint", str(trained), "--data", str(bad),
+       "--n-context", "2", "--text-maxlength", "24", "--answer-maxlength", "4",
+       "--output", str(out)],
+      _train_args(tmp_path / "run", bad, bad, 2),
+  ]
+  for args in commands:
+    proc = subprocess.run([sys.executable, "-m", "jaxfid.cli", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert str(bad) in lines[0] and needle in lines[0], lines[0]
+    assert not out.exists()
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_undecodable_bytes_name_the_line(trained, tmp_path, capsys):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_bytes(b'{"question": "q", "answers": ["a"]}\n{"question": "\xff\xfe"}\n')
+  rc = main(["predict", "--checkpoint", str(trained), "--data", str(bad),
+             "--n-context", "2", "--text-maxlength", "24",
+             "--answer-maxlength", "4", "--output", str(tmp_path / "p.jsonl")])
+  assert rc == 2
+  err = capsys.readouterr().err.strip()
+  assert f"{bad}:2:" in err and len(err.splitlines()) == 1
+  assert not (tmp_path / "p.jsonl").exists()
