@@ -83,8 +83,9 @@ decoder prompt is the start token) -> ``cur_index``; ``running_beam_scores`` ->
     ``any(improvable)`` and not (``early_stopping is True`` and every slot of
     every example finished) and the last step was not the maximum length.
   The result is the finished set (HF's ``sequences`` / ``sequences_scores``;
-  ``num_return_sequences=n`` is ``[:, :n]``), best first. Length penalties are computed in float64 and rounded to float32
-  once, like HF's Python-scalar division of a float32 tensor.
+  ``num_return_sequences=n`` is ``[:, :n]``), best first. Length penalties
+  are computed in float64 and rounded to float32 once, like HF's
+  Python-scalar division of a float32 tensor.
   Known deviations, all confined to exact ties or dead beams: ``lax.top_k``
   breaks ties by lower index while ``torch.topk`` gives no guarantee; with
   ``vocab_size < 2 * num_beams`` the first step selects some of the
@@ -439,7 +440,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *,
     new_scores = topk_scores / penalty[length]
     if hf:
       in_top_k = jnp.arange(k2) < k
-      finishing = hits
+      finishing = hits & in_top_k[None, :]
       if early_stopping is True:
         full = jnp.all(s.finished_flags, axis=1, keepdims=True)
         new_scores = new_scores + full.astype(jnp.float32) * NEG_INF

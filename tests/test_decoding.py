@@ -1,4 +1,4 @@
-"""Tests for jaxfid.decoding: greedy and beam search against plain references.
+"""Tests for jaxfid.decoding: greedy, sampling and beam search vs references.
 
 The toy model is a random Markov-like chain over a small vocabulary whose
 logits depend on the current token and on a cache (a step counter, the
@@ -6,7 +6,7 @@ previous token, a running hash of the history, a [N, L] history buffer and a
 shared transition table), so cache threading, expansion and beam reordering
 all change the result when wrong. The references below are written
 independently of the JAX code: per-example Python lists, logits recomputed
-from the full prefix.
+from the full prefix. Parity with HF ``generate`` is in test_decoding_hf.py.
 """
 import functools
 import itertools
@@ -87,7 +87,7 @@ class Toy:
     for x in earlier:
       h = (h * 7 + x + 1) % HASH_MOD
     hist_sum = sum(earlier) % HASH_MOD
-    base = self.trans[tok] if self.use_cur_token else self.trans[prev % self.vocab]
+    base = self.trans[tok if self.use_cur_token else prev % self.vocab]
     return (base + self.prev[prev] + self.hash[h] + self.hist[hist_sum]
             + self.pos[step] + self.ex_bias[b, step])
 
@@ -220,7 +220,8 @@ def _count_calls(fn, counter):
 
 
 def _forced(plan, vocab):
-  """A model emitting plan[b][step] (then EOS); logits depend on the cache."""
+  """Emits plan[b][step] (the last entry past the end); logits depend only
+  on the cache's step counter, never on cur_token."""
   plan = jnp.asarray(plan, jnp.int32)
 
   def fn(state):

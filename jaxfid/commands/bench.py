@@ -1,0 +1,55 @@
+"""``jaxfid bench train|decode``: the train/decode speed of a gin-configured FiD.
+
+Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
+train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH,
+ANSWER_MAXLENGTH come from them) plus ``--steps N``; the last line printed is
+one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
+mfu, peak_memory_gb, device, model and shape.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parser(subparsers) -> None:
+  from jaxfid.commands import gin_flags
+  p = subparsers.add_parser("bench", help="benchmark training or decoding")
+  p.add_argument("mode", choices=("train", "decode"))
+  p.add_argument("--steps", type=int, default=10,
+                 help="timed steps after the warm-up (compile) step")
+  p.add_argument("--peak-tflops", type=float, default=None,
+                 help="peak TFLOP/s for MFU (default: measured)")
+  gin_flags.add_gin_arguments(p)
+  p.set_defaults(func=run, accepts_gin_bindings=True)
+
+
+def _macro(name):
+  import gin
+  return gin.query_parameter(f"%{name}")
+
+
+def run(args) -> int:
+  import gin
+
+  from jaxfid import bench
+  from jaxfid.commands import gin_flags
+  from jaxfid.data.errors import InputError
+  from jaxfid.models import config as config_lib
+  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  try:
+    cfg = gin.get_configurable(config_lib.T5Config)()
+    shape = bench.Shape(batch_size=_macro("BATCH_SIZE"),
+                        n_context=_macro("N_CONTEXT"),
+                        text_maxlength=_macro("TEXT_MAXLENGTH"),
+                        answer_maxlength=_macro("ANSWER_MAXLENGTH"))
+  except ValueError as e:
+    raise InputError("gin", " ".join(str(e).split())) from None
+  if args.steps < 1:
+    raise InputError("--steps", "must be at least 1")
+  print(f"jaxfid bench {args.mode}: {shape} on {cfg.d_model=} "
+        f"{cfg.num_layers=} {cfg.dtype=}", file=sys.stderr)
+  result = bench.run(args.mode, cfg, shape, steps=args.steps,
+                     peak_tflops=args.peak_tflops)
+  print(json.dumps(result))
+  return 0
