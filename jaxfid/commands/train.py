@@ -11,7 +11,19 @@ def add_parser(subparsers) -> None:
       description="Train from gin files; rerunning the same command resumes "
                   "from the latest checkpoint in MODEL_DIR.")
   gin_flags.add_gin_arguments(p)
+  p.add_argument("--distributed", action="store_true",
+                 help="call jax.distributed.initialize() first (multi-host; "
+                      "implied when JAX_COORDINATOR_ADDRESS is set)")
   p.set_defaults(func=run, accepts_gin_bindings=True)
+
+
+def maybe_initialize_distributed(requested: bool) -> None:
+  """Multi-host start-up: TPU pods auto-detect; GPUs read JAX_* variables."""
+  import os
+
+  import jax
+  if requested or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize()
 
 
 def run(args) -> int:
@@ -20,6 +32,7 @@ def run(args) -> int:
   from jaxfid.commands import gin_flags
   from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  maybe_initialize_distributed(args.distributed)
   try:
     result = gin.get_configurable(launch.run)()
   except TypeError as e:
