@@ -25,6 +25,7 @@ INSTALL_REQUIRES = [
     "protobuf==7.36.2",
     "bm25s==0.3.16",
     "PyStemmer==3.1.0",
+    "regex==2026.11.19",
     "safetensors==0.8.0",
     "numpy==2.4.6",
     "tqdm==4.70.1",

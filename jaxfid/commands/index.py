@@ -1,0 +1,66 @@
+"""`jaxfid index <type>`: build a retrieval index directory from a corpus.
+
+``jaxfid index bm25 --corpus CORPUS --output INDEX_DIR [--k1 0.9 --b 0.4]``
+is defined here. Other index types live in their own command modules
+(``jaxfid.commands.index_dense``, ``jaxfid.commands.index_reatt``), each
+exposing ``add_parser(index_subparsers)``; they are added when present.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+# modules adding more `jaxfid index <type>` subcommands, when they exist
+INDEX_COMMAND_MODULES = ("jaxfid.commands.index_dense",
+                         "jaxfid.commands.index_reatt")
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser(
+      "index", help="build a retrieval index from a corpus",
+      description="Build a retrieval index directory from a corpus (BEIR "
+      "JSONL, DPR TSV or JSONL, optionally gzipped).")
+  types = p.add_subparsers(dest="index_type", required=True,
+                           metavar="{bm25,...}")
+  _add_bm25(types)
+  for name in INDEX_COMMAND_MODULES:
+    try:
+      module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name == name:
+        continue
+      raise
+    module.add_parser(types)
+
+
+def _add_bm25(types) -> None:
+  p = types.add_parser(
+      "bm25", help="Lucene-equivalent BM25 index",
+      description="BM25 scored as Lucene/pyserini score it (English "
+      "analyzer, Porter stemming, one-byte length norms).")
+  p.add_argument("--corpus", required=True, help="corpus file")
+  p.add_argument("--output", required=True, help="index directory to write")
+  p.add_argument("--k1", type=float, default=0.9,
+                 help="term frequency saturation (default 0.9, pyserini's)")
+  p.add_argument("--b", type=float, default=0.4,
+                 help="length normalisation (default 0.4, pyserini's)")
+  p.add_argument("--exact-lengths", action="store_true",
+                 help="use exact document lengths instead of Lucene's "
+                 "one-byte quantised ones (scores then differ from Lucene)")
+  p.set_defaults(func=run_bm25)
+
+
+def run_bm25(args: argparse.Namespace) -> int:
+  from jaxfid.retrieval.bm25 import BM25Params
+  from jaxfid.retrieval.bm25_index import build_bm25_index
+  params = BM25Params(k1=args.k1, b=args.b,
+                      lucene_norms=not args.exact_lengths)
+  meta = build_bm25_index(args.corpus, args.output, params)
+  print(json.dumps({"index": args.output, "type": meta["type"],
+                    "num_passages": meta["num_passages"]}))
+  return 0
+
+
+def run(args: argparse.Namespace) -> int:
+  return args.func(args)

@@ -1,0 +1,125 @@
+"""``jaxfid eval-retrieval``: scoring a run file against qrels or answers.
+
+Two kinds of evaluation, chosen by what the user supplies:
+
+* :func:`evaluate_with_qrels` — BEIR-style relevance judgements: nDCG@10,
+  MRR@10 and recall R@k (default R@100) of a TREC or FiD-JSON run;
+* :func:`evaluate_with_answers` — QA sets: answer recall R@k (default
+  k = 1, 5, 20, 100) with DPR's ``has_answer``. The passages come from the
+  run itself (FiD JSON ``ctxs`` text) or, for a TREC run, from the index the
+  run was retrieved from (``index_dir``). Answers come from ``data`` (a QA
+  JSONL/FiD JSON file, matched to the run by question id) or, for a FiD JSON
+  run, from its own ``answers``. Every question of the answer source counts,
+  retrieved or not.
+
+The metric definitions are in :mod:`jaxfid.retrieval.metrics`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from jaxfid.data.errors import InputError
+from jaxfid.retrieval.answer_match import AnswerMatcher, PreparedCache
+from jaxfid.retrieval.metrics import answer_recall, evaluate_run, read_qrels
+from jaxfid.retrieval.outputs import (iter_fid_examples, read_trec_run,
+                                      run_format)
+from jaxfid.retrieval.passage_store import PassageStore
+from jaxfid.retrieval.queries import Query, read_queries
+
+DEFAULT_ANSWER_KS = (1, 5, 20, 100)
+
+
+def _fid_run(path) -> list[tuple[object, dict]]:
+  return list(iter_fid_examples(path))
+
+
+def _example_id(example: dict, position: int) -> str:
+  return str(example.get("id", position))
+
+
+def evaluate_with_qrels(run_path: str | os.PathLike,
+                        qrels_path: str | os.PathLike,
+                        recall_ks: Sequence[int] = (100,)) -> dict:
+  """nDCG@10, MRR@10 and R@k of a run (TREC or FiD JSON) against qrels."""
+  if run_format(run_path) == "fid":
+    run = {}
+    for i, (where, example) in enumerate(_fid_run(run_path)):
+      docs = []
+      for ctx in example["ctxs"]:
+        if "id" not in ctx:
+          raise InputError(run_path, "ctx without 'id'", where=where)
+        docs.append((str(ctx["id"]), float(ctx.get("score", 0.0))))
+      by_docid = sorted(docs, reverse=True)
+      run[_example_id(example, i)] = sorted(by_docid, key=lambda d: -d[1])
+  else:
+    run = read_trec_run(run_path)
+  return evaluate_run(run, read_qrels(qrels_path), recall_ks=recall_ks)
+
+
+def _answers_by_id(data_path) -> dict[str, Query]:
+  queries = read_queries(data_path)
+  if not any(q.answers for q in queries):
+    raise InputError(data_path, "no 'answers' in this file: answer recall "
+                     "needs a QA set (question + answers)")
+  return {q.id: q for q in queries}
+
+
+def evaluate_with_answers(run_path: str | os.PathLike,
+                          data_path: str | os.PathLike | None = None,
+                          ks: Sequence[int] = DEFAULT_ANSWER_KS,
+                          index_dir: str | os.PathLike | None = None) -> dict:
+  """Answer recall R@k of a run; see the module docstring for the inputs."""
+  data = _answers_by_id(data_path) if data_path is not None else None
+  hits: dict[str, list[bool]] = {}
+  cache = PreparedCache()
+  if run_format(run_path) == "fid":
+    for i, (where, example) in enumerate(_fid_run(run_path)):
+      qid = _example_id(example, i)
+      if data is not None:
+        if qid not in data:
+          continue  # not a question of the evaluated set
+        answers = data[qid].answers or ()
+      else:
+        answers = example.get("answers", example.get("answer"))
+        if answers is None:
+          raise InputError(run_path, "example without 'answers'; pass the "
+                           "QA set with --data", where=where)
+        answers = [answers] if isinstance(answers, str) else answers
+      matcher = AnswerMatcher(answers)
+      row = []
+      for ctx in example["ctxs"]:
+        if "text" in ctx:
+          text = ctx["text"]
+          key = ctx.get("id")
+          row.append(matcher(text if key is None else cache.get(key, text)))
+        elif "has_answer" in ctx or "hasanswer" in ctx:
+          row.append(bool(ctx.get("has_answer", ctx.get("hasanswer"))))
+        else:
+          raise InputError(run_path, "ctx has neither 'text' nor "
+                           "'has_answer'", where=where)
+      hits[qid] = row
+  else:
+    if data is None or index_dir is None:
+      raise InputError(run_path, "answer recall of a TREC run needs the QA "
+                       "set (--data) and the index it was retrieved from "
+                       "(--index)")
+    store = PassageStore(index_dir)
+    for qid, docs in read_trec_run(run_path, order="rank").items():
+      if qid not in data:
+        continue
+      matcher = AnswerMatcher(data[qid].answers or ())
+      row = []
+      for docid, _ in docs:
+        try:
+          passage_row = store.index_of(docid)
+        except KeyError:
+          raise InputError(run_path, f"document {docid!r} is not in the "
+                           f"index {index_dir}") from None
+        row.append(matcher(cache.get(passage_row, store.text(passage_row))))
+      hits[qid] = row
+  qids = list(data) if data is not None else list(hits)
+  out = answer_recall([hits.get(q, []) for q in qids], ks)
+  out["num_queries"] = len(qids)
+  out["queries_without_results"] = sum(1 for q in qids if not hits.get(q))
+  return out

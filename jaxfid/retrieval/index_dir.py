@@ -1,0 +1,47 @@
+"""The index directory: ``meta.json`` says what kind of index it holds.
+
+Every index written by ``jaxfid index ...`` is a directory with a
+``meta.json`` (``{"type": "bm25" | "dense" | ..., "num_passages": N, ...}``)
+and the passage store files (:mod:`jaxfid.retrieval.passage_store`), plus
+whatever the index type needs. :mod:`jaxfid.retrieval.search` reads the type
+to pick the searcher.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jaxfid.data.errors import InputError
+from jaxfid.retrieval.atomic import atomic_write
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1
+
+
+def write_meta(directory: str | os.PathLike, index_type: str,
+               **fields) -> dict:
+  """Writes ``meta.json`` (type, format_version and ``fields``); returns it."""
+  meta = {"type": index_type, "format_version": FORMAT_VERSION, **fields}
+  with atomic_write(Path(directory) / META_FILE) as f:
+    json.dump(meta, f, indent=2, ensure_ascii=False)
+    f.write("\n")
+  return meta
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+  """Reads ``meta.json``; InputError if the directory is not an index."""
+  path = Path(directory) / META_FILE
+  if not Path(directory).is_dir():
+    raise InputError(directory, "no such index directory")
+  try:
+    with open(path, encoding="utf-8") as f:
+      meta = json.load(f)
+  except FileNotFoundError:
+    raise InputError(directory, f"not an index directory (no {META_FILE})"
+                     ) from None
+  except json.JSONDecodeError as e:
+    raise InputError(path, f"bad JSON: {e.msg}", where=e.lineno) from None
+  if not isinstance(meta, dict) or not isinstance(meta.get("type"), str):
+    raise InputError(path, "missing index 'type'")
+  return meta

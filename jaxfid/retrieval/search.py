@@ -1,0 +1,136 @@
+"""Searching any index directory: a registry of index types.
+
+``meta.json`` names the index type; :func:`open_index` looks the type up in a
+registry of loaders and returns a *searcher*: an object with
+
+* ``store``: the :class:`~jaxfid.retrieval.passage_store.PassageStore`;
+* ``search(texts, top_k, **options) -> list[list[(row, score)]]``: for each
+  query text, up to ``top_k`` store rows with scores, best first. Options are
+  index-specific (``token_top_k`` for token-level indexes); a searcher
+  rejects options it does not know with an InputError.
+
+``"bm25"`` is built in. Other index types register themselves with
+:func:`register_index_type` when their module is imported; the modules
+``jaxfid.retrieval.dense`` and ``jaxfid.retrieval.token_index`` are imported
+on demand when an index of an unknown type is opened, so they need no other
+wiring.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from tqdm.auto import tqdm
+
+from jaxfid.data.errors import InputError
+from jaxfid.retrieval.index_dir import read_meta
+from jaxfid.retrieval.outputs import run_format, write_fid_json, write_trec
+from jaxfid.retrieval.passage_store import PassageStore
+from jaxfid.retrieval.queries import Query, read_queries
+
+PLUGIN_MODULES = ("jaxfid.retrieval.dense", "jaxfid.retrieval.token_index")
+BATCH_SIZE = 256  # queries per searcher call (progress granularity)
+
+
+class Searcher(Protocol):
+  store: PassageStore
+
+  def search(self, texts: Sequence[str], top_k: int,
+             **options) -> list[list[tuple[int, float]]]:
+    ...
+
+
+Loader = Callable[[Path, dict], Searcher]
+_LOADERS: dict[str, Loader] = {}
+
+
+def register_index_type(name: str, loader: Loader) -> None:
+  """Makes ``open_index`` use ``loader(directory, meta)`` for type ``name``."""
+  _LOADERS[name] = loader
+
+
+def _load_bm25(directory: Path, meta: dict) -> Searcher:
+  from jaxfid.retrieval.bm25_index import BM25Searcher
+  return BM25Searcher(directory, meta)
+
+
+register_index_type("bm25", _load_bm25)
+
+
+def _import_plugins() -> None:
+  for name in PLUGIN_MODULES:
+    try:
+      importlib.import_module(name)
+    except ModuleNotFoundError as e:
+      if e.name != name:
+        raise
+
+
+def open_index(directory: str | os.PathLike) -> Searcher:
+  """The searcher for an index directory, chosen by its meta.json type."""
+  directory = Path(directory)
+  meta = read_meta(directory)
+  if meta["type"] not in _LOADERS:
+    _import_plugins()
+  loader = _LOADERS.get(meta["type"])
+  if loader is None:
+    raise InputError(directory, f"unknown index type {meta['type']!r} "
+                     f"(known: {', '.join(sorted(_LOADERS))})")
+  return loader(directory, meta)
+
+
+def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
+               progress: bool | None = None,
+               **options) -> list[list[tuple[int, float]]]:
+  """Runs all queries in batches, with a progress bar on stderr."""
+  if top_k < 1:
+    raise ValueError(f"top_k must be positive, got {top_k}")
+  results: list[list[tuple[int, float]]] = []
+  disable = None if progress is None else not progress
+  with tqdm(total=len(texts), desc="retrieving", unit=" queries",
+            disable=disable) as bar:
+    for start in range(0, len(texts), BATCH_SIZE):
+      batch = texts[start:start + BATCH_SIZE]
+      results.extend(searcher.search(batch, top_k, **options))
+      bar.update(len(batch))
+  return results
+
+
+def retrieve(index_dir: str | os.PathLike, queries: Sequence[Query | str],
+             top_k: int, progress: bool | None = False,
+             **options) -> list[list[tuple[str, float]]]:
+  """Top ``top_k`` (docid, score) pairs per query, best first."""
+  searcher = open_index(index_dir)
+  texts = [q if isinstance(q, str) else q.text for q in queries]
+  rows = search_all(searcher, texts, top_k, progress, **options)
+  return [_with_ids(searcher.store, hits) for hits in rows]
+
+
+def _with_ids(store: PassageStore,
+              hits: Sequence[tuple[int, float]]) -> list[tuple[str, float]]:
+  return list(zip(store.ids([r for r, _ in hits]), [s for _, s in hits]))
+
+
+def retrieve_to_file(index_dir: str | os.PathLike,
+                     queries_path: str | os.PathLike, top_k: int,
+                     output: str | os.PathLike, tag: str = "jaxfid",
+                     progress: bool | None = None, **options) -> dict:
+  """``jaxfid retrieve``: searches all queries and writes a run file.
+
+  ``output`` ending in ``.json``/``.jsonl`` gets FiD JSON, anything else a
+  TREC run. Returns a summary (counts) for the command to print.
+  """
+  queries = read_queries(queries_path)
+  searcher = open_index(index_dir)
+  rows = search_all(searcher, [q.text for q in queries], top_k, progress,
+                    **options)
+  if run_format(output) == "fid":
+    write_fid_json(output, queries, rows, searcher.store)
+  else:
+    write_trec(output, [q.id for q in queries],
+               [_with_ids(searcher.store, hits) for hits in rows], tag)
+  return {"queries": len(queries), "output": str(output),
+          "format": run_format(output),
+          "empty_results": sum(1 for hits in rows if not hits)}
