@@ -181,3 +181,35 @@ def test_undecodable_bytes_name_the_line(trained, tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert f"{bad}:2:" in err and len(err.splitlines()) == 1
   assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_init_checkpoint_starts_from_pretrained_weights(data, tmp_path, capsys):
+  import numpy as np
+
+  import jaxfid
+  from hf_reference import make_tiny_hf_checkpoint
+  train, dev = data
+  hf_dir = make_tiny_hf_checkpoint(
+      tmp_path / "hf", version="1.1", vocab_size=32128, d_model=64, d_kv=16,
+      num_heads=4, d_ff=128, num_layers=2, num_decoder_layers=2)
+  model_dir = tmp_path / "out"
+  args = _train_args(model_dir, train, dev, 1,
+                     extra=[f"--gin.INIT_CHECKPOINT='{hf_dir}'",
+                            "--gin.LEARNING_RATE=0.0", "--gin.EVAL_EVERY=100"])
+  assert main(args) == 0
+  enc = np.array([[5, 6, 7, 1, 0]], np.int32)
+  dec = np.array([[0, 9, 10]], np.int32)
+  want = np.asarray(jaxfid.load_t5(hf_dir)(encoder_input_tokens=enc,
+                                           decoder_input_tokens=dec))
+  got = np.asarray(jaxfid.load_t5(model_dir)(encoder_input_tokens=enc,
+                                             decoder_input_tokens=dec))
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  # A checkpoint of another size is refused with one line naming it.
+  other = make_tiny_hf_checkpoint(tmp_path / "hf_small", version="1.1",
+                                  vocab_size=32128, d_model=32)
+  capsys.readouterr()
+  rc = main(_train_args(tmp_path / "out2", train, dev, 1,
+                        extra=[f"--gin.INIT_CHECKPOINT='{other}'"]))
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and str(other) in err and "d_model" in err
+  assert len(err.splitlines()) == 1
