@@ -314,7 +314,8 @@ class Embedder:
 
   def _dispatch(self, tokens: np.ndarray, tower: str):
     n = len(tokens)
-    size = _round_up(max(n, 1), self.parallel)
+    # a short (last) batch is padded to the full batch: no recompilation
+    size = _round_up(max(n, self.batch_size), self.parallel)
     if size > n:
       tokens = np.concatenate(
           [tokens, np.zeros((size - n, tokens.shape[1]), np.int32)])
