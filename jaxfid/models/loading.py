@@ -82,8 +82,11 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
       config = config.replace(dtype=dtype)
     model = FiDModel(config)
     try:
-      params, _, _ = checkpointing.restore_params(path, model.abstract_params(),
-                                                  which)
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      target = jax.tree.map(
+          lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+          model.abstract_params())
+      params, _, _ = checkpointing.restore_params(path, target, which)
     except FileNotFoundError as e:
       raise InputError(path, str(e).split(": ", 1)[-1]) from None
     spiece = os.path.join(path, "spiece.model")

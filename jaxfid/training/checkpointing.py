@@ -114,8 +114,9 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
       meta_target = {"params": target}
       restored = mgr.restore(step, args=ocp.args.PyTreeRestore(
           item=meta_target, partial_restore=True,
-          restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(),
-                                    meta_target)))
+          restore_args=jax.tree.map(
+              lambda leaf: ocp.ArrayRestoreArgs(
+                  sharding=getattr(leaf, "sharding", None)), meta_target)))
       params = restored["params"]
     mgr.close()
     return params, step, os.path.basename(directory)
