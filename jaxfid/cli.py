@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "jaxfid.commands.plot",
     "jaxfid.commands.bench",
     "jaxfid.commands.demo",
+    "jaxfid.commands.reatt",
 )
 
 

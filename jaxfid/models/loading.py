@@ -77,6 +77,9 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
     raise InputError(path, "no such checkpoint")
   if os.path.exists(os.path.join(path, checkpointing.CONFIG_FILE)):
     run = checkpointing.read_run_config(path)
+    if run.get("method") == "reatt":
+      from jaxfid.models.reatt import load_reatt
+      return load_reatt(path, dtype=dtype, which=which)
     config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
     if dtype:
       config = config.replace(dtype=dtype)

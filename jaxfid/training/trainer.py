@@ -97,7 +97,7 @@ def load_initial_params(path: str, model: FiDModel, shardings) -> dict:
   return jax.device_put(params, shardings)
 
 
-class _Preemption:
+class Preemption:
   """Turns SIGTERM into a flag the loop checks after each step."""
 
   def __init__(self):
@@ -184,7 +184,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
     shutil.copyfile(tokenizer.path, os.path.join(model_dir, "spiece.model"))
   ckpts = checkpointing.RunCheckpoints(model_dir, keep=keep_checkpoints)
 
-  with jax.set_mesh(device_mesh), _Preemption() as preemption:
+  with jax.set_mesh(device_mesh), Preemption() as preemption:
     # 4. Init or restore.
     start = ckpts.latest_step()
     if start is not None:
