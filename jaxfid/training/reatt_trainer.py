@@ -34,7 +34,6 @@ import time
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from tqdm import tqdm
@@ -48,9 +47,9 @@ from jaxfid.models import reatt
 from jaxfid.models.config import T5Config
 from jaxfid.training import checkpointing, optim
 from jaxfid.training.metrics_log import MetricsLog
-from jaxfid.training.step import make_train_step
-from jaxfid.training.trainer import (NonFiniteLoss, Preemption, global_batch,
-                                     make_shardings)
+from jaxfid.training.trainer import (NonFiniteLoss, Preemption,
+                                     compile_train_step, global_batch,
+                                     init_or_restore, make_shardings)
 
 LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
           "retrieval_own_accuracy", "head_max_prob", "retrieval_head",
@@ -273,34 +272,12 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
 
   with jax.set_mesh(device_mesh), Preemption() as preemption:
     # 4. Init or restore.
-    start = ckpts.latest_step()
-    if start is not None:
-      abstract = jax.eval_shape(lambda: {
-          "step": jnp.zeros((), jnp.int32), "params": model.abstract_params(),
-          "opt_state": opt.init(model.abstract_params())})
-      abstract = jax.tree.map(
-          lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                   sharding=sharding),
-          abstract, sh.state)
-      state = ckpts.restore(abstract, start)
-      print(f"resumed from step {start} in {model_dir}", file=sys.stderr)
-    else:
-      start = 0
-      if init_checkpoint:
-        params = initial_params(init_checkpoint, model, sh.params)
-      else:
-        params = jax.jit(lambda: model.init_params(seed),
-                         out_shardings=sh.params)()
-      state = jax.jit(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
-                                 "opt_state": opt.init(p)},
-                      out_shardings=sh.state)(params)
-
-    loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
-    step_fn = jax.jit(make_train_step(loss_fn, opt, seed=seed,
-                                      accumulation_steps=accumulation_steps),
-                      in_shardings=(sh.state, sh.batch),
-                      out_shardings=(sh.state, sh.replicated),
-                      donate_argnums=0)
+    state, start = init_or_restore(
+        ckpts, model, opt, sh, seed=seed,
+        init_params=(lambda: initial_params(init_checkpoint, model, sh.params))
+        if init_checkpoint else None)
+    step_fn = compile_train_step(model, opt, sh, seed=seed,
+                                 accumulation_steps=accumulation_steps)
     log = MetricsLog(model_dir, resume_step=start)
     refresh_at = boundaries if retrieval_corpus else []
 

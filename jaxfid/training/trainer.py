@@ -26,7 +26,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
@@ -95,6 +94,47 @@ def load_initial_params(path: str, model: FiDModel, shardings) -> dict:
     raise InputError(path, f"INIT_CHECKPOINT's model differs from the run's "
                      f"in {', '.join(diff)}; list the matching gin/models file")
   return jax.device_put(params, shardings)
+
+
+def init_or_restore(ckpts: checkpointing.RunCheckpoints, model, optimizer,
+                    sh: Shardings, *, seed: int, init_params=None
+                    ) -> tuple[dict, int]:
+  """(state, step): the latest checkpoint, else fresh or given parameters.
+
+  ``init_params``: optional function returning sharded parameters (e.g. from
+  INIT_CHECKPOINT); otherwise the model's initialiser runs sharded.
+  """
+  start = ckpts.latest_step()
+  if start is not None:
+    abstract = jax.eval_shape(lambda: {
+        "step": jnp.zeros((), jnp.int32), "params": model.abstract_params(),
+        "opt_state": optimizer.init(model.abstract_params())})
+    abstract = jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                 sharding=sharding),
+        abstract, sh.state)
+    state = ckpts.restore(abstract, start)
+    print(f"resumed from step {start} in {ckpts.model_dir}", file=sys.stderr)
+    return state, start
+  if init_params is not None:
+    params = init_params()
+  else:
+    params = jax.jit(lambda: model.init_params(seed), out_shardings=sh.params)()
+  state = jax.jit(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
+                             "opt_state": optimizer.init(p)},
+                  out_shardings=sh.state)(params)
+  return state, 0
+
+
+def compile_train_step(model, optimizer, sh: Shardings, *, seed: int,
+                       accumulation_steps: int = 1):
+  """The jitted, sharded, state-donating train step of ``model.loss``."""
+  loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
+  return jax.jit(make_train_step(loss_fn, optimizer, seed=seed,
+                                 accumulation_steps=accumulation_steps),
+                 in_shardings=(sh.state, sh.batch),
+                 out_shardings=(sh.state, sh.replicated),
+                 donate_argnums=0)
 
 
 class Preemption:
@@ -186,35 +226,13 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
 
   with jax.set_mesh(device_mesh), Preemption() as preemption:
     # 4. Init or restore.
-    start = ckpts.latest_step()
-    if start is not None:
-      abstract = jax.eval_shape(lambda: {
-          "step": jnp.zeros((), jnp.int32),
-          "params": model.abstract_params(),
-          "opt_state": opt.init(model.abstract_params())})
-      abstract = jax.tree.map(
-          lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                   sharding=sharding),
-          abstract, sh.state)
-      state = ckpts.restore(abstract, start)
-      print(f"resumed from step {start} in {model_dir}", file=sys.stderr)
-    else:
-      start = 0
-      if init_checkpoint:
-        params = load_initial_params(init_checkpoint, model, sh.params)
-      else:
-        params = jax.jit(lambda: model.init_params(seed),
-                         out_shardings=sh.params)()
-      state = jax.jit(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
-                                 "opt_state": opt.init(p)},
-                      out_shardings=sh.state)(params)
-
-    loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
-    step_fn = jax.jit(make_train_step(loss_fn, opt, seed=seed,
-                                      accumulation_steps=accumulation_steps),
-                      in_shardings=(sh.state, sh.batch),
-                      out_shardings=(sh.state, sh.replicated),
-                      donate_argnums=0)
+    state, start = init_or_restore(
+        ckpts, model, opt, sh, seed=seed,
+        init_params=(lambda: load_initial_params(init_checkpoint, model,
+                                                 sh.params))
+        if init_checkpoint else None)
+    step_fn = compile_train_step(model, opt, sh, seed=seed,
+                                 accumulation_steps=accumulation_steps)
     log = MetricsLog(model_dir, resume_step=start)
     batchers: dict[int, pipeline.FidBatcher] = {}
 
