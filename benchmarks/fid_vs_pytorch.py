@@ -1,0 +1,353 @@
+"""jaxfid vs the PyTorch FiD reference: training step and greedy decoding speed.
+
+One process times, on the same model sizes, batch shapes and device:
+
+* jaxfid: the train step (forward, backward, Adam; ``jaxfid.bench.bench_train``)
+  and greedy decoding (``jaxfid.bench.bench_decode``), optionally also with
+  FiDO's decoder (``--fido-period K``: cross-attention in every K-th decoder
+  layer only; ``--fido-mq``: multi-query cross-attention);
+* the reference: HF ``transformers.T5ForConditionalGeneration`` with random
+  weights and FiD reshaping, ``attn_implementation="sdpa"``, bf16 autocast
+  (``torch_fid_reference.py``), eager and, with ``--compile``, under
+  ``torch.compile``.
+
+Both use the same synthetic batch (``jaxfid.bench.synthetic_batch``) and the
+same FLOP count (``jaxfid.bench.forward_flops``; x3 for a train step), so
+TFLOP/s and MFU are comparable; the peak is a measured large bf16/fp32 matmul
+(the best of 3 timings, the larger of JAX's and torch's) unless
+``--peak-tflops`` is given.
+
+Memory: torch rows report ``torch.cuda.max_memory_allocated`` (exact per
+row). JAX cannot reset its peak counter, so a jaxfid row reports the device's
+``peak_bytes_in_use`` when the row raised it and "<= X" when it did not; rows
+run in an order of (roughly) growing memory: all decodes by batch size, then
+the train steps. The torch rows run first and release their memory; JAX is
+told not to preallocate. On CPU both report the growth of the process's
+maximum RSS during the row (a lower bound; "n/a" when it did not grow).
+
+Usage (from the repository root):
+  python benchmarks/fid_vs_pytorch.py --size t5_base --batch-size 4 \\
+      --n-context 100 --text-maxlength 250 --answer-maxlength 20 \\
+      --decode-batch-sizes 1,16 --compile --fido-period 6 --fido-mq
+
+Prints the hardware, a markdown table and, last, one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+
+from jaxfid import bench  # noqa: E402
+from jaxfid.models import config as config_lib  # noqa: E402
+
+PEAK_TRIES = 3  # the best of 3 matmul timings: noise only ever slows them
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--size", default="t5_small",
+                 help=f"jaxfid preset: {', '.join(sorted(config_lib.PRESETS))}")
+  p.add_argument("--batch-size", type=int, default=4, help="train batch")
+  p.add_argument("--n-context", type=int, default=100)
+  p.add_argument("--text-maxlength", type=int, default=250)
+  p.add_argument("--answer-maxlength", type=int, default=20)
+  p.add_argument("--decode-batch-sizes", default="1,16",
+                 help="comma-separated batch sizes for greedy decoding")
+  p.add_argument("--steps", type=int, default=5,
+                 help="timed steps after the warm-up")
+  p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                 help="activations (default: bfloat16 on GPU, float32 on CPU)")
+  p.add_argument("--remat", choices=("none", "full", "dots"), default="full",
+                 help="jaxfid gradient checkpointing (gin/fid/base.gin: full)")
+  p.add_argument("--dropout", type=float, default=0.1)
+  p.add_argument("--compile", action="store_true",
+                 help="also time the reference train step under torch.compile")
+  p.add_argument("--fido-period", type=int, default=None,
+                 help="also time jaxfid with cross-attention every K-th layer")
+  p.add_argument("--fido-mq", action="store_true",
+                 help="also time jaxfid with multi-query cross-attention")
+  p.add_argument("--torch-threads", type=int, default=None,
+                 help="torch.set_num_threads for the reference (CPU); for "
+                      "jaxfid set XLA_FLAGS (see RESULTS.md)")
+  p.add_argument("--skip-torch", action="store_true")
+  p.add_argument("--skip-jax", action="store_true",
+                 help="only the reference (e.g. if both runtimes cannot share "
+                      "one GPU process)")
+  p.add_argument("--skip-train", action="store_true")
+  p.add_argument("--peak-tflops", type=float, default=None)
+  p.add_argument("--json-out", default=None,
+                 help="also write the JSON result to this file")
+  args = p.parse_args(argv)
+  try:
+    args.decode_batch_sizes = sorted(
+        {int(x) for x in args.decode_batch_sizes.split(",") if x.strip()})
+  except ValueError:
+    p.error(f"--decode-batch-sizes must be integers, got "
+            f"{args.decode_batch_sizes!r}")
+  if args.steps < 1:
+    p.error("--steps must be at least 1")
+  if args.fido_period is not None and args.fido_period < 1:
+    p.error("--fido-period must be at least 1")
+  if args.dtype is None:
+    args.dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  return args
+
+
+def hardware() -> dict:
+  info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+              timespec="seconds"),
+          "platform": platform.platform(),
+          "processor": platform.processor() or platform.machine(),
+          "cpu_count": os.cpu_count(),
+          "jax": jax.__version__, "jax_backend": jax.default_backend(),
+          "jax_devices": [str(d) for d in jax.devices()],
+          "jax_device_kind": jax.devices()[0].device_kind,
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  return info
+
+
+class JaxMemory:
+  """Peak memory of a jaxfid row (see the module docstring)."""
+
+  def __enter__(self):
+    self._dev0 = self._device_peak()
+    self._rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return self
+
+  @staticmethod
+  def _device_peak():
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+  def __exit__(self, *exc):
+    peak = self._device_peak()
+    if peak is not None:
+      self.gb, self.exact = peak / 1e9, peak > (self._dev0 or 0)
+      self.source = "jax peak_bytes_in_use"
+    else:
+      rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+      self.gb, self.exact = (rss - self._rss0) / 1e6, True
+      self.source = "growth of process max RSS"
+
+
+def _row(name, impl, mode, shape, step_time, flops, peak, mem_gb, mem_exact,
+         mem_source, setup_s, extra=None) -> dict:
+  tflops = flops / step_time / 1e12
+  return {"name": name, "impl": impl, "mode": mode,
+          "batch_size": shape.batch_size, "step_time_s": step_time,
+          "examples_per_sec": shape.batch_size / step_time,
+          "model_tflops_per_sec": tflops, "mfu": tflops / peak,
+          "peak_memory_gb": mem_gb, "peak_memory_exact": mem_exact,
+          "peak_memory_source": mem_source, "setup_s": setup_s,
+          **(extra or {})}
+
+
+def fido_label(cfg) -> str:
+  parts = []
+  if cfg.cross_attention_period > 1:
+    parts.append(f"LSA-{cfg.cross_attention_period}")
+  if cfg.multi_query_cross_attention:
+    parts.append("MQ")
+  return "FiDO " + "+".join(parts)
+
+
+def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
+  """jaxfid rows: decodes by batch (FiDO before dense), then train steps."""
+  cfgs = [("jaxfid", cfg)]
+  if args.fido_period or args.fido_mq:
+    fido = cfg.replace(cross_attention_period=args.fido_period or 1,
+                       multi_query_cross_attention=args.fido_mq)
+    cfgs.insert(0, (f"jaxfid {fido_label(fido)}", fido))
+  rows = []
+  for b in args.decode_batch_sizes:
+    for name, c in cfgs:
+      shape = shapes["decode"][b]
+      log(f"{name} decode b={b} ...")
+      with JaxMemory() as mem:
+        t0 = time.perf_counter()
+        r = bench.bench_decode(c, shape, steps=args.steps)
+        total = time.perf_counter() - t0
+      rows.append(_row(f"{name} decode", "jaxfid", "decode", shape,
+                       r["step_time_s"], bench.forward_flops(c, shape), peak,
+                       mem.gb, mem.exact, mem.source,
+                       total - args.steps * r["step_time_s"]))
+  if not args.skip_train:
+    for name, c in cfgs:
+      shape = shapes["train"]
+      log(f"{name} train b={shape.batch_size} ...")
+      with JaxMemory() as mem:
+        t0 = time.perf_counter()
+        r = bench.bench_train(c, shape, steps=args.steps)
+        total = time.perf_counter() - t0
+      rows.append(_row(f"{name} train", "jaxfid", "train", shape,
+                       r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
+                       mem.source, total - args.steps * r["step_time_s"]))
+  return rows
+
+
+def run_torch(cfg, shapes, args, peak, log) -> list[dict]:
+  import torch_fid_reference as ref
+  rows = []
+  if not args.skip_train:
+    shape = shapes["train"]
+    batch = bench.synthetic_batch(cfg, shape)
+    variants = [("torch", False)] + ([("torch.compile", True)]
+                                     if args.compile else [])
+    for name, compiled in variants:
+      log(f"{name} train b={shape.batch_size} ...")
+      r = ref.bench_train(cfg, batch, steps=args.steps, dtype=args.dtype,
+                          compile=compiled)
+      rows.append(_row(f"{name} train", name, "train", shape, r["step_time_s"],
+                       3 * bench.forward_flops(cfg, shape), peak,
+                       r["peak_memory_gb"], True, r["peak_memory_source"],
+                       r["setup_s"], {"loss": r["loss"]}))
+  for b in args.decode_batch_sizes:
+    shape = shapes["decode"][b]
+    log(f"torch decode b={b} ...")
+    batch = bench.synthetic_batch(cfg, shape)
+    r = ref.bench_decode(cfg, batch, steps=args.steps, dtype=args.dtype,
+                         num_tokens=shape.answer_maxlength)
+    rows.append(_row("torch decode", "torch", "decode", shape,
+                     r["step_time_s"], bench.forward_flops(cfg, shape), peak,
+                     r["peak_memory_gb"], True, r["peak_memory_source"],
+                     r["setup_s"]))
+  return rows
+
+
+def add_ratios(rows: list[dict]) -> dict:
+  """Each row's examples/s over the reference's (torch eager, torch.compile)."""
+  ref = {(r["impl"], r["mode"], r["batch_size"]): r["examples_per_sec"]
+         for r in rows if r["impl"] in ("torch", "torch.compile")}
+  for r in rows:
+    key = (r["mode"], r["batch_size"])
+    eager = ref.get(("torch", *key))
+    compiled = ref.get(("torch.compile", *key))
+    r["vs_torch"] = r["examples_per_sec"] / eager if eager else None
+    r["vs_torch_compile"] = (r["examples_per_sec"] / compiled
+                             if compiled else None)
+  summary = {}
+  for r in rows:
+    if r["impl"] != "jaxfid":
+      continue
+    label = r["name"].replace(" ", "_") + f"_b{r['batch_size']}"
+    summary[f"{label}_vs_torch"] = r["vs_torch"]
+    if r["mode"] == "train":
+      summary[f"{label}_vs_torch_compile"] = r["vs_torch_compile"]
+  return summary
+
+
+def _fmt(x, spec, none="n/a"):
+  return none if x is None else format(x, spec)
+
+
+def _memory(r) -> str:
+  if r["peak_memory_source"].startswith("growth"):
+    return f"+{r['peak_memory_gb']:.2f}" if r["peak_memory_gb"] > 0 else "n/a"
+  return ("" if r["peak_memory_exact"] else "<= ") + f"{r['peak_memory_gb']:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+  head = ("| row | batch | step time (s) | examples/s | model TFLOP/s | MFU "
+          "| peak memory (GB) | setup+compile (s) | x torch | x torch.compile |")
+  lines = [head, "|" + "---|" * 10]
+  for r in rows:
+    lines.append(
+        f"| {r['name']} | {r['batch_size']} | {r['step_time_s']:.4f} "
+        f"| {r['examples_per_sec']:.2f} | {r['model_tflops_per_sec']:.3f} "
+        f"| {100 * r['mfu']:.1f}% | {_memory(r)} | {r['setup_s']:.1f} "
+        f"| {_fmt(r['vs_torch'], '.2f')} | {_fmt(r['vs_torch_compile'], '.2f')} |")
+  return "\n".join(lines)
+
+
+def write_json(path: str, result: dict) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fid_vs_pytorch.")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+  try:
+    cfg = config_lib.preset(args.size, dtype=args.dtype, remat=args.remat,
+                            dropout_rate=args.dropout)
+  except ValueError as e:
+    print(f"fid_vs_pytorch.py: error: --size: {e}", file=sys.stderr)
+    return 2
+  shapes = {
+      "train": bench.Shape(args.batch_size, args.n_context,
+                           args.text_maxlength, args.answer_maxlength),
+      "decode": {b: bench.Shape(b, args.n_context, args.text_maxlength,
+                                args.answer_maxlength)
+                 for b in args.decode_batch_sizes}}
+  hw = hardware()
+  peaks = {}
+  if not args.skip_torch:
+    import torch_fid_reference as ref
+    if args.torch_threads:
+      import torch
+      torch.set_num_threads(args.torch_threads)
+    hw.update(ref.describe())
+    peaks["torch"] = max(ref.measure_peak_tflops(args.dtype)
+                         for _ in range(PEAK_TRIES))
+  if not args.skip_jax:
+    peaks["jax"] = max(bench.measure_peak_tflops(args.dtype)
+                       for _ in range(PEAK_TRIES))
+  peak = args.peak_tflops or max(peaks.values(), default=1.0)
+  print(f"# jaxfid vs PyTorch FiD — {hw['date']}")
+  for k, v in hw.items():
+    print(f"- {k}: {v}")
+  print(f"- model: {args.size} (d_model {cfg.d_model}, {cfg.num_layers}+"
+        f"{cfg.num_decoder_layers} layers, {cfg.dtype}, jaxfid remat "
+        f"{cfg.remat}, dropout {cfg.dropout_rate})")
+  print(f"- shape: train batch {args.batch_size}, {args.n_context} passages x "
+        f"{args.text_maxlength} tokens, {args.answer_maxlength} answer tokens; "
+        f"decode batches {args.decode_batch_sizes}; {args.steps} timed steps")
+  print(f"- peak TFLOP/s for MFU: {peak:.2f} ("
+        + ("given" if args.peak_tflops else ", ".join(
+            f"{k} {args.dtype} matmul {v:.2f}" for k, v in peaks.items()))
+        + ")", flush=True)
+  rows = []
+  if not args.skip_torch:
+    rows += run_torch(cfg, shapes, args, peak, log)
+    ref.release()
+  if not args.skip_jax:
+    rows += run_jax(cfg, shapes, args, peak, log)
+  order = {"train": 0, "decode": 1}
+  rows.sort(key=lambda r: (order[r["mode"]], r["batch_size"],
+                           r["impl"] != "jaxfid", r["name"]))
+  summary = add_ratios(rows)
+  print()
+  print(table(rows))
+  result = {"hardware": hw, "args": {k: v for k, v in vars(args).items()},
+            "model": cfg.to_dict(), "peak_tflops": peak, "peaks": peaks,
+            "rows": rows, "ratios": summary}
+  if args.json_out:
+    write_json(args.json_out, result)
+  print()
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
