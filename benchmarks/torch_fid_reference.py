@@ -170,7 +170,6 @@ def bench_train(cfg: T5Config, batch: dict, *, steps: int, dtype: str,
     _sync()
     dt = (time.perf_counter() - t0) / steps
     loss = float(loss.detach())
-    del model, opt, fn
   return {"step_time_s": dt, "setup_s": setup, "loss": loss,
           "peak_memory_gb": mem.gb, "peak_memory_source": mem.source}
 
@@ -200,7 +199,6 @@ def bench_decode(cfg: T5Config, batch: dict, *, steps: int, dtype: str,
       out = generate()
     _sync()
     dt = (time.perf_counter() - t0) / steps
-    del model
   return {"step_time_s": dt, "setup_s": setup,
           "peak_memory_gb": mem.gb, "peak_memory_source": mem.source}
 
