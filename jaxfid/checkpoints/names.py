@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from jaxfid.checkpoints.configs import as_fields, is_gated
 
@@ -213,3 +213,27 @@ def hf_to_fid_wrapper(name: str, use_checkpoint: bool = False) -> str:
 def t5x_name(path: str) -> str:
   """The TensorStore directory name T5X gives a jaxfid parameter."""
   return "target." + path.replace("/", ".")
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  """{'a/b/c': x} -> {'a': {'b': {'c': x}}} (jaxfid parameter paths)."""
+  tree: dict = {}
+  for path, value in flat.items():
+    node = tree
+    *parents, leaf = path.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+  """The inverse of :func:`unflatten`."""
+  out = {}
+  for key, value in tree.items():
+    path = f"{prefix}/{key}" if prefix else str(key)
+    if isinstance(value, Mapping):
+      out.update(flatten(value, path))
+    else:
+      out[path] = value
+  return out

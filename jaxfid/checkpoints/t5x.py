@@ -345,17 +345,6 @@ def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
   return chunks
 
 
-def _nest(flat: Mapping[str, Any]) -> dict:
-  tree: dict = {}
-  for path, value in flat.items():
-    node = tree
-    *parents, leaf = path.split("/")
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return tree
-
-
 def _gin_text(fields: Mapping) -> str:
   acts = t5x_activations(fields["feed_forward_proj"])
   acts = ", ".join(repr(a) for a in acts) + ("," if len(acts) == 1 else "")
@@ -408,7 +397,7 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
   if use_orbax:
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     ocp.PyTreeCheckpointer().save(str(final.resolve()), {
-        "target": _nest(params), "state": state}, force=overwrite)
+        "target": names.unflatten(params), "state": state}, force=overwrite)
   else:
     import tensorstore as ts  # pylint: disable=g-import-not-at-top
     from flax import serialization  # pylint: disable=g-import-not-at-top
@@ -429,7 +418,7 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
         store.write(array).result()
         leaves[path] = ts.Spec(spec).to_json()
       state["param_states"] = {}
-      contents = {"version": 3, "optimizer": {"target": _nest(leaves),
+      contents = {"version": 3, "optimizer": {"target": names.unflatten(leaves),
                                               "state": state}}
       (tmp / CHECKPOINT_FILE).write_bytes(
           serialization.msgpack_serialize(contents))

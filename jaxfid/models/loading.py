@@ -8,38 +8,15 @@ the original FiD repo's readers, T5X checkpoints, and jaxfid ``MODEL_DIR``s
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
 from jaxfid.data.errors import InputError
 from jaxfid.models.config import T5Config
 from jaxfid.models.model import FiDModel
-
-
-def unflatten(flat: dict[str, Any]) -> dict:
-  """{'a/b/c': x} -> {'a': {'b': {'c': x}}}."""
-  tree: dict = {}
-  for path, value in flat.items():
-    node = tree
-    *parents, leaf = path.split("/")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    path = f"{prefix}/{key}" if prefix else str(key)
-    if isinstance(value, dict):
-      out.update(flatten(value, path))
-    else:
-      out[path] = value
-  return out
 
 
 def params_from_flat(model: FiDModel, flat: dict[str, np.ndarray],

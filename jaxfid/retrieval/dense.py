@@ -199,9 +199,9 @@ def embed_store(loaded, store: PassageStore, writer: ShardWriter, *,
   from jaxfid import sharding as shd
   from jaxfid.retrieval.dual_encoder import Embedder
   missing = writer.missing()
-  todo = sum(writer.shard_rows(i)[1] - writer.shard_rows(i)[0]
+  remaining = sum(writer.shard_rows(i)[1] - writer.shard_rows(i)[0]
              for i in missing)
-  if not todo:
+  if not remaining:
     return 0
   try:
     device_mesh = shd.parse_mesh(mesh)
@@ -211,7 +211,7 @@ def embed_store(loaded, store: PassageStore, writer: ShardWriter, *,
   embedder = Embedder(loaded.encoder, loaded.params, loaded.tokenizer,
                       mesh=device_mesh, batch_size=batch_size)
   disable = None if progress is None else not progress
-  with tqdm(total=len(store), initial=len(store) - todo, desc="embedding",
+  with tqdm(total=len(store), initial=len(store) - remaining, desc="embedding",
             unit=" passages", disable=disable, smoothing=0.1) as bar:
     for i in missing:
       start, end = writer.shard_rows(i)
@@ -224,7 +224,7 @@ def embed_store(loaded, store: PassageStore, writer: ShardWriter, *,
         parts.append(vectors)
         bar.update(len(vectors))
       writer.write(i, np.concatenate(parts))
-  return todo
+  return remaining
 
 
 def encoder_entry(loaded) -> dict:

@@ -40,6 +40,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxfid.checkpoints import names
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -124,26 +126,13 @@ def bi_encoder_params(params: dict, num_layers: int) -> dict:
   return {"token_embedder": params["token_embedder"], "encoder": stack}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
-  out = {}
-  for key, value in tree.items():
-    path = f"{prefix}/{key}" if prefix else str(key)
-    if isinstance(value, dict):
-      out.update(_flatten(value, path))
-    else:
-      out[path] = np.asarray(jax.device_get(value), np.float32)
-  return out
+def _flatten(tree: dict) -> dict[str, np.ndarray]:
+  return {k: np.asarray(jax.device_get(v), np.float32)
+          for k, v in names.flatten(tree).items()}
 
 
 def _unflatten(flat) -> dict:
-  tree: dict = {}
-  for path in flat.keys():
-    node = tree
-    *parents, leaf = path.split("/")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = jnp.asarray(flat[path])
-  return tree
+  return names.unflatten({k: jnp.asarray(flat[k]) for k in flat.keys()})
 
 
 class TokenEncoder:
@@ -366,8 +355,8 @@ class TokenSearcher:
   def _options(self, options: dict) -> tuple[int, int | None]:
     unknown = sorted(set(options) - set(SEARCH_OPTIONS))
     if unknown:
-      names = ", ".join("--" + k.replace("_", "-") for k in unknown)
-      raise InputError(self.directory, f"option {names} does not apply to a "
+      flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+      raise InputError(self.directory, f"option {flags} does not apply to a "
                        f"reatt index (known: token_top_k, nprobe)")
     values = {}
     for name in SEARCH_OPTIONS:
