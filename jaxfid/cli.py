@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "jaxfid.commands.bench",
     "jaxfid.commands.demo",
     "jaxfid.commands.reatt",
+    "jaxfid.commands.refusion",
 )
 
 

@@ -20,6 +20,9 @@ HEADS = "heads"
 KV = "kv"
 JOINED_KV = "joined_kv"  # heads * kv, flattened (T5X kernel layout)
 RELPOS_BUCKETS = "relpos_buckets"
+NEIGHBOURS = "neighbours"      # ReFusion: retrieved neighbours (top-k ranks)
+DB_EMBED = "db_embed"          # ReFusion: the retrieval database's width
+ARCH_CHOICES = "arch_choices"  # ReFusion: the integrator's candidate modules
 # Activation axes.
 BATCH = "batch"
 PASSAGES = "passages"
@@ -43,6 +46,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, object], ...] = (
     (JOINED_KV, "model"),
     (KV, None),
     (RELPOS_BUCKETS, None),
+    (NEIGHBOURS, None),
+    (DB_EMBED, None),
+    (ARCH_CHOICES, None),
     (BATCH, ("data", "fsdp")),
     (PASSAGES, None),
     (LENGTH, None),

@@ -1,0 +1,109 @@
+"""ReFusion's example arrays and deterministic batches.
+
+Few-shot sets are tiny (16 examples per class), so each split is tokenized
+once into numpy arrays:
+
+  encoder_input_tokens   int32 [N, L]        the rendered template, EOS, 0-padded
+  decoder_target_tokens  int32 [N, T]        the gold label word + EOS
+  labels                 int32 [N]           class index
+  neighbours             float32 [N, S, K, R] (fusion runs only)
+
+Training batches are a pure function of (seed, step): the example stream is
+an endless chain of per-epoch permutations (``permutation(seed, epoch)``),
+and step s takes stream positions ``[s*B, (s+1)*B)``, so a resumed run sees
+exactly the batches an uninterrupted one would. Each host keeps its own
+contiguous share of the global batch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxfid.tokenization import Tokenizer, encode_padded
+
+
+def label_token_matrix(label_words: Sequence[str], tokenizer: Tokenizer
+                       ) -> np.ndarray:
+  """int32 [C, T]: every label word's tokens + EOS, 0-padded to the longest."""
+  ids = [tokenizer.encode(w) for w in label_words]
+  width = max(len(i) for i in ids) + 1
+  return encode_padded(tokenizer, list(label_words), width)
+
+
+def with_neighbour_texts(inputs: Sequence[str], texts: Sequence[Sequence[str]]
+                         ) -> list[str]:
+  """The concatenation baseline: each input followed by its neighbours.
+
+  The rendered template comes first so truncation at the maximum length
+  cuts neighbours, never the prompt.
+  """
+  return [" ".join([x, *t]) for x, t in zip(inputs, texts)]
+
+
+def encode_split(inputs: Sequence[str], label_ids: Sequence[int],
+                 label_tokens: np.ndarray, tokenizer: Tokenizer,
+                 max_length: int, neighbours: np.ndarray | None = None
+                 ) -> dict[str, np.ndarray]:
+  """The arrays of one split (see the module docstring)."""
+  labels = np.asarray(label_ids, np.int32)
+  arrays = {
+      "encoder_input_tokens": encode_padded(tokenizer, list(inputs), max_length),
+      "decoder_target_tokens": label_tokens[labels],  # [N, T]
+      "labels": labels,
+  }
+  if neighbours is not None:
+    arrays["neighbours"] = np.asarray(neighbours, np.float32)
+  return arrays
+
+
+def truncation_count(inputs: Sequence[str], tokenizer: Tokenizer,
+                     max_length: int) -> int:
+  """How many inputs lose tokens at ``max_length`` (EOS included)."""
+  return sum(len(ids) + 1 > max_length for ids in tokenizer.encode_batch(
+      list(inputs)))
+
+
+def stream_indices(num_examples: int, start: int, count: int,
+                   seed: int) -> np.ndarray:
+  """Positions ``[start, start + count)`` of the endless permuted stream."""
+  out = np.empty((count,), np.int64)
+  for i, pos in enumerate(range(start, start + count)):
+    epoch, offset = divmod(pos, num_examples)
+    out[i] = _permutation(num_examples, seed, epoch)[offset]
+  return out
+
+
+_PERMUTATIONS: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+  key = (n, seed, epoch)
+  if key not in _PERMUTATIONS:
+    if len(_PERMUTATIONS) > 64:
+      _PERMUTATIONS.clear()
+    _PERMUTATIONS[key] = np.random.default_rng([seed, epoch]).permutation(n)
+  return _PERMUTATIONS[key]
+
+
+def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int,
+                seed: int, process_index: int = 0, process_count: int = 1
+                ) -> dict[str, np.ndarray]:
+  """This host's rows of global batch ``step`` (labels dropped)."""
+  n = len(arrays["labels"])
+  rows = stream_indices(n, step * batch_size, batch_size, seed)
+  per_host = batch_size // process_count
+  rows = rows[process_index * per_host:(process_index + 1) * per_host]
+  return {k: v[rows] for k, v in arrays.items() if k != "labels"}
+
+
+def eval_batches(arrays: dict[str, np.ndarray], batch_size: int):
+  """Yields (batch, number of real rows); the last batch is padded by
+  repeating row 0, so every batch has the same shape (one compilation)."""
+  n = len(arrays["labels"])
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, min(start + batch_size, n))
+    real = len(rows)
+    if real < batch_size:
+      rows = np.concatenate([rows, np.zeros(batch_size - real, np.int64)])
+    yield {k: v[rows] for k, v in arrays.items() if k != "labels"}, real

@@ -1,0 +1,306 @@
+"""ReFusion's fusion modules: reranker, ordered mask and the adaptive integrator.
+
+Einsum letters: B batch, S query segments (1 for single sentences, 2 for
+sentence pairs: each sentence retrieves its own neighbours), K neighbours
+(top-k ranks), R retrieval-database width, O the wrapped projection's output
+width, L sequence length.
+
+Each wrapped projection computes its original output ``y = x @ kernel`` and
+adds, at the first position only, a fused neighbour representation (paper
+section 3; ``../shared/notes/methods.md``):
+
+* reranker: ``w = softmax(r)`` over the K ranks, ``f = (1/K) sum_i w_i h_i``;
+* ordered mask (nested dropout over ranks, per dimension): the keep
+  probabilities ``b = sigmoid(clip(beta))`` [K, R] define where each
+  dimension's chain stops, ``q_i = (1 - b_i) prod_{j<i} b_j`` (the last rank
+  takes the rest); training draws a relaxed one-hot stop ``c ~
+  GumbelSoftmax(log q, tau)`` and keeps ``v_i = 1 - sum_{j<i} c_j`` =
+  ``sum_{j>=i} c_j``; evaluation uses the deterministic expected mask
+  ``E[v_i] = prod_{j<i} b_j``. ``f = (1/K) sum_i v_i * h_i``;
+* adaptive integrator: ``o = sum_c softmax(alpha)_c o_c`` over the candidates
+  {original, reranker, ordered mask}; since every candidate is ``y + delta_c``
+  (``delta_original = 0``) this is ``y + sum_c p_c delta_c``, which is exactly
+  ``y`` when there are no neighbours.
+
+Pair inputs average the fused vectors of their two segments (as the original
+code does). When the database width R differs from O, a learned projection
+``[R, O]`` maps the fused vector. Two corrections to the original code: the
+Gumbel-softmax runs over the ranks (the original's runs over the embedding
+dimension), and evaluation uses the expected mask (the original stays
+random).
+
+Parameters added per wrapped projection (beside the original ``kernel``, so
+checkpoints of plain T5 load by name): ``fusion_rerank`` [K],
+``fusion_beta`` [K, R], ``fusion_alpha`` [3] (the architecture weights; the
+only ones the search's architecture step trains) and, if R != O,
+``fusion_proj`` [R, O].
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid import sharding as ax
+from jaxfid.models import layers
+
+Array = jax.Array
+
+SCHEMES = ("original", "reranker", "ordered_mask")
+MODULES = ("query", "key", "value", "output", "ffn")
+STACKS = ("encoder", "decoder")
+# Where each module name lives inside a T5 layer.
+_ENCODER_PATHS = {"query": ("attention", "query"), "key": ("attention", "key"),
+                  "value": ("attention", "value"), "output": ("attention", "out"),
+                  "ffn": ("mlp", "wo")}
+_DECODER_PATHS = {"query": ("self_attention", "query"),
+                  "key": ("self_attention", "key"),
+                  "value": ("self_attention", "value"),
+                  "output": ("self_attention", "out"), "ffn": ("mlp", "wo")}
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionConfig:
+  """What is fused where, and how; passed whole to the model.
+
+  Attributes:
+    targets: ``'stack.module'`` names (``encoder.key``...); every layer of
+      that stack gets the module wrapped. Empty: the plain backbone.
+    top_k: neighbours per segment (K).
+    db_dim: width of the retrieval database's vectors (R).
+    search: the adaptive integrator (mixture over the schemes); otherwise
+      every module uses ``structure`` or, without one, ``scheme``.
+    scheme: the scheme of every module when not searching.
+    structure: per wrapped module (in :func:`wrapped_paths` order) the chosen
+      scheme — the discretised result of a search.
+    mask_temperature: tau of the ordered mask's Gumbel-softmax.
+    mask_clip: beta is clipped to [-clip, clip] before the sigmoid.
+  """
+  targets: tuple[str, ...] = ("encoder.key", "encoder.value")
+  top_k: int = 64
+  db_dim: int = 768
+  search: bool = False
+  scheme: str = "reranker"
+  structure: tuple[str, ...] | None = None
+  mask_temperature: float = 5.0
+  mask_clip: float = 5.0
+
+  def __post_init__(self):
+    for t in self.targets:
+      stack, _, module = t.partition(".")
+      if stack not in STACKS or module not in MODULES:
+        raise ValueError(f"fusion target {t!r}: expected STACK.MODULE with "
+                         f"STACK in {STACKS} and MODULE in {MODULES}")
+    if self.scheme not in SCHEMES[1:]:
+      raise ValueError(f"fusion scheme {self.scheme!r}: one of {SCHEMES[1:]}")
+    for s in self.structure or ():
+      if s not in SCHEMES:
+        raise ValueError(f"structure entry {s!r}: one of {SCHEMES}")
+    if self.targets and self.top_k < 1:
+      raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.targets)
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["targets"] = list(self.targets)
+    d["structure"] = list(self.structure) if self.structure else None
+    return d
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "FusionConfig":
+    d = dict(d)
+    d["targets"] = tuple(d["targets"])
+    d["structure"] = tuple(d["structure"]) if d.get("structure") else None
+    return cls(**d)
+
+
+def parse_targets(spec: str) -> tuple[str, ...]:
+  """``'key,value'`` -> ``('encoder.key', 'encoder.value')``; ``'none'`` -> ().
+
+  Items are ``module`` (encoder), ``encoder.module`` or ``decoder.module``;
+  modules: query, key, value, output (attention output projection), ffn
+  (feed-forward output projection). Raises ValueError on anything else.
+  """
+  spec = (spec or "").strip().lower()
+  if spec in ("", "none"):
+    return ()
+  out = []
+  for item in spec.split(","):
+    item = item.strip()
+    stack, dot, module = item.partition(".")
+    if not dot:
+      stack, module = "encoder", item
+    if stack not in STACKS or module not in MODULES:
+      raise ValueError(f"{item!r} is not a fusion module: use any of "
+                       f"{', '.join(MODULES)}, optionally prefixed by "
+                       f"'encoder.' or 'decoder.', or 'none'")
+    if f"{stack}.{module}" not in out:
+      out.append(f"{stack}.{module}")
+  return tuple(out)
+
+
+def wrapped_paths(num_layers: int, num_decoder_layers: int,
+                  targets: tuple[str, ...]) -> list[tuple[str, ...]]:
+  """Parameter-tree paths of the wrapped projections, in a fixed order."""
+  paths = []
+  for stack, n, table in (("encoder", num_layers, _ENCODER_PATHS),
+                          ("decoder", num_decoder_layers, _DECODER_PATHS)):
+    for i in range(n):
+      for module in MODULES:
+        if f"{stack}.{module}" in targets:
+          paths.append((stack, f"layers_{i}", *table[module]))
+  return paths
+
+
+# ---- formulas ---------------------------------------------------------------
+
+
+def reranker_fuse(neighbours: Array, rerank: Array) -> Array:
+  """(1/K) sum_i softmax(r)_i h_i: [B, S, K, R], [K] -> float32 [B, S, R]."""
+  k = neighbours.shape[2]
+  w = jax.nn.softmax(rerank.astype(jnp.float32))  # [K]
+  return jnp.einsum("k,bskr->bsr", w, neighbours.astype(jnp.float32)) / k  # [B, S, R]
+
+
+def keep_log_probs(beta: Array, clip: float) -> tuple[Array, Array]:
+  """(log b, log(1 - b)) of the keep probabilities b = sigmoid(clip(beta))."""
+  z = jnp.clip(beta.astype(jnp.float32), -clip, clip)
+  return jax.nn.log_sigmoid(z), jax.nn.log_sigmoid(-z)  # [K, R] each
+
+
+def stop_log_probs(beta: Array, clip: float) -> Array:
+  """log q [K, R]: the chain of dimension r keeps ranks < i and stops at i."""
+  log_b, log_not_b = keep_log_probs(beta, clip)
+  before = jnp.cumsum(log_b, axis=0) - log_b           # sum_{j<i} log b_j [K, R]
+  stop_here = log_not_b.at[-1].set(0.0)                # the last rank ends it
+  return before + stop_here                            # [K, R]
+
+
+def expected_ordered_mask(beta: Array, clip: float) -> Array:
+  """E[v_i] = prod_{j<i} b_j, float32 [K, R]: 1 at rank 0, non-increasing."""
+  log_b, _ = keep_log_probs(beta, clip)
+  mask = jnp.exp(jnp.cumsum(log_b, axis=0) - log_b)    # [K, R]
+  return jax.lax.cummin(mask, axis=0)
+
+
+def sample_ordered_mask(beta: Array, rng: Array, batch: int, clip: float,
+                        temperature: float) -> Array:
+  """Relaxed nested-dropout masks float32 [B, K, R], one draw per example.
+
+  ``c = softmax((log q + g) / tau)`` over the K ranks with Gumbel noise g;
+  ``v_i = sum_{j>=i} c_j`` (= 1 - sum_{j<i} c_j), non-increasing in i.
+  """
+  log_q = stop_log_probs(beta, clip)                               # [K, R]
+  g = jax.random.gumbel(rng, (batch, *log_q.shape), jnp.float32)   # [B, K, R]
+  c = jax.nn.softmax((log_q[None] + g) / temperature, axis=1)      # [B, K, R]
+  v = jnp.flip(jnp.cumsum(jnp.flip(c, axis=1), axis=1), axis=1)    # [B, K, R]
+  return jax.lax.cummin(v, axis=1)
+
+
+def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
+  """(1/K) sum_i v_i * h_i: [B, S, K, R] with v [K, R] or [B, K, R] -> [B, S, R]."""
+  k = neighbours.shape[2]
+  v = mask if mask.ndim == 3 else mask[None]                       # [B|1, K, R]
+  return jnp.einsum("bkr,bskr->bsr", jnp.broadcast_to(
+      v, (neighbours.shape[0], *v.shape[1:])),
+      neighbours.astype(jnp.float32)) / k                          # [B, S, R]
+
+
+# ---- the wrapping module -------------------------------------------------------
+
+
+class FusedProjection(nnx.Module):
+  """A projection ``y = x @ kernel`` plus fused neighbours at position 0.
+
+  Replaces a :class:`jaxfid.models.layers.Dense` (keeping its ``kernel``
+  parameter under the same name). ``extras`` is the dict built by
+  :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
+  ``neighbours`` float [B, S, K, R] (zeros where missing), optional ``rng``
+  (training: sampled ordered masks; absent: the expected mask). Without
+  extras it is the plain projection.
+  """
+
+  def __init__(self, base: layers.Dense, *, out_features: int,
+               config: FusionConfig, slot: int, choice: str | None,
+               rngs: nnx.Rngs):
+    self.kernel = base.kernel
+    self.dtype = base.dtype
+    k, r = config.top_k, config.db_dim
+    self.fusion_rerank = nnx.Param(jnp.zeros((k,), jnp.float32),
+                                   logical_axes=(ax.NEIGHBOURS,))
+    self.fusion_beta = nnx.Param(jnp.zeros((k, r), jnp.float32),
+                                 logical_axes=(ax.NEIGHBOURS, ax.DB_EMBED))
+    self.fusion_alpha = nnx.Param(jnp.zeros((len(SCHEMES),), jnp.float32),
+                                  logical_axes=(ax.ARCH_CHOICES,))
+    self.has_proj = r != out_features
+    if self.has_proj:
+      self.fusion_proj = nnx.Param(
+          jax.random.normal(rngs.params(), (r, out_features), jnp.float32)
+          * r ** -0.5, logical_axes=(ax.DB_EMBED, ax.EMBED))
+    self.choice = choice            # None: the integrator's mixture
+    self.slot = slot                # folds this module's own Gumbel noise
+    self.clip = config.mask_clip
+    self.temperature = config.mask_temperature
+
+  def _project(self, fused: Array) -> Array:
+    if self.has_proj:
+      return jnp.einsum("br,ro->bo", fused, self.fusion_proj[...])  # [B, O]
+    return fused
+
+  def _delta(self, scheme: str, neighbours: Array, rng: Array | None) -> Array:
+    """The fused vector float32 [B, O] of one scheme (segments averaged)."""
+    if scheme == "reranker":
+      fused = reranker_fuse(neighbours, self.fusion_rerank[...])    # [B, S, R]
+    else:
+      beta = self.fusion_beta[...]
+      if rng is None:
+        mask = expected_ordered_mask(beta, self.clip)                # [K, R]
+      else:
+        mask = sample_ordered_mask(beta, jax.random.fold_in(rng, self.slot),
+                                   neighbours.shape[0], self.clip,
+                                   self.temperature)                  # [B, K, R]
+      fused = ordered_mask_fuse(neighbours, mask)                    # [B, S, R]
+    return self._project(jnp.mean(fused, axis=1))                    # [B, O]
+
+  def __call__(self, x: Array, extras: Any = None) -> Array:
+    kernel = self.kernel[...].astype(self.dtype)
+    y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel)  # [B, L, O]
+    if extras is None or self.choice == "original":
+      return y
+    neighbours, rng = extras["neighbours"], extras.get("rng")
+    if self.choice is not None:
+      delta = self._delta(self.choice, neighbours, rng)             # [B, O]
+    else:
+      p = jax.nn.softmax(self.fusion_alpha[...])                    # [3]
+      delta = (p[1] * self._delta("reranker", neighbours, rng)
+               + p[2] * self._delta("ordered_mask", neighbours, rng))  # [B, O]
+    return y.at[:, 0, :].add(delta.astype(y.dtype))
+
+
+def inject(net: nnx.Module, config: FusionConfig, *, rngs: nnx.Rngs) -> list:
+  """Wrap the target projections of a T5 network in place; returns the paths."""
+  cfg = net.config
+  paths = wrapped_paths(cfg.num_layers, cfg.num_decoder_layers, config.targets)
+  if config.structure is not None and len(config.structure) != len(paths):
+    raise ValueError(f"structure has {len(config.structure)} entries for "
+                     f"{len(paths)} fusion modules")
+  for slot, path in enumerate(paths):
+    parent = net
+    for name in path[:-1]:
+      parent = getattr(parent, name)
+    base = getattr(parent, path[-1])
+    out_features = base.kernel.shape[1]
+    if config.structure is not None:
+      choice = config.structure[slot]
+    else:
+      choice = None if config.search else config.scheme
+    setattr(parent, path[-1], FusedProjection(
+        base, out_features=out_features, config=config, slot=slot,
+        choice=choice, rngs=rngs))
+  return paths

@@ -1,0 +1,167 @@
+"""The ReFusion model: T5 with fusion modules, a loss and rank classification.
+
+Einsum letters: B examples, C classes (label words), L input length, T
+label-word length (with EOS), S segments, K neighbours, R database width,
+D d_model, V vocabulary.
+
+The network is the plain jaxfid T5 with chosen projections wrapped by
+:class:`~jaxfid.refusion.fusion.FusedProjection`; everything else —
+parameter names, sharding, the loss — is :class:`~jaxfid.models.model.FiDModel`'s
+(with one passage per example). Batches add to FiDModel's:
+
+  neighbours      float32 [B, S, K, R]  the neighbours' stored vectors (zeros
+                                        where missing)
+
+Classification is rank classification: every class's label word (tokens
+``[C, T]``) is scored by its log-likelihood under teacher forcing, the
+encoder running once per example; the prediction is the best-scoring class.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid.models import fid
+from jaxfid.models.config import T5Config
+from jaxfid.models.layers import fold
+from jaxfid.models.model import FiDModel, shift_right
+from jaxfid.models.t5 import T5
+from jaxfid.refusion import fusion as fusion_lib
+from jaxfid.refusion.fusion import FusionConfig
+
+Array = jax.Array
+ARCH_PARAM = "fusion_alpha"
+
+
+def build_network(config: T5Config, fusion: FusionConfig,
+                  rngs: nnx.Rngs) -> T5:
+  """A T5 (initialised exactly as the plain one) with fusion modules."""
+  net = T5(config, rngs=rngs)
+  if fusion.enabled:
+    fusion_lib.inject(net, fusion, rngs=rngs)
+  return net
+
+
+def is_arch_path(path: tuple) -> bool:
+  """True for the architecture weights (the search's upper-level variables)."""
+  return str(getattr(path[-1], "key", path[-1])) == ARCH_PARAM
+
+
+class ReFusionModel(FiDModel):
+  """FiDModel's loss and sharding over a T5 with fusion modules."""
+
+  def __init__(self, config: T5Config, fusion: FusionConfig):
+    self.config = config
+    self.fusion = fusion
+    net = nnx.eval_shape(lambda: build_network(config, fusion, nnx.Rngs(0)))
+    self.graphdef, self._abstract_state = nnx.split(net)
+    self.paths = fusion_lib.wrapped_paths(
+        config.num_layers, config.num_decoder_layers, fusion.targets)
+
+  def init_params(self, seed: int = 0) -> dict:
+    net = build_network(self.config, self.fusion, nnx.Rngs(seed))
+    return nnx.to_pure_dict(nnx.state(net))
+
+  def with_fusion(self, fusion: FusionConfig) -> "ReFusionModel":
+    """The same backbone with another fusion setting (e.g. a fixed structure)."""
+    return ReFusionModel(self.config, fusion)
+
+  # ---- inputs ---------------------------------------------------------------
+
+  def make_extras(self, batch: dict, rng: Array | None = None) -> Any:
+    """The ``extras`` the fusion modules read (None: no fusion)."""
+    if not self.fusion.enabled:
+      return None
+    extras = {"neighbours": batch["neighbours"]}
+    if rng is not None:
+      extras["rng"] = rng
+    return extras
+
+  # ---- training -------------------------------------------------------------
+
+  def loss(self, params, batch: dict, dropout_rng: Array | None = None,
+           extras: Any = None, normalizer: Array | None = None
+           ) -> tuple[Array, dict]:
+    """Cross-entropy of the gold label word; the ordered mask is sampled
+    (from ``dropout_rng``) in training and expected otherwise."""
+    if extras is None:
+      extras = self.make_extras(batch, fold(dropout_rng, 7))
+    core = {k: batch[k] for k in ("encoder_input_tokens",
+                                  "decoder_target_tokens")}
+    return super().loss(params, core, dropout_rng, extras, normalizer)
+
+  # ---- rank classification ---------------------------------------------------
+
+  def label_scores(self, params, batch: dict, label_tokens: Array) -> Array:
+    """Log-likelihood float32 [B, C] of every label word (tokens [C, T]).
+
+    Deterministic: no dropout, the ordered mask at its expectation.
+    """
+    net = self.network(params)
+    extras = self.make_extras(batch)
+    tokens = batch["encoder_input_tokens"]                       # [B, L]
+    enc = fid.encode_passages(net, tokens, extras=extras)        # hidden [B, L, D]
+    b, c = tokens.shape[0], label_tokens.shape[0]
+    hidden = jnp.repeat(enc.hidden, c, axis=0)                   # [B*C, L, D]
+    mask = jnp.repeat(enc.mask, c, axis=0)                       # [B*C, L]
+    targets = jnp.tile(label_tokens, (b, 1))                     # [B*C, T]
+    rep = None if extras is None else jax.tree.map(
+        lambda x: jnp.repeat(x, c, axis=0), extras)
+    logits, _ = net.decode(hidden, mask, shift_right(targets), extras=rep)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B*C, T, V]
+    token_logp = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    token_logp = jnp.where(targets > 0, token_logp, 0.0)          # [B*C, T]
+    return jnp.sum(token_logp, axis=-1).reshape(b, c)             # [B, C]
+
+  def classify(self, params, batch: dict, label_tokens: Array) -> Array:
+    """int32 [B]: the best-scoring class."""
+    return jnp.argmax(self.label_scores(params, batch, label_tokens), axis=-1)
+
+  # ---- the search -----------------------------------------------------------
+
+  def arch_weights(self, params) -> list[tuple[str, list[float]]]:
+    """softmax(alpha) per fusion module: [(path, [p_original, p_reranker,
+    p_ordered_mask])], in :func:`~jaxfid.refusion.fusion.wrapped_paths` order."""
+    out = []
+    for path in self.paths:
+      node = params
+      for name in path:
+        node = node[name]
+      p = jax.nn.softmax(jnp.asarray(node[ARCH_PARAM], jnp.float32))
+      out.append(("/".join(path), [float(v) for v in p]))
+    return out
+
+  def discretize(self, params) -> tuple[str, ...]:
+    """The argmax structure: one scheme name per fusion module."""
+    return tuple(fusion_lib.SCHEMES[max(range(len(p)), key=p.__getitem__)]
+                 for _, p in self.arch_weights(params))
+
+
+def load_refusion(model_dir: str, which: str = "latest"
+                  ) -> tuple[ReFusionModel, dict]:
+  """A trained ReFusion run: the model with its saved structure, and params.
+
+  The structure comes from ``refusion_structure.json`` (written when the
+  search ends); runs without a search keep their configured scheme.
+  """
+  import json
+  import os
+
+  from jaxfid.training import checkpointing
+  run = checkpointing.read_run_config(model_dir)
+  if run.get("method") != "refusion":
+    raise ValueError(f"{model_dir} is not a ReFusion run")
+  fusion = FusionConfig.from_dict(run["fusion"])
+  path = os.path.join(model_dir, "refusion_structure.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      structure = tuple(json.load(f)["structure"])
+    fusion = FusionConfig.from_dict({**fusion.to_dict(), "search": False,
+                                     "structure": list(structure)})
+  model = ReFusionModel(T5Config.from_dict(run["model"]), fusion)
+  params, _, _ = checkpointing.restore_params(
+      model_dir, model.abstract_params(), which=which)
+  return model, params

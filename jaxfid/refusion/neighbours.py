@@ -1,0 +1,299 @@
+"""ReFusion's retrieval module: every input's top-k neighbours, found once.
+
+ReFusion (Wu et al. 2024) retrieves, for each classification input, the
+top-k sentences of a key-value store (a dense index built by ``jaxfid index
+dense --corpus SENTENCES``) and fuses their *stored* embeddings into the
+model's hidden states. As in the original (``FewShotDataset``), retrieval is
+offline: it happens once per dataset, and a sentence pair retrieves for each
+sentence separately (``S = 2`` segments; single sentences have ``S = 1``).
+
+:func:`retrieve_neighbours` returns a :class:`Neighbours` with, for N
+examples of S segments and K neighbours, the store rows ``[N, S, K]`` (-1
+where FAISS found fewer than K, e.g. K larger than the store), their scores,
+a mask, and the neighbours' stored vectors ``[N, S, K, d]``
+(:meth:`DenseSearcher.vectors`, never re-encoded). Identical segment texts
+are embedded and searched once.
+
+The rows and scores are cached in ``CACHE_DIR/neighbours-<key16>.npz``
+(written to a temporary file and renamed, so a cache file is whole or
+absent). The key is a SHA-256 of the database's identity (its ``meta.json``,
+its embedding manifest and the fingerprint of its passage store), the FAISS
+search options, ``top_k`` and the exact query texts, so a second call with the
+same inputs neither embeds nor searches, and any change to one of them misses
+the cache. Vectors are not cached: they are gathered from the database's
+memory-mapped embeddings on every call (cheap, and the cache stays small).
+The default cache directory is ``DB_DIR/neighbour_cache`` when the database
+directory is writable (rebuilding the database replaces the directory, and
+with it the cache).
+
+:func:`neighbour_texts` gives the neighbour sentences themselves, for the
+concatenation baseline (input followed by its retrieved sentences).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+
+from jaxfid.data.errors import InputError
+from jaxfid.retrieval.atomic import atomic_write
+from jaxfid.retrieval.dense import open_dense_index, store_fingerprint
+from jaxfid.retrieval.embedding_store import shard_name
+from jaxfid.retrieval.index_dir import read_meta
+from jaxfid.retrieval.passage_store import PassageStore
+
+CACHE_SUBDIR = "neighbour_cache"
+CACHE_VERSION = 1
+# search options naming files whose content (not only name) matters
+_FILE_OPTIONS = ("query_vectors",)
+
+
+@dataclasses.dataclass
+class Neighbours:
+  """The neighbours of N examples of S segments, K per segment.
+
+  Attributes:
+    vectors: float32 [N, S, K, d]: the stored embeddings of the neighbours,
+      best first; zero where there is no neighbour.
+    mask: bool [N, S, K]: True where a neighbour exists.
+    rows: int64 [N, S, K]: database rows, -1 where there is no neighbour.
+    scores: float32 [N, S, K]: retrieval scores (inner product, or minus the
+      squared L2 distance), 0 where there is no neighbour.
+  """
+  vectors: np.ndarray
+  mask: np.ndarray
+  rows: np.ndarray
+  scores: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+
+def _check_queries(queries: Sequence[Sequence[str]]) -> list[list[str]]:
+  out = []
+  width = None
+  for i, example in enumerate(queries):
+    if isinstance(example, str):
+      raise InputError("queries", "each example must be a list of segment "
+                       "texts, got a string", where=f"example {i}")
+    segments = list(example)
+    if not segments:
+      raise InputError("queries", "an example has no segments",
+                       where=f"example {i}")
+    if width is None:
+      width = len(segments)
+    elif len(segments) != width:
+      raise InputError("queries", f"{len(segments)} segments, but the first "
+                       f"example has {width}", where=f"example {i}")
+    for text in segments:
+      if not isinstance(text, str):
+        raise InputError("queries", f"a segment is {type(text).__name__}, "
+                         "not text", where=f"example {i}")
+    out.append(segments)
+  return out
+
+
+def _database_identity(searcher) -> dict:
+  """What makes a database's search results what they are."""
+  manifest = searcher.embeddings.manifest
+  source = manifest.get("source") or {}
+  identity = {"meta": searcher.meta, "embeddings": manifest,
+              "store": source.get("passages")
+              or store_fingerprint(searcher.directory)}
+  if "passages" not in source:  # imported vectors: identify the files too
+    stats = []
+    for i in range(searcher.embeddings.num_shards):
+      path = searcher.directory / shard_name(i)
+      st = path.stat() if path.exists() else None
+      stats.append(None if st is None else [st.st_size, st.st_mtime_ns])
+    identity["shards"] = stats
+  return identity
+
+
+def _options_identity(options: Mapping[str, object]) -> dict:
+  out = {}
+  for name, value in sorted(options.items()):
+    out[name] = str(value)
+    if name in _FILE_OPTIONS:
+      with contextlib.suppress(OSError):
+        st = os.stat(str(value))
+        out[name] = [os.path.abspath(str(value)), st.st_size, st.st_mtime_ns]
+  return out
+
+
+def cache_key(searcher, queries: Sequence[Sequence[str]], top_k: int,
+              options: Mapping[str, object] | None = None) -> str:
+  """The hex SHA-256 naming the cached neighbours of these inputs."""
+  h = hashlib.sha256()
+  head = {"version": CACHE_VERSION, "top_k": int(top_k),
+          "database": _database_identity(searcher),
+          "options": _options_identity(options or {})}
+  h.update(json.dumps(head, sort_keys=True, ensure_ascii=False).encode())
+  h.update(b"\0")
+  h.update(json.dumps([list(q) for q in queries],
+                      ensure_ascii=False).encode("utf-8", "surrogatepass"))
+  return h.hexdigest()
+
+
+def _default_cache_dir(db_dir: Path) -> Path | None:
+  cache = db_dir / CACHE_SUBDIR
+  if cache.is_dir():
+    return cache if os.access(cache, os.W_OK | os.X_OK) else None
+  return cache if os.access(db_dir, os.W_OK | os.X_OK) else None
+
+
+def cache_path(cache_dir: str | os.PathLike, key: str) -> Path:
+  return Path(cache_dir) / f"neighbours-{key[:16]}.npz"
+
+
+def _read_cache(path: Path, key: str, shape: tuple[int, int, int]
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+  """(rows, scores) from a cache file, or None when absent or unusable."""
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      if str(f["key"]) != key:
+        return None
+      rows = np.asarray(f["rows"], np.int64)
+      scores = np.asarray(f["scores"], np.float32)
+  except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError):
+    return None
+  if rows.shape != shape or scores.shape != shape:
+    return None
+  return rows, scores
+
+
+def _write_cache(path: Path, key: str, rows: np.ndarray,
+                 scores: np.ndarray) -> None:
+  with atomic_write(path, "wb") as f:
+    np.savez(f, key=np.asarray(key), rows=rows, scores=scores)
+
+
+def _search(searcher, texts: list[str], top_k: int, batch_size: int,
+            options: Mapping[str, object], progress: bool
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """rows int64 [len(texts), K] (-1 = none) and scores float32 [.., K]."""
+  from tqdm.auto import tqdm
+  rows = np.full((len(texts), top_k), -1, np.int64)
+  scores = np.zeros((len(texts), top_k), np.float32)
+  starts = range(0, len(texts), batch_size)
+  for start in tqdm(starts, desc="retrieving neighbours", unit=" batches",
+                    disable=not progress):
+    batch = texts[start:start + batch_size]
+    for i, hits in enumerate(searcher.search(batch, top_k, **options)):
+      for j, (row, score) in enumerate(hits[:top_k]):
+        rows[start + i, j] = row
+        scores[start + i, j] = score
+  return rows, scores
+
+
+def retrieve_neighbours(db_dir: str | os.PathLike,
+                        queries: Sequence[Sequence[str]], top_k: int, *,
+                        cache_dir: str | os.PathLike | None
+                        | Literal[False] = None,
+                        batch_size: int = 256, progress: bool = False,
+                        search_options: Mapping[str, object] | None = None
+                        ) -> Neighbours:
+  """The top ``top_k`` neighbours of every segment of every example.
+
+  Args:
+    db_dir: a dense index directory (``jaxfid index dense``).
+    queries: ``queries[i]`` is the list of segment texts of example i (one
+      for single sentences, two for pairs); every example has as many.
+    top_k: neighbours per segment (K).
+    cache_dir: where cached neighbours are kept (created when needed);
+      None: ``DB_DIR/neighbour_cache`` if writable, else no cache; False:
+      no cache.
+    batch_size: distinct texts embedded and searched per call.
+    progress: show a progress bar while searching.
+    search_options: options of :meth:`DenseSearcher.search` (FAISS
+      parameters such as ``nprobe``, ``query_vectors=FILE``, ...).
+
+  Returns:
+    :class:`Neighbours` with arrays of shape [N, S, K(, d)] (S = 0 when
+    there are no examples).
+
+  Raises:
+    InputError: ``top_k`` or ``batch_size`` not positive, examples with
+      differing numbers of segments, or ``db_dir`` not a dense index.
+  """
+  if int(top_k) <= 0:
+    raise InputError("top_k", f"must be positive, got {top_k}")
+  if int(batch_size) <= 0:
+    raise InputError("batch_size", f"must be positive, got {batch_size}")
+  top_k, batch_size = int(top_k), int(batch_size)
+  options = dict(search_options or {})
+  searcher = open_dense_index(db_dir)
+  examples = _check_queries(queries)
+  n, s = len(examples), (len(examples[0]) if examples else 0)
+  shape = (n, s, top_k)
+
+  if cache_dir is None:
+    cache = _default_cache_dir(Path(db_dir))
+  elif cache_dir is False:
+    cache = None
+  else:
+    cache = Path(cache_dir)
+  key = cache_key(searcher, examples, top_k, options)
+  cached = _read_cache(cache_path(cache, key), key, shape) if cache else None
+  if cached is not None:
+    rows, scores = cached
+  else:
+    flat = [text for example in examples for text in example]
+    unique = list(dict.fromkeys(flat))
+    found_rows, found_scores = _search(searcher, unique, top_k, batch_size,
+                                       options, progress)
+    where = {text: i for i, text in enumerate(unique)}
+    pick = np.asarray([where[t] for t in flat], np.int64)
+    rows = found_rows[pick].reshape(shape)
+    scores = found_scores[pick].reshape(shape)
+    if cache is not None:
+      try:
+        cache.mkdir(parents=True, exist_ok=True)
+        _write_cache(cache_path(cache, key), key, rows, scores)
+      except OSError as e:
+        if cache_dir is not None:  # asked for explicitly: say it failed
+          raise InputError(cache, "cannot write the neighbour cache: "
+                           f"{e.strerror or e}") from None
+
+  mask = rows >= 0
+  vectors = np.zeros(shape + (searcher.embeddings.dim,), np.float32)
+  if mask.any():
+    vectors[mask] = searcher.vectors(rows[mask])
+  return Neighbours(vectors=vectors, mask=mask, rows=rows, scores=scores)
+
+
+def neighbour_texts(db_dir: str | os.PathLike,
+                    rows: np.ndarray) -> list[list[str]]:
+  """Per example, the texts of its neighbours, best first, segment by segment.
+
+  Args:
+    db_dir: the database (any index directory with a passage store).
+    rows: int [N, S, K] (or [N, K]) database rows, -1 where none (skipped).
+
+  Returns:
+    N lists: segment 0's neighbour sentences in rank order, then segment
+    1's, ...
+  """
+  read_meta(db_dir)  # a clear error for a directory that is no index
+  store = PassageStore(db_dir)
+  rows = np.asarray(rows)
+  if rows.ndim < 2:
+    raise ValueError(f"rows must be [N, S, K] or [N, K], got {rows.shape}")
+  flat = rows.reshape(len(rows), -1)
+  return [[store.text(int(r)) for r in example if r >= 0] for example in flat]
+
+
+def db_width(db_dir: str | os.PathLike) -> int:
+  """The width d of the database's stored vectors (what fusion adds)."""
+  return open_dense_index(db_dir).embeddings.dim
+
+
+__all__ = ["Neighbours", "retrieve_neighbours", "neighbour_texts", "db_width",
+           "cache_key", "cache_path", "CACHE_SUBDIR"]

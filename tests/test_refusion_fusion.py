@@ -1,0 +1,162 @@
+"""ReFusion's fusion formulas and modules on a tiny T5.
+
+The reranker and the ordered mask are checked against the paper's formulas
+written out in numpy; zero neighbours and the 'original' choice must leave
+the plain T5's logits exactly unchanged; gradients must reach beta.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfid.models.config import preset
+from jaxfid.models.model import FiDModel
+from jaxfid.refusion import fusion as F
+from jaxfid.refusion.model import ReFusionModel
+
+K, R = 5, 6
+CFG = dataclasses.replace(preset("tiny"), dropout_rate=0.0, vocab_size=64,
+                          d_model=16, d_kv=4, d_ff=32, num_heads=2)
+
+
+def _sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def test_reranker_is_weighted_mean_of_neighbours():
+  rng = np.random.default_rng(0)
+  h = rng.normal(size=(3, 2, K, R)).astype(np.float32)
+  r = rng.normal(size=(K,)).astype(np.float32)
+  w = np.exp(r) / np.exp(r).sum()
+  expected = np.einsum("k,bskr->bsr", w, h) / K
+  np.testing.assert_allclose(F.reranker_fuse(jnp.asarray(h), jnp.asarray(r)),
+                             expected, rtol=1e-5, atol=1e-6)
+
+
+def test_ordered_mask_distribution_and_expectation():
+  rng = np.random.default_rng(1)
+  beta = rng.normal(size=(K, R)).astype(np.float32) * 3
+  b = _sigmoid(np.clip(beta, -5, 5))
+  # q_i = (1 - b_i) prod_{j<i} b_j, the last rank takes the rest.
+  q = np.empty_like(b)
+  for i in range(K):
+    q[i] = np.prod(b[:i], axis=0) * (1 - b[i] if i < K - 1 else 1.0)
+  np.testing.assert_allclose(q.sum(0), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(np.exp(F.stop_log_probs(jnp.asarray(beta), 5.0)),
+                             q, rtol=1e-5, atol=1e-7)
+  # E[v_i] = sum_{j>=i} q_j = prod_{j<i} b_j.
+  expected = np.stack([q[i:].sum(0) for i in range(K)])
+  mask = np.asarray(F.expected_ordered_mask(jnp.asarray(beta), 5.0))
+  np.testing.assert_allclose(mask, expected, rtol=1e-5, atol=1e-7)
+  assert np.all(mask[0] == 1.0)
+
+
+def test_sampled_mask_is_nested_and_its_mean_is_the_expectation():
+  beta = jnp.asarray(np.random.default_rng(2).normal(size=(K, R)), jnp.float32)
+  v = np.asarray(F.sample_ordered_mask(beta, jax.random.key(0), 4000, 5.0, 0.1))
+  assert v.shape == (4000, K, R)
+  assert np.all(np.diff(v, axis=1) <= 0)            # non-increasing in rank
+  assert np.all((v >= 0) & (v <= 1 + 1e-6))
+  np.testing.assert_allclose(v[:, 0], 1.0, atol=1e-5)
+  # Low temperature: nearly hard masks whose mean approaches E[v].
+  np.testing.assert_allclose(v.mean(0), F.expected_ordered_mask(beta, 5.0),
+                             atol=0.05)
+
+
+def test_ordered_mask_fuse_formula_and_gradient_reaches_beta():
+  rng = np.random.default_rng(3)
+  h = jnp.asarray(rng.normal(size=(2, 1, K, R)), jnp.float32)
+  beta = jnp.asarray(rng.normal(size=(K, R)), jnp.float32)
+  v = F.expected_ordered_mask(beta, 5.0)
+  np.testing.assert_allclose(F.ordered_mask_fuse(h, v),
+                             np.einsum("kr,bskr->bsr", v, h) / K, rtol=1e-5)
+  for sample in (False, True):
+    def f(beta):
+      mask = (F.sample_ordered_mask(beta, jax.random.key(1), 2, 5.0, 5.0)
+              if sample else F.expected_ordered_mask(beta, 5.0))
+      return jnp.sum(F.ordered_mask_fuse(h, mask) ** 2)
+    g = jax.grad(f)(beta)
+    assert np.all(np.isfinite(g)) and float(jnp.abs(g).sum()) > 0
+
+
+def test_parse_targets():
+  assert F.parse_targets("key,value") == ("encoder.key", "encoder.value")
+  assert F.parse_targets("none") == ()
+  assert F.parse_targets("query, decoder.ffn") == ("encoder.query",
+                                                   "decoder.ffn")
+  with pytest.raises(ValueError, match="not a fusion module"):
+    F.parse_targets("keys")
+
+
+def _batch(neighbours):
+  rng = np.random.default_rng(4)
+  return {"encoder_input_tokens": jnp.asarray(rng.integers(2, 64, (3, 7)),
+                                              jnp.int32),
+          "decoder_target_tokens": jnp.asarray([[5, 1], [6, 1], [7, 1]],
+                                               jnp.int32),
+          "neighbours": neighbours}
+
+
+ALL = "query,key,value,output,ffn,decoder.query,decoder.key,decoder.value,decoder.output,decoder.ffn"
+
+
+@pytest.mark.parametrize("structure", [None, "original"])
+def test_no_neighbours_or_original_choice_equals_plain_t5(structure):
+  targets = F.parse_targets(ALL)
+  n = len(F.wrapped_paths(CFG.num_layers, CFG.num_decoder_layers, targets))
+  fusion = F.FusionConfig(targets=targets, top_k=K, db_dim=R, search=True,
+                          structure=None if structure is None else (structure,) * n)
+  model = ReFusionModel(CFG, fusion)
+  params = model.init_params(0)
+  plain = FiDModel(CFG)
+  plain_params = plain.init_params(0)
+  # The backbone is initialised exactly as the plain T5 (same seed).
+  flat_plain = jax.tree_util.tree_leaves_with_path(plain_params)
+  assert len(flat_plain) < len(jax.tree.leaves(params))
+  tokens = _batch(None)
+  want = plain.logits(plain_params, tokens["encoder_input_tokens"],
+                      tokens["decoder_target_tokens"])
+  neighbours = (jnp.zeros((3, 1, K, R)) if structure is None else
+                jax.random.normal(jax.random.key(5), (3, 2, K, R)))
+  for rng in (None, jax.random.key(9)):
+    extras = model.make_extras({"neighbours": neighbours}, rng)
+    got = model.logits(params, tokens["encoder_input_tokens"],
+                       tokens["decoder_target_tokens"], extras=extras)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_fusion_changes_only_through_position_zero_and_label_scores():
+  fusion = F.FusionConfig(targets=F.parse_targets("key,value"), top_k=K,
+                          db_dim=R, scheme="reranker")
+  model = ReFusionModel(CFG, fusion)
+  params = model.init_params(0)
+  b = _batch(jax.random.normal(jax.random.key(6), (3, 1, K, R)))
+  net = model.network(params)
+  x = jnp.ones((3, 4, CFG.d_model))
+  proj = net.encoder.layers_0.attention.key
+  y0, y1 = proj(x), proj(x, model.make_extras(b))
+  np.testing.assert_array_equal(np.asarray(y0[:, 1:]), np.asarray(y1[:, 1:]))
+  assert not np.allclose(np.asarray(y0[:, 0]), np.asarray(y1[:, 0]))
+  labels = jnp.asarray([[5, 1], [6, 1], [7, 1]], jnp.int32)
+  scores = model.label_scores(params, b, labels)
+  # Each row's gold-label score is minus the per-example summed NLL.
+  logits = model.logits(params, b["encoder_input_tokens"],
+                        jnp.pad(labels, ((0, 0), (1, 0)))[:, :-1],
+                        extras=model.make_extras(b))
+  logp = jax.nn.log_softmax(logits, -1)
+  direct = jnp.take_along_axis(logp, labels[..., None], -1)[..., 0].sum(-1)
+  np.testing.assert_allclose(np.diag(np.asarray(scores)), direct, rtol=1e-5)
+
+
+def test_projection_when_database_width_differs():
+  fusion = F.FusionConfig(targets=("encoder.key",), top_k=K, db_dim=R)
+  params = ReFusionModel(CFG, fusion).init_params(0)
+  key = params["encoder"]["layers_0"]["attention"]["key"]
+  assert key["fusion_proj"].shape == (R, CFG.num_heads * CFG.d_kv)
+  same = F.FusionConfig(targets=("encoder.ffn",), top_k=K, db_dim=CFG.d_model)
+  wo = ReFusionModel(CFG, same).init_params(0)["encoder"]["layers_0"]["mlp"]["wo"]
+  assert "fusion_proj" not in wo

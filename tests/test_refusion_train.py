@@ -1,0 +1,229 @@
+"""ReFusion training end to end on a tiny model (the issue's CLI contract).
+
+A tiny dense database (random tiny T5 encoder over a few sentences) and the
+bundled 16-shot SST-2 sample: the search writes its structure, the test
+line lands in metrics.jsonl, the structure is restored with the weights,
+a crashed run resumes step for step, the baselines run, and the bi-level
+step updates each parameter group only in its own half.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hf_reference import make_tiny_hf_checkpoint
+from jaxfid.cli import main
+from jaxfid.models.config import preset
+from jaxfid.refusion import batches as batch_lib
+from jaxfid.refusion import fusion as F
+from jaxfid.refusion import trainer
+from jaxfid.refusion.model import ReFusionModel, is_arch_path, load_refusion
+from jaxfid.retrieval import dense
+from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
+from jaxfid.training.step import make_train_step
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SST2 = ROOT / "tests" / "data" / "lmbff" / "SST-2" / "16-13"
+TINY = ["config.T5Config.d_model=16", "config.T5Config.d_kv=4",
+        "config.T5Config.d_ff=32", "config.T5Config.num_heads=2"]
+SENTENCES = ["a gorgeous , witty film", "the plot is a mess",
+             "one of the best films of the year", "tedious and overlong",
+             "a charming comedy", "i was bored from the start",
+             "beautifully acted", "an embarrassment for everyone involved",
+             "stocks rose on tuesday", "the museum opens at nine"]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+  d = tmp_path_factory.mktemp("refusion_train_db")
+  (d / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+  ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=8,
+                                 d_kv=4, d_ff=16, num_heads=2, num_layers=1,
+                                 num_decoder_layers=1)
+  dense.build_dense_index(None, d / "sentences.txt", d / "db",
+                          encoder=load_dual_encoder(ckpt), progress=False)
+  return d / "db"
+
+
+def _args(model_dir, db, steps=6, extra=()):
+  args = ["train", f"--gin_file={ROOT / 'gin/refusion/tiny.gin'}",
+          f"--gin.MODEL_DIR='{model_dir}'", "--gin.TASK='sst-2'",
+          f"--gin.DATA_DIR='{SST2}'", f"--gin.RETRIEVAL_DB='{db}'",
+          "--gin.TOP_K=4", "--gin.FUSION_MODULES='key,value'",
+          "--gin.SEARCH=True", f"--gin.TRAIN_STEPS={steps}", "--gin.SEED=13",
+          "--gin.MAX_LENGTH=40", "--gin.EVAL_EVERY=3",
+          "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1",
+          "--gin.refusion_trainer.train.progress=False"]
+  return args + [f"--gin.{b}" for b in TINY] + list(extra)
+
+
+def _lines(model_dir):
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    return [json.loads(l) for l in f]
+
+
+@pytest.fixture(scope="module")
+def searched(db, tmp_path_factory):
+  out = tmp_path_factory.mktemp("refusion_run") / "out"
+  assert main(_args(out, db)) == 0
+  return out
+
+
+def test_search_writes_structure_and_test_line(searched):
+  lines = _lines(searched)
+  test = [l for l in lines if "test_accuracy" in l]
+  assert len(test) == 1 and test[0]["step"] == 6
+  assert 0.0 <= test[0]["test_accuracy"] <= 1.0
+  assert test[0]["test_examples"] == 40 and test[0]["flops_per_example"] > 0
+  assert any("eval_accuracy" in l for l in lines)
+  assert all("arch_loss" in l for l in lines if "loss" in l)
+  saved = json.loads((searched / trainer.STRUCTURE_FILE).read_text())
+  assert len(saved["structure"]) == 4 == len(saved["paths"])   # 2 layers x k, v
+  assert set(saved["structure"]) <= set(F.SCHEMES)
+  assert any(l.get("structure") for l in lines)
+
+
+def test_structure_and_weights_restore(searched):
+  model, params = load_refusion(str(searched))
+  saved = json.loads((searched / trainer.STRUCTURE_FILE).read_text())
+  assert model.fusion.structure == tuple(saved["structure"])
+  assert not model.fusion.search
+  # The restored model reproduces the recorded test accuracy.
+  from jaxfid.refusion import lmbff
+  from jaxfid.refusion import neighbours as nb
+  from jaxfid.refusion.class_metrics import classification_metrics
+  from jaxfid.tokenization import load_tokenizer
+  run = json.loads((searched / "jaxfid_config.json").read_text())
+  spec = lmbff.get_task("sst-2")
+  examples = lmbff.read_split(spec, SST2, "test")
+  tok = load_tokenizer(str(searched))
+  labels = batch_lib.label_token_matrix(spec.label_words, tok)
+  found = nb.retrieve_neighbours(run["retrieval_db"], [lmbff.segments(spec, e)
+                                                       for e in examples], 4)
+  arrays = batch_lib.encode_split(
+      [lmbff.render_input(spec, e) for e in examples],
+      [e.label for e in examples], labels, tok, 40, found.vectors)
+  batch = {k: v for k, v in arrays.items() if k != "labels"}
+  preds = np.asarray(model.classify(params, batch, jnp.asarray(labels)))
+  acc = classification_metrics("accuracy", preds, arrays["labels"])["accuracy"]
+  recorded = [l for l in _lines(searched) if "test_accuracy" in l][0]
+  assert acc == pytest.approx(recorded["test_accuracy"])
+
+
+def test_rerun_of_a_finished_run_changes_nothing(searched, db, capsys):
+  before = (searched / "metrics.jsonl").read_text()
+  assert main(_args(searched, db)) == 0
+  assert (searched / "metrics.jsonl").read_text() == before
+  assert "nothing to do" in capsys.readouterr().err
+
+
+def test_crash_then_rerun_matches_uninterrupted(searched, db, tmp_path,
+                                                monkeypatch):
+  out = tmp_path / "crashed"
+  real = batch_lib.train_batch
+
+  def crash_at_step_5(arrays, step, *a, **k):
+    if step == 4:
+      raise RuntimeError("simulated crash")
+    return real(arrays, step, *a, **k)
+
+  monkeypatch.setattr(batch_lib, "train_batch", crash_at_step_5)
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    main(_args(out, db))
+  monkeypatch.setattr(batch_lib, "train_batch", real)
+  assert main(_args(out, db)) == 0
+  want = {l["step"]: l for l in _lines(searched) if "loss" in l}
+  got = {l["step"]: l for l in _lines(out) if "loss" in l}
+  assert sorted(got) == sorted(want) == list(range(1, 7))
+  for step in range(1, 7):
+    for key in ("loss", "arch_loss"):
+      assert got[step][key] == pytest.approx(want[step][key], rel=1e-5)
+  test = lambda lines: [l for l in lines if "test_accuracy" in l]
+  assert test(_lines(out))[0]["test_accuracy"] == test(
+      _lines(searched))[0]["test_accuracy"]
+  assert (json.loads((out / trainer.STRUCTURE_FILE).read_text())["structure"]
+          == json.loads((searched / trainer.STRUCTURE_FILE).read_text())["structure"])
+
+
+def test_baselines_plain_and_concatenation(db, tmp_path):
+  plain, concat = tmp_path / "plain", tmp_path / "concat"
+  assert main(_args(plain, db, steps=2, extra=[
+      "--gin.FUSION_MODULES='none'", "--gin.RETRIEVAL_DB=None"])) == 0
+  assert main(_args(concat, db, steps=2, extra=[
+      "--gin.FUSION_MODULES='none'", "--gin.CONCAT_NEIGHBOURS=True",
+      "--gin.MAX_LENGTH=80"])) == 0
+  p = [l for l in _lines(plain) if "test_accuracy" in l][0]
+  c = [l for l in _lines(concat) if "test_accuracy" in l][0]
+  assert c["flops_per_example"] > p["flops_per_example"]
+  assert not (plain / trainer.STRUCTURE_FILE).exists()
+  params = load_refusion(str(plain))[1]
+  assert "fusion_alpha" not in json.dumps(jax.tree.map(lambda x: 0, params))
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--gin.RETRIEVAL_DB=None"], "RETRIEVAL_DB"),
+    (["--gin.FUSION_MODULES='keys'"], "FUSION_MODULES"),
+    (["--gin.DATA_DIR='/nonexistent/SST-2'"], "nonexistent"),
+])
+def test_bad_settings_are_one_line_errors(db, tmp_path, capsys, extra, needle):
+  assert main(_args(tmp_path / "bad", db, extra=extra)) == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and needle in err[0]
+  assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def test_bilevel_step_updates_each_group_only_in_its_half():
+  cfg = dataclasses.replace(preset("tiny"), d_model=16, d_kv=4, d_ff=32,
+                            num_heads=2, vocab_size=64, dropout_rate=0.0)
+  fusion = F.FusionConfig(targets=F.parse_targets("key,value"), top_k=3,
+                          db_dim=5, search=True)
+  model = ReFusionModel(cfg, fusion)
+  params = model.init_params(0)
+  model_opt, arch_opt = trainer.group_optimizers(params, optax.adam(1e-2), 1e-1)
+  rng = np.random.default_rng(0)
+
+  def batch():
+    return {"encoder_input_tokens": jnp.asarray(rng.integers(2, 64, (4, 6)),
+                                                jnp.int32),
+            "decoder_target_tokens": jnp.asarray(rng.integers(2, 64, (4, 2)),
+                                                 jnp.int32),
+            "neighbours": jnp.asarray(rng.normal(size=(4, 1, 3, 5)), jnp.float32)}
+
+  train, dev = batch(), batch()
+  state = {"step": jnp.zeros((), jnp.int32), "params": params,
+           "opt_state": model_opt.init(params),
+           "arch_opt_state": arch_opt.init(params)}
+  new, metrics = trainer.make_step(model, model_opt, arch_opt, seed=0,
+                                   with_arch=True)(state, train, dev)
+  assert float(metrics["finite"]) == 1.0
+  # The same two halves, run one at a time.
+  loss_fn = lambda p, b, r, n: model.loss(p, b, r, normalizer=n)
+  arch = make_train_step(loss_fn, arch_opt, seed=trainer.ARCH_SEED_OFFSET)(
+      {"step": state["step"], "params": params,
+       "opt_state": state["arch_opt_state"]}, dev)[0]["params"]
+  after = make_train_step(loss_fn, model_opt, seed=0)(
+      {"step": state["step"], "params": arch,
+       "opt_state": state["opt_state"]}, train)[0]["params"]
+
+  def leaves(tree, arch_only):
+    return [np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+            if is_arch_path(p) == arch_only]
+
+  for a, b in zip(leaves(arch, False), leaves(params, False)):
+    np.testing.assert_array_equal(a, b)         # arch step: model frozen
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(leaves(arch, True), leaves(params, True)))
+  for a, b in zip(leaves(after, True), leaves(arch, True)):
+    np.testing.assert_array_equal(a, b)         # model step: arch frozen
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(leaves(after, False), leaves(arch, False)))
+  for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
