@@ -4,8 +4,9 @@ FiDO (de Jong et al. 2022) keeps cross-attention in every K-th decoder layer
 only (``T5Config.cross_attention_period``) and shares one key/value head
 among the query heads there (``multi_query_cross_attention``). Checked: the
 parameter tree and counts, cached greedy decoding against the teacher-forced
-argmax, the gin files (``gin/fid/fido_*.gin``), and the dense -> FiDO
-parameter conversion (``jaxfid.models.fido_uptrain``).
+argmax, the gin files (``gin/fid/fido_*.gin``), the dense -> FiDO
+parameter conversion (``jaxfid.models.fido_uptrain``), and uptraining through
+INIT_CHECKPOINT (``trainer.load_initial_params`` and ``jaxfid train``).
 """
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import optax
+
 from jaxfid import decoding
+from jaxfid import sharding as shd
+from jaxfid.cli import main
 from jaxfid.commands import gin_flags
+from jaxfid.data.errors import InputError
 from jaxfid.models import config as config_lib
 from jaxfid.models import fid
 from jaxfid.models.config import T5Config
@@ -26,7 +32,7 @@ from jaxfid.models.fido_uptrain import fido_params_from_dense
 from jaxfid.models.loading import load_checkpoint
 from jaxfid.models.model import FiDModel, shift_right
 from jaxfid.models.t5 import abstract_t5, count_params
-from jaxfid.training import launch
+from jaxfid.training import checkpointing, launch, trainer
 
 DENSE = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_heads=4,
                  num_layers=2, num_decoder_layers=4,
@@ -225,7 +231,132 @@ def test_uptrain_refuses_mismatched_configs():
     fido_params_from_dense(dense, DENSE, FIDO.replace(d_model=64))
   with pytest.raises(ValueError, match="dense_config"):
     fido_params_from_dense(dense, FIDO, FIDO)
-  from jaxfid.data.errors import InputError
   _, other = FiDModel.create(DENSE.replace(d_ff=64), seed=1)
   with pytest.raises(InputError, match="shape"):
     fido_params_from_dense(other, DENSE, FIDO)
+
+
+def _model_dir(path, cfg: T5Config, params) -> str:
+  """A jaxfid MODEL_DIR holding ``params`` as its best checkpoint."""
+  checkpointing.write_run_config(str(path), {"method": "fid",
+                                             "model": cfg.to_dict()})
+  ckpts = checkpointing.RunCheckpoints(str(path))
+  assert ckpts.maybe_save_best(1, params, 1.0)
+  ckpts.close()
+  return str(path)
+
+
+def _load_for_run(path: str, cfg: T5Config):
+  """What the trainer does with INIT_CHECKPOINT: (params, param shardings)."""
+  model = FiDModel(cfg)
+  mesh = shd.parse_mesh("data=2,fsdp=2,model=2")
+  sh = trainer.make_shardings(mesh, model, optax.adam(1e-3))
+  with jax.set_mesh(mesh):
+    return trainer.load_initial_params(path, model, sh.params), sh.params
+
+
+def _assert_trees_equal(got, want):
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_init_checkpoint_dense_model_dir_is_uptrained_for_a_fido_run(
+    tmp_path, capsys):
+  _, dense = FiDModel.create(DENSE, seed=3)
+  # Run-only fields (dropout, dtype) may differ without blocking anything.
+  path = _model_dir(tmp_path / "dense", DENSE.replace(dropout_rate=0.1), dense)
+  capsys.readouterr()
+  got, shardings = _load_for_run(path, FIDO.replace(dropout_rate=0.1,
+                                                    dtype="bfloat16"))
+  _assert_trees_equal(got, fido_params_from_dense(dense, DENSE, FIDO))
+  for leaf, sharding in zip(jax.tree.leaves(got), jax.tree.leaves(shardings)):
+    assert leaf.sharding == sharding
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and path in err[0], err
+  assert "dense T5 converted to FiDO" in err[0]
+  assert "decoder layers 2, 4 of 4" in err[0] and "multi-query" in err[0]
+
+
+@pytest.mark.parametrize("cfg", [FIDO, DENSE], ids=["fido", "dense"])
+def test_init_checkpoint_of_the_runs_own_layout_loads_unchanged(
+    cfg, tmp_path, capsys):
+  _, params = FiDModel.create(cfg, seed=5)
+  path = _model_dir(tmp_path / "same", cfg, params)
+  capsys.readouterr()
+  got, _ = _load_for_run(path, cfg)
+  _assert_trees_equal(got, params)
+  assert capsys.readouterr().err == ""   # nothing was converted
+
+
+@pytest.mark.parametrize("source,run,needles", [
+    (DENSE.replace(d_model=48), FIDO,
+     ["in d_model (checkpoint 48, run 32); list the matching gin/models"]),
+    (FIDO, FIDO.replace(cross_attention_period=4),
+     ["cross_attention_period (checkpoint 2, run 4)", "only a dense"]),
+    (FIDO.replace(cross_attention_period=1), FIDO,
+     ["cross_attention_period (checkpoint 1, run 2)", "only a dense"]),
+    (FIDO, DENSE, ["multi_query_cross_attention (checkpoint True, run False)",
+                   "cannot start a dense run"]),
+], ids=["dense_d_model", "fido_period", "mq_only_into_lsa", "fido_into_dense"])
+def test_init_checkpoint_mismatches_are_refused(source, run, needles, tmp_path,
+                                                capsys):
+  _, params = FiDModel.create(source, seed=6)
+  path = _model_dir(tmp_path / "other", source, params)
+  with pytest.raises(InputError) as e:
+    _load_for_run(path, run)
+  message = str(e.value)
+  assert message.startswith(f"{path}: INIT_CHECKPOINT's model differs")
+  assert "\n" not in message
+  for needle in needles:
+    assert needle in message, message
+  assert "converted" not in capsys.readouterr().err
+
+
+def test_jaxfid_train_uptrains_a_dense_hf_checkpoint(tmp_path, capsys):
+  """``jaxfid train`` with fido_tiny.gin (shrunk) and a dense HF INIT_CHECKPOINT."""
+  from hf_reference import make_tiny_hf_checkpoint
+  sizes = dict(d_model=16, d_kv=4, d_ff=32, num_heads=2, num_layers=1,
+               num_decoder_layers=2)
+  hf_dir = str(make_tiny_hf_checkpoint(tmp_path / "hf", version="1.1",
+                                       vocab_size=32128, **sizes))
+  examples = [{"question": f"what is {i}?", "answers": [str(i)],
+               "ctxs": [{"title": "t", "text": f"it is {i}", "score": 1.0}]}
+              for i in range(4)]
+  data = tmp_path / "train.json"
+  data.write_text(json.dumps(examples))
+  model_dir = tmp_path / "model"
+
+  def train_args(init, run_dir):
+    return ["train", "--gin_file=gin/fid/fido_tiny.gin",
+            *[f"--gin.config.T5Config.{k}={v}" for k, v in sizes.items()],
+            f"--gin.MODEL_DIR='{run_dir}'", f"--gin.TRAIN_DATA='{data}'",
+            f"--gin.INIT_CHECKPOINT='{init}'", "--gin.TRAIN_STEPS=2",
+            "--gin.BATCH_SIZE=2", "--gin.N_CONTEXT=1",
+            "--gin.TEXT_MAXLENGTH=12", "--gin.ANSWER_MAXLENGTH=3",
+            "--gin.LEARNING_RATE=0.0", "--gin.LOG_EVERY=1",
+            "--gin.MESH='data=2'", "--gin.trainer.train.progress=False"]
+
+  capsys.readouterr()
+  assert main(train_args(hf_dir, model_dir)) == 0
+  err = capsys.readouterr().err
+  assert f"INIT_CHECKPOINT {hf_dir}: dense T5 converted to FiDO" in err, err
+  with open(model_dir / "metrics.jsonl") as f:
+    losses = [m["loss"] for m in map(json.loads, f) if "loss" in m]
+  assert len(losses) == 2 and all(np.isfinite(l) and l > 0 for l in losses)
+  # Learning rate 0: the run's checkpoint is exactly the converted dense model.
+  dense_model, dense, _ = load_checkpoint(hf_dir)
+  model, params, _ = load_checkpoint(str(model_dir))
+  assert model.config.cross_attention_period == 2
+  assert model.config.multi_query_cross_attention
+  want = fido_params_from_dense(dense, dense_model.config, model.config)
+  _assert_trees_equal(params, want)
+  # A dense checkpoint of another width is still refused, in one line.
+  other = make_tiny_hf_checkpoint(tmp_path / "hf_wide", version="1.1",
+                                  vocab_size=32128, **{**sizes, "d_model": 32})
+  capsys.readouterr()
+  rc = main(train_args(other, tmp_path / "model2"))
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and len(err.splitlines()) == 1, err
+  assert str(other) in err and "d_model (checkpoint 32, run 16)" in err
+  assert "cross_attention_period" not in err   # that part would convert

@@ -82,17 +82,37 @@ def global_batch(host_batch: dict, sharding: NamedSharding, batch_size: int) -> 
 
 
 def load_initial_params(path: str, model: FiDModel, shardings) -> dict:
+  """INIT_CHECKPOINT's parameters for ``model``, placed with ``shardings``.
+
+  A checkpoint of the run's architecture loads as it is. A dense T5 (any
+  format ``load_checkpoint`` reads) into a FiDO run that differs only in the
+  FiDO switches is converted by ``fido_params_from_dense`` (FiDO's
+  uptraining; one line on stderr says so). Anything else raises InputError
+  naming the fields that differ.
+  """
+  from jaxfid.models import fido_uptrain
   from jaxfid.models.loading import load_checkpoint
   other, params, _ = load_checkpoint(path)
-  mine = dataclasses.replace(model.config, dropout_rate=0.0, dtype="float32",
-                             remat="none")
-  theirs = dataclasses.replace(other.config, dropout_rate=0.0, dtype="float32",
-                               remat="none")
-  if mine != theirs:
-    diff = [f.name for f in dataclasses.fields(mine)
-            if getattr(mine, f.name) != getattr(theirs, f.name)]
+  if fido_uptrain.can_uptrain(other.config, model.config):
+    params = fido_uptrain.fido_params_from_dense(params, other.config,
+                                                 model.config, source=path)
+    print(f"INIT_CHECKPOINT {path}: dense T5 converted to FiDO "
+          f"({fido_uptrain.describe(model.config)})", file=sys.stderr)
+    return jax.device_put(params, shardings)
+  diff = fido_uptrain.differing_fields(model.config, other.config)
+  if fido_uptrain.is_dense(other.config):  # FiDO switches alone would convert
+    diff = [f for f in diff if f not in fido_uptrain.FIDO_FIELDS] or diff
+  if diff:
+    values = ", ".join(f"{name} (checkpoint {getattr(other.config, name)}, "
+                       f"run {getattr(model.config, name)})" for name in diff)
+    if not set(diff) <= set(fido_uptrain.FIDO_FIELDS):
+      hint = "list the matching gin/models file"
+    elif fido_uptrain.is_dense(model.config):
+      hint = "a FiDO checkpoint cannot start a dense run"
+    else:
+      hint = "only a dense T5 checkpoint is converted to FiDO"
     raise InputError(path, f"INIT_CHECKPOINT's model differs from the run's "
-                     f"in {', '.join(diff)}; list the matching gin/models file")
+                     f"in {values}; {hint}")
   return jax.device_put(params, shardings)
 
 
