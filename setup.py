@@ -57,11 +57,12 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    # jaxfid/assets holds data only (the vocabulary); listed explicitly so
-    # that setuptools ships it as package data of "jaxfid.assets".
+    # jaxfid/assets holds data only (the vocabulary, and LM-BFF's SST-2
+    # 16-shot split under lmbff/); listed explicitly so that setuptools ships
+    # it as package data of "jaxfid.assets".
     packages=find_packages(include=["jaxfid", "jaxfid.*", "tasks",
                                     "tasks.*"]) + ["jaxfid.assets"],
-    package_data={"jaxfid.assets": ["*"]},
+    package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

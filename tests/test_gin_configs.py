@@ -107,3 +107,41 @@ PUBLISHED = {"t5_base": 223e6, "t5_large": 738e6, "t5_1_1_xl": 2.85e9,
 def test_full_size_presets_have_published_parameter_counts(name):
   n = count_params(abstract_t5(config_lib.preset(name)))
   assert abs(n - PUBLISHED[name]) / PUBLISHED[name] < 0.01, n
+
+
+def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
+  from jaxfid.refusion.fusion import FusionConfig, parse_targets
+  from jaxfid.refusion.model import ReFusionModel
+  sst2 = os.path.join(ROOT, "tests", "data", "lmbff", "SST-2", "16-13")
+  required = ["MODEL_DIR = 'x'", "TASK = 'sst-2'", f"DATA_DIR = '{sst2}'"]
+  gin_flags.parse_gin(["gin/refusion/t5_base.gin"], required)
+  try:
+    macros = {m: gin.query_parameter(f"%{m}") for m in (
+        "LEARNING_RATE", "BATCH_SIZE", "MAX_LENGTH", "TRAIN_STEPS", "TOP_K",
+        "FUSION_MODULES", "SEARCH", "OPTIMIZER")}
+    cfg = gin.query_parameter(
+        "refusion_trainer.train.model_config").scoped_configurable_fn()
+  finally:
+    gin.clear_config()
+  assert macros == {"LEARNING_RATE": 1e-5, "BATCH_SIZE": 32, "MAX_LENGTH": 128,
+                    "TRAIN_STEPS": 1000, "TOP_K": 64,
+                    "FUSION_MODULES": "key,value", "SEARCH": True,
+                    "OPTIMIZER": "adamw"}
+  assert count_params(abstract_t5(cfg)) == count_params(
+      abstract_t5(config_lib.preset("t5_base")))
+  # Full size, abstractly: 12 layers x (key, value), each k + k*768 + 3.
+  model = ReFusionModel(cfg, FusionConfig(targets=parse_targets("key,value"),
+                                          top_k=64, db_dim=768, search=True))
+  import jax
+  n = sum(x.size for x in jax.tree.leaves(model.abstract_params()))
+  assert n - count_params(abstract_t5(cfg)) == 24 * (64 + 64 * 768 + 3)
+  # And it trains (shrunk, without retrieval: the prompt-tuning baseline).
+  gin_flags.parse_gin(["gin/refusion/t5_base.gin"], TINY + required[1:] + [
+      f"MODEL_DIR = '{tmp_path}'", "FUSION_MODULES = 'none'",
+      "TRAIN_STEPS = 1", "BATCH_SIZE = 2", "MAX_LENGTH = 16", "DTYPE = 'float32'",
+      "refusion_trainer.train.progress = False", "MESH = 'data=2'"])
+  try:
+    result = gin.get_configurable(launch.run)()
+  finally:
+    gin.clear_config()
+  assert result["step"] == 1 and 0.0 <= result["test_accuracy"] <= 1.0

@@ -38,12 +38,15 @@ def test_pins_match_installed_versions():
 def test_vocab_and_licence_are_package_data():
   assets = os.path.join(os.path.dirname(jaxfid.__file__), "assets")
   assert sorted(os.listdir(assets)) == [
-      "LICENSE.spiece", "SOURCE.spiece.txt", "spiece.model"]
+      "LICENSE.spiece", "SOURCE.spiece.txt", "lmbff", "spiece.model"]
+  sst2 = os.path.join(assets, "lmbff", "SST-2", "16-13")
+  assert sorted(os.listdir(sst2)) == ["dev.tsv", "test.tsv", "train.tsv"]
   assert os.path.getsize(os.path.join(assets, "spiece.model")) == 791656
   with open(os.path.join(assets, "LICENSE.spiece"), encoding="utf-8") as f:
     assert "Apache License" in f.read()
   with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
-    assert "package_data={\"jaxfid.assets\": [\"*\"]}" in f.read()
+    assert ('package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]}'
+            in f.read())
 
 
 def _modules_after(statement: str) -> set[str]:

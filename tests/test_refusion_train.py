@@ -109,7 +109,8 @@ def test_structure_and_weights_restore(searched):
   found = nb.retrieve_neighbours(run["retrieval_db"], [lmbff.segments(spec, e)
                                                        for e in examples], 4)
   arrays = batch_lib.encode_split(
-      [lmbff.render_input(spec, e) for e in examples],
+      [lmbff.render_fitted(spec, e, 39, lambda t: len(tok.encode(t)))
+       for e in examples],
       [e.label for e in examples], labels, tok, 40, found.vectors)
   batch = {k: v for k, v in arrays.items() if k != "labels"}
   preds = np.asarray(model.classify(params, batch, jnp.asarray(labels)))

@@ -263,6 +263,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
       os.path.join(init_checkpoint, "spiece.model")) else None
   tokenizer = load_tokenizer(spiece_dir)
   label_tokens = batch_lib.label_token_matrix(spec.label_words, tokenizer)
+  count_tokens = lambda text: len(tokenizer.encode(text))
 
   # 2. Retrieval, once per split (cached beside the database for reuse).
   neighbours, db_dim = {}, 0
@@ -275,7 +276,10 @@ def train(*, model_dir: str, task: str, data_dir: str,
           cache_dir=neighbour_cache, progress=progress)
   arrays = {}
   for name, examples in splits.items():
-    inputs = [lmbff.render_input(spec, ex) for ex in examples]
+    # The prompt is fitted to MAX_LENGTH by shortening the sentences, so the
+    # mask (often at the end of the template) is never truncated away.
+    inputs = [lmbff.render_fitted(spec, ex, max_length - 1, count_tokens)
+              for ex in examples]
     if concat_neighbours:
       inputs = batch_lib.with_neighbour_texts(inputs, nb_lib.neighbour_texts(
           retrieval_db, neighbours[name].rows))
