@@ -228,3 +228,37 @@ def test_bilevel_step_updates_each_group_only_in_its_half():
              zip(leaves(after, False), leaves(arch, False)))
   for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(after)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):
+  d = tmp_path
+  (d / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+  # A database of the backbone's own width (d_model 16), as hidden mode needs.
+  ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=16,
+                                 d_kv=4, d_ff=32, num_heads=2, num_layers=1,
+                                 num_decoder_layers=1)
+  dense.build_dense_index(None, d / "sentences.txt", d / "db16",
+                          encoder=load_dual_encoder(ckpt), progress=False)
+  out = d / "hidden"
+  assert main(_args(out, d / "db16", steps=2, extra=[
+      "--gin.RETRIEVAL_MODE='hidden'"])) == 0
+  test = [l for l in _lines(out) if "test_accuracy" in l]
+  assert len(test) == 1 and test[0]["step"] == 2
+  assert json.loads((out / "jaxfid_config.json").read_text())[
+      "retrieval_mode"] == "hidden"
+  assert not (d / "db16" / "neighbour_cache").exists()   # nothing offline
+  # The on-line neighbours are the database's nearest rows to the queries.
+  from jaxfid.refusion import neighbours as nb
+  searcher = nb.open_database(d / "db16")
+  q = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+  got = nb.online_neighbours(searcher, q, 4)
+  allv = searcher.vectors(np.arange(len(SENTENCES)))
+  best = np.argsort(-(q @ allv.T), axis=1, kind="stable")[:, :4]
+  np.testing.assert_allclose(got[:, 0], allv[best], rtol=1e-6)
+
+
+def test_hidden_mode_needs_a_database_of_the_model_width(db, tmp_path, capsys):
+  assert main(_args(tmp_path / "h", db, extra=[
+      "--gin.RETRIEVAL_MODE='hidden'"])) == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and "hidden" in err[0] and "16-d" in err[0]

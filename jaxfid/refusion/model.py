@@ -93,6 +93,14 @@ class ReFusionModel(FiDModel):
                                   "decoder_target_tokens")}
     return super().loss(params, core, dropout_rng, extras, normalizer)
 
+  def pooled_hidden(self, params, tokens: Array) -> Array:
+    """float32 [B, D]: the backbone encoder's mean-pooled output (padding
+    excluded), without fusion — the query of on-line ('Hidden') retrieval."""
+    enc = self.network(params).encode(tokens)                     # [B, L, D]
+    m = enc.mask.astype(jnp.float32)[..., None]                   # [B, L, 1]
+    return jnp.sum(enc.hidden.astype(jnp.float32) * m, 1) / jnp.maximum(
+        jnp.sum(m, 1), 1.0)                                       # [B, D]
+
   # ---- rank classification ---------------------------------------------------
 
   def label_scores(self, params, batch: dict, label_tokens: Array) -> Array:

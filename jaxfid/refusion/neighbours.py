@@ -297,3 +297,20 @@ def db_width(db_dir: str | os.PathLike) -> int:
 
 __all__ = ["Neighbours", "retrieve_neighbours", "neighbour_texts", "db_width",
            "cache_key", "cache_path", "CACHE_SUBDIR"]
+
+
+def open_database(db_dir: str | os.PathLike):
+  """The searcher of a retrieval database (for on-line retrieval)."""
+  return open_dense_index(db_dir)
+
+
+def online_neighbours(searcher, queries: np.ndarray, top_k: int) -> np.ndarray:
+  """float32 [B, 1, K, d]: stored vectors of the top ``top_k`` rows for each
+  query vector (on-line, 'Hidden' mode); zeros where there are fewer."""
+  found = searcher.search_vectors(np.asarray(queries, np.float32), top_k)
+  out = np.zeros((len(found), 1, top_k, searcher.embeddings.dim), np.float32)
+  for i, hits in enumerate(found):
+    rows = [row for row, _ in hits][:top_k]
+    if rows:
+      out[i, 0, :len(rows)] = searcher.vectors(rows)
+  return out

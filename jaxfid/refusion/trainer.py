@@ -229,6 +229,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
           fusion_modules: str = "key,value", search: bool = True,
           fusion_scheme: str = "reranker", retrain: bool = False,
           concat_neighbours: bool = False, neighbour_cache: str | None = None,
+          retrieval_mode: str = "input",
           mask_temperature: float = 5.0,
           model_config: T5Config = T5Config(), init_checkpoint: str | None = None,
           train_steps: int = 1000, batch_size: int = 32, max_length: int = 128,
@@ -254,6 +255,12 @@ def train(*, model_dir: str, task: str, data_dir: str,
                      "CONCAT_NEIGHBOURS (build one with `jaxfid index dense`)")
   if top_k < 1 and (targets or concat_neighbours):
     raise InputError("TOP_K", f"must be at least 1, got {top_k}")
+  if retrieval_mode not in ("input", "hidden"):
+    raise InputError("RETRIEVAL_MODE", f"'input' or 'hidden', got "
+                     f"{retrieval_mode!r}")
+  hidden = retrieval_mode == "hidden" and bool(targets)
+  if hidden and jax.process_count() > 1:
+    raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
 
   # 1. Data: read and validate every split before any work.
   spec = lmbff.get_task(task)
@@ -270,7 +277,15 @@ def train(*, model_dir: str, task: str, data_dir: str,
   if targets or concat_neighbours:
     from jaxfid.refusion import neighbours as nb_lib
     db_dim = nb_lib.db_width(retrieval_db)
+    if hidden and db_dim != model_config.d_model:
+      raise InputError(retrieval_db, f"RETRIEVAL_MODE 'hidden' queries the "
+                       f"database with the model's {model_config.d_model}-d "
+                       f"hidden states, but it holds {db_dim}-d vectors: "
+                       "build it with `jaxfid index dense --checkpoint` of "
+                       "this backbone")
     for name, examples in splits.items():
+      if hidden and not concat_neighbours:
+        continue  # retrieved on-line, batch by batch
       neighbours[name] = nb_lib.retrieve_neighbours(
           retrieval_db, [lmbff.segments(spec, ex) for ex in examples], top_k,
           cache_dir=neighbour_cache, progress=progress)
@@ -285,7 +300,8 @@ def train(*, model_dir: str, task: str, data_dir: str,
           retrieval_db, neighbours[name].rows))
     arrays[name] = batch_lib.encode_split(
         inputs, [ex.label for ex in examples], label_tokens, tokenizer,
-        max_length, neighbours[name].vectors if targets else None)
+        max_length, neighbours[name].vectors if targets and not hidden
+        else None)
 
   # 3. Model, optimizers, mesh.
   saved = read_structure(model_dir)
@@ -320,6 +336,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
       "fusion": fusion.to_dict(), "task": spec.name, "max_length": max_length,
       "label_words": list(spec.label_words), "retrieval_db": retrieval_db,
       "concat_neighbours": concat_neighbours, "search": search,
+      "retrieval_mode": "hidden" if hidden else "input",
       "retrain": retrain, "train_steps": train_steps})
   if not os.path.exists(os.path.join(model_dir, "spiece.model")):
     shutil.copyfile(tokenizer.path, os.path.join(model_dir, "spiece.model"))
@@ -350,6 +367,20 @@ def train(*, model_dir: str, task: str, data_dir: str,
             "opt_state": model_opt.init(p),
             **({"arch_opt_state": arch_opt.init(p)} if with_arch else {})}
 
+  # 'Hidden' mode: each batch's neighbours are searched with the backbone's
+  # current mean-pooled encoder states (before the step that uses them).
+  add_neighbours = lambda params, host: host
+  if hidden:
+    searcher = nb_lib.open_database(retrieval_db)
+    pooled = jax.jit(model.pooled_hidden)
+
+    def add_neighbours(params, host):
+      queries = np.asarray(jax.device_get(pooled(
+          params, jax.device_put(host["encoder_input_tokens"], sh.replicated))),
+          np.float32)
+      return dict(host, neighbours=nb_lib.online_neighbours(
+          searcher, queries, top_k))
+
   # 5. Steps: the model step, and the search's architecture step.
   def compiled_steps(net_model: ReFusionModel, with_arch: bool):
     out_sh = state_sh if with_arch else without_arch(state_sh)
@@ -367,7 +398,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
           lambda p, b: structure_model.classify(p, b, jnp.asarray(label_tokens)))
     preds = []
     for b, real in batch_lib.eval_batches(arrays[split], eval_batch_size):
-      b = jax.device_put(b, sh.replicated)
+      b = jax.device_put(add_neighbours(params, b), sh.replicated)
       preds.append(np.asarray(jax.device_get(classifiers[key](params, b)))[:real])
     preds = np.concatenate(preds) if preds else np.zeros((0,), np.int32)
     return classification_metrics(spec.metric, preds.tolist(),
@@ -421,11 +452,11 @@ def train(*, model_dir: str, task: str, data_dir: str,
                                  with_arch)
         n_since, t_last, ran = 0, time.time(), step < end
         while step < end:
-          batch = global_batch(batch_lib.train_batch(
-              arrays["train"], step, batch_size, seed, pidx, pcount),
+          batch = global_batch(add_neighbours(state["params"], batch_lib.train_batch(
+              arrays["train"], step, batch_size, seed, pidx, pcount)),
               sh.batch, batch_size)
-          dev = global_batch(batch_lib.train_batch(
-              arrays["dev"], step, batch_size, seed + 1, pidx, pcount),
+          dev = global_batch(add_neighbours(state["params"], batch_lib.train_batch(
+              arrays["dev"], step, batch_size, seed + 1, pidx, pcount)),
               sh.batch, batch_size) if with_arch else batch
           state, metrics = step_fn(state, batch, dev)
           step += 1
@@ -489,7 +520,8 @@ def train(*, model_dir: str, task: str, data_dir: str,
       scores = evaluate(state["params"], eval_model, "test")
       result = {f"test_{k}": v for k, v in scores.items()}
       result["test_examples"] = len(splits["test"])
-      one = {k: v[:1] for k, v in arrays["test"].items() if k != "labels"}
+      one = add_neighbours(state["params"], {
+          k: v[:1] for k, v in arrays["test"].items() if k != "labels"})
       flops = flops_per_example(
           lambda p, b: eval_model.label_scores(p, b, jnp.asarray(label_tokens)),
           state["params"], jax.device_put(one, sh.replicated), batch_size=1)
