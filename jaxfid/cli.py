@@ -60,6 +60,9 @@ def main(argv=None) -> int:
   except InputError as e:
     print(f"jaxfid {args.command}: error: {e.message}", file=sys.stderr)
     return 2
+  except FloatingPointError as e:  # training.loop.NonFiniteLoss (ON_NAN='stop')
+    print(f"jaxfid {args.command}: error: {e}", file=sys.stderr)
+    return 1
   except KeyboardInterrupt:
     print(f"jaxfid {args.command}: interrupted", file=sys.stderr)
     return 130

@@ -213,3 +213,50 @@ def test_init_checkpoint_starts_from_pretrained_weights(data, tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert rc == 2 and str(other) in err and "d_model" in err
   assert len(err.splitlines()) == 1
+
+
+def _nan_at_step_4(monkeypatch):
+  """Make the 4th step report a non-finite loss (the step function's own
+  guard, tested in test_fid_model, then leaves the state untouched)."""
+  import jax.numpy as jnp
+
+  from jaxfid.training import trainer as trainer_lib
+  real_compile = trainer_lib.compile_train_step
+
+  def compile_train_step(*args, **kwargs):
+    real = real_compile(*args, **kwargs)
+
+    def step(state, batch):
+      if int(state["step"]) == 3:
+        nan = jnp.asarray(float("nan"))
+        return state, {"loss": nan, "token_accuracy": nan, "grad_norm": nan,
+                       "finite": jnp.asarray(0.0)}
+      return real(state, batch)
+    return step
+
+  monkeypatch.setattr(trainer_lib, "compile_train_step", compile_train_step)
+
+
+def test_non_finite_loss_stops_naming_the_step_without_a_checkpoint(
+    data, tmp_path, monkeypatch, capsys):
+  train, dev = data
+  _nan_at_step_4(monkeypatch)
+  model_dir = tmp_path / "nan"
+  assert main(_train_args(model_dir, train, dev, 6)) == 1
+  err = [l for l in capsys.readouterr().err.splitlines()
+         if "error" in l]
+  assert len(err) == 1 and "non-finite loss nan at step 4" in err[0]
+  steps = sorted(int(s) for s in os.listdir(model_dir / "checkpoints")
+                 if s.isdigit())
+  assert steps == [2]                        # nothing written at or after 4
+  assert max(m["step"] for m in _metrics(model_dir)) == 3
+
+
+def test_non_finite_loss_skip_goes_on(data, tmp_path, monkeypatch, capsys):
+  train, dev = data
+  _nan_at_step_4(monkeypatch)
+  model_dir = tmp_path / "skip"
+  assert main(_train_args(model_dir, train, dev, 6,
+                          ["--gin.ON_NAN='skip'"])) == 0
+  assert "warning: non-finite loss nan at step 4" in capsys.readouterr().err
+  assert max(m["step"] for m in _metrics(model_dir)) == 6

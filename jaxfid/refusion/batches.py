@@ -6,7 +6,10 @@ once into numpy arrays:
   encoder_input_tokens   int32 [N, L]        the rendered template, EOS, 0-padded
   decoder_target_tokens  int32 [N, T]        the gold label word + EOS
   labels                 int32 [N]           class index
-  neighbours             float32 [N, S, K, R] (fusion runs only)
+  neighbour_rows         int64 [N, S, K]     database rows of the neighbours
+                                             (fusion runs; -1 = none); the
+                                             trainer swaps them for their
+                                             vectors [B, S, K, R] per batch
 
 Training batches are a pure function of (seed, step): the example stream is
 an endless chain of per-epoch permutations (``permutation(seed, epoch)``),

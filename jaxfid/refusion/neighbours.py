@@ -67,7 +67,7 @@ class Neighbours:
     scores: float32 [N, S, K]: retrieval scores (inner product, or minus the
       squared L2 distance), 0 where there is no neighbour.
   """
-  vectors: np.ndarray
+  vectors: np.ndarray | None
   mask: np.ndarray
   rows: np.ndarray
   scores: np.ndarray
@@ -198,8 +198,8 @@ def retrieve_neighbours(db_dir: str | os.PathLike,
                         cache_dir: str | os.PathLike | None
                         | Literal[False] = None,
                         batch_size: int = 256, progress: bool = False,
-                        search_options: Mapping[str, object] | None = None
-                        ) -> Neighbours:
+                        search_options: Mapping[str, object] | None = None,
+                        with_vectors: bool = True) -> Neighbours:
   """The top ``top_k`` neighbours of every segment of every example.
 
   Args:
@@ -214,6 +214,8 @@ def retrieve_neighbours(db_dir: str | os.PathLike,
     progress: show a progress bar while searching.
     search_options: options of :meth:`DenseSearcher.search` (FAISS
       parameters such as ``nprobe``, ``query_vectors=FILE``, ...).
+    with_vectors: gather the stored vectors (False: ``vectors`` is None;
+      :func:`gather_vectors` fetches them later from ``rows``).
 
   Returns:
     :class:`Neighbours` with arrays of shape [N, S, K(, d)] (S = 0 when
@@ -262,11 +264,20 @@ def retrieve_neighbours(db_dir: str | os.PathLike,
           raise InputError(cache, "cannot write the neighbour cache: "
                            f"{e.strerror or e}") from None
 
+  vectors = gather_vectors(searcher, rows) if with_vectors else None
+  return Neighbours(vectors=vectors, mask=rows >= 0, rows=rows, scores=scores)
+
+
+def gather_vectors(searcher, rows: np.ndarray) -> np.ndarray:
+  """float32 [..., d]: the stored vectors of database ``rows`` (int [...],
+  -1 = none, which gives zeros). Lets a trainer keep only rows in memory
+  and gather each batch's vectors when it needs them."""
+  rows = np.asarray(rows)
   mask = rows >= 0
-  vectors = np.zeros(shape + (searcher.embeddings.dim,), np.float32)
+  vectors = np.zeros(rows.shape + (searcher.embeddings.dim,), np.float32)
   if mask.any():
     vectors[mask] = searcher.vectors(rows[mask])
-  return Neighbours(vectors=vectors, mask=mask, rows=rows, scores=scores)
+  return vectors
 
 
 def neighbour_texts(db_dir: str | os.PathLike,
@@ -296,6 +307,7 @@ def db_width(db_dir: str | os.PathLike) -> int:
 
 
 __all__ = ["Neighbours", "retrieve_neighbours", "neighbour_texts", "db_width",
+           "gather_vectors", "open_database", "online_neighbours",
            "cache_key", "cache_path", "CACHE_SUBDIR"]
 
 

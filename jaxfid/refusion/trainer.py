@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm import tqdm
 
 from jaxfid import sharding as shd
 from jaxfid.data.errors import InputError
@@ -48,9 +47,10 @@ from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion.class_metrics import classification_metrics
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
 from jaxfid.training import checkpointing, optim
+from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.step import make_train_step
-from jaxfid.training.trainer import (NonFiniteLoss, Preemption, global_batch,
+from jaxfid.training.trainer import (Preemption, global_batch,
                                      make_shardings)
 
 STRUCTURE_FILE = "refusion_structure.json"
@@ -288,7 +288,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
         continue  # retrieved on-line, batch by batch
       neighbours[name] = nb_lib.retrieve_neighbours(
           retrieval_db, [lmbff.segments(spec, ex) for ex in examples], top_k,
-          cache_dir=neighbour_cache, progress=progress)
+          cache_dir=neighbour_cache, progress=progress, with_vectors=False)
   arrays = {}
   for name, examples in splits.items():
     # The prompt is fitted to MAX_LENGTH by shortening the sentences, so the
@@ -300,8 +300,9 @@ def train(*, model_dir: str, task: str, data_dir: str,
           retrieval_db, neighbours[name].rows))
     arrays[name] = batch_lib.encode_split(
         inputs, [ex.label for ex in examples], label_tokens, tokenizer,
-        max_length, neighbours[name].vectors if targets and not hidden
-        else None)
+        max_length)
+    if targets and not hidden:  # rows only: vectors are gathered per batch
+      arrays[name]["neighbour_rows"] = neighbours[name].rows
 
   # 3. Model, optimizers, mesh.
   saved = read_structure(model_dir)
@@ -367,19 +368,26 @@ def train(*, model_dir: str, task: str, data_dir: str,
             "opt_state": model_opt.init(p),
             **({"arch_opt_state": arch_opt.init(p)} if with_arch else {})}
 
-  # 'Hidden' mode: each batch's neighbours are searched with the backbone's
-  # current mean-pooled encoder states (before the step that uses them).
-  add_neighbours = lambda params, host: host
-  if hidden:
-    searcher = nb_lib.open_database(retrieval_db)
-    pooled = jax.jit(model.pooled_hidden)
+  # Each batch's neighbour vectors: 'input' mode gathers the stored vectors
+  # of the cached rows (only rows stay in memory: a 10k-example test set at
+  # k = 64, width 768 would otherwise hold 2-4 GB); 'hidden' mode searches
+  # with the backbone's current mean-pooled encoder states.
+  searcher = nb_lib.open_database(retrieval_db) if targets else None
+  pooled = jax.jit(model.pooled_hidden)
 
-    def add_neighbours(params, host):
-      queries = np.asarray(jax.device_get(pooled(
-          params, jax.device_put(host["encoder_input_tokens"], sh.replicated))),
-          np.float32)
-      return dict(host, neighbours=nb_lib.online_neighbours(
-          searcher, queries, top_k))
+  def add_neighbours(params, host: dict) -> dict:
+    """A host batch with its ``neighbours`` vectors [B, S, K, R]."""
+    if "neighbour_rows" in host:  # 'input' mode: the cached rows' vectors
+      host = dict(host)
+      return dict(host, neighbours=nb_lib.gather_vectors(
+          searcher, host.pop("neighbour_rows")))
+    if not hidden:
+      return host
+    queries = np.asarray(jax.device_get(pooled(
+        params, jax.device_put(host["encoder_input_tokens"], sh.replicated))),
+        np.float32)
+    return dict(host, neighbours=nb_lib.online_neighbours(
+        searcher, queries, top_k))
 
   # 5. Steps: the model step, and the search's architecture step.
   def compiled_steps(net_model: ReFusionModel, with_arch: bool):
@@ -434,8 +442,8 @@ def train(*, model_dir: str, task: str, data_dir: str,
     phases = [("search" if search else "train", 0, train_steps, search)]
     if search and retrain:
       phases.append(("retrain", train_steps, final_step, False))
-    bar = tqdm(total=final_step, initial=start, desc="train",
-               disable=not progress, file=sys.stderr)
+    loop = loop_lib.StepLoop(total=final_step, start=start, desc="train",
+                             progress=progress, on_nan=on_nan)
     step = start
     eval_model = model
     try:
@@ -450,7 +458,8 @@ def train(*, model_dir: str, task: str, data_dir: str,
                    else fresh_state(False, train_steps))
         step_fn = compiled_steps(eval_model if phase == "retrain" else model,
                                  with_arch)
-        n_since, t_last, ran = 0, time.time(), step < end
+        loop.restart_clock()
+        ran = step < end
         while step < end:
           batch = global_batch(add_neighbours(state["params"], batch_lib.train_batch(
               arrays["train"], step, batch_size, seed, pidx, pcount)),
@@ -460,25 +469,15 @@ def train(*, model_dir: str, task: str, data_dir: str,
               sh.batch, batch_size) if with_arch else batch
           state, metrics = step_fn(state, batch, dev)
           step += 1
-          n_since += 1
-          bar.update(1)
-          metrics = jax.device_get(metrics)
-          if not metrics["finite"]:
-            message = (f"non-finite loss {metrics['loss']} at step {step}; "
-                       "the update was not applied")
-            if on_nan == "stop":
-              raise NonFiniteLoss(message)
-            print(f"warning: {message}", file=sys.stderr)
+          metrics = loop.finished_step(step, metrics)
           if step % log_every == 0 or step == end:
-            now = time.time()
             last = {k: float(metrics[k]) for k in (
                 "loss", "token_accuracy", "grad_norm", "arch_loss")
                 if k in metrics}
             last["learning_rate"] = float(lr_schedule(step - begin - 1))
-            last["examples_per_sec"] = n_since * batch_size / max(now - t_last, 1e-9)
+            last["examples_per_sec"] = loop.rate(batch_size)
             log.write(step, last)
-            bar.set_postfix(loss=f"{last['loss']:.4f}")
-            t_last, n_since = now, 0
+            loop.show(loss=f"{last['loss']:.4f}")
           if step % eval_every == 0 or step == end:
             current, structure = (discrete_model(state["params"])
                                   if phase != "retrain" else (eval_model, None))
@@ -530,7 +529,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
       log.write(step, result)
       last.update(result)
     finally:
-      bar.close()
+      loop.close()
       log.close()
       ckpts.close()
   last["step"] = step

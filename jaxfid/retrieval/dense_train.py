@@ -195,7 +195,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
           mesh: str = "", on_nan: str = "stop",
           progress: bool = True) -> dict:
   """Trains a dual encoder into ``model_dir``; returns the last metrics."""
-  from tqdm import tqdm
+  from jaxfid.training import loop as loop_lib
 
   from jaxfid.retrieval.dense_checkpoint import write_dual_encoder_config
   from jaxfid.tokenization import load_tokenizer
@@ -285,41 +285,30 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
       return result
 
     last: dict = {}
-    t0, t_last, n_since = time.time(), time.time(), 0
-    bar = tqdm(total=train_steps, initial=start, desc="train dual encoder",
-               disable=not progress, file=sys.stderr)
+    t0 = time.time()
+    loop = loop_lib.StepLoop(total=train_steps, start=start,
+                             desc="train dual encoder", progress=progress,
+                             on_nan=on_nan)
     step = start
     try:
       while step < train_steps:
         batch = jax.device_put(batcher.batch(step), batch_sharding)
         state, metrics = step_fn(state, batch)
         step += 1
-        n_since += 1
-        bar.update(1)
-        metrics = jax.device_get(metrics)
-        if not metrics["finite"]:
-          message = (f"non-finite loss {metrics['loss']} at step {step}; "
-                     "the update was not applied")
-          if on_nan == "stop":
-            raise FloatingPointError(message)
-          print(f"warning: {message}", file=sys.stderr)
+        metrics = loop.finished_step(step, metrics)
         if step % log_every == 0 or step == train_steps:
-          now = time.time()
           last = {k: float(metrics[k]) for k in ("loss", "accuracy",
                                                  "mean_rank", "grad_norm")}
           last["learning_rate"] = float(lr_schedule(step - 1))
-          last["questions_per_sec"] = n_since * batch_size / max(
-              now - t_last, 1e-9)
+          last["questions_per_sec"] = loop.rate(batch_size)
           log.write(step, last)
-          bar.set_postfix(loss=f"{last['loss']:.4f}",
-                          acc=f"{last['accuracy']:.3f}")
-          t_last, n_since = now, 0
+          loop.show(loss=f"{last['loss']:.4f}", acc=f"{last['accuracy']:.3f}")
         if eval_examples and (step % eval_every == 0 or step == train_steps):
           last.update(run_eval(step))
         if step % checkpoint_every == 0 or step == train_steps:
           ckpts.save(step, state)
     finally:
-      bar.close()
+      loop.close()
       log.close()
       ckpts.close()
   last["step"] = step

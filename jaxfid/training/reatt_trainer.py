@@ -36,7 +36,6 @@ from typing import Sequence
 import jax
 import numpy as np
 import optax
-from tqdm import tqdm
 
 from jaxfid import predict as predict_lib
 from jaxfid import sharding as shd
@@ -46,8 +45,9 @@ from jaxfid.data.fid_format import FidExample, Passage
 from jaxfid.models import reatt
 from jaxfid.models.config import T5Config
 from jaxfid.training import checkpointing, optim
+from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog
-from jaxfid.training.trainer import (NonFiniteLoss, Preemption,
+from jaxfid.training.trainer import (Preemption,
                                      compile_train_step, global_batch,
                                      init_or_restore, make_shardings)
 
@@ -339,33 +339,23 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
 
     # 5. The loop.
     last: dict = {}
-    t0, t_last, n_since = time.time(), time.time(), 0
-    bar = tqdm(total=train_steps, initial=start, desc="train reatt",
-               disable=not progress, file=sys.stderr)
+    t0 = time.time()
+    loop = loop_lib.StepLoop(total=train_steps, start=start, desc="train reatt",
+                             progress=progress, on_nan=on_nan)
     step = start
     try:
       while step < train_steps:
         batch = global_batch(batcher.batch(step), sh.batch, batch_size)
         state, metrics = step_fn(state, batch)
         step += 1
-        n_since += 1
-        bar.update(1)
-        metrics = jax.device_get(metrics)
-        if not metrics["finite"]:
-          message = (f"non-finite loss {metrics['loss']} at step {step}; "
-                     "the update was not applied")
-          if on_nan == "stop":
-            raise NonFiniteLoss(message)
-          print(f"warning: {message}", file=sys.stderr)
+        metrics = loop.finished_step(step, metrics)
         if step % log_every == 0 or step == train_steps:
-          now = time.time()
           last = {k: float(metrics[k]) for k in LOGGED}
           last.update(learning_rate=float(lr_schedule(step - 1)),
                       kl_weight=kl_weight if step > retrieval_warmup_steps else 0.0,
-                      examples_per_sec=n_since * batch_size / max(now - t_last, 1e-9))
+                      examples_per_sec=loop.rate(batch_size))
           log.write(step, last)
-          bar.set_postfix(loss=f"{last['loss']:.4f}", kl=f"{last['kl_loss']:.3f}")
-          t_last, n_since = now, 0
+          loop.show(loss=f"{last['loss']:.4f}", kl=f"{last['kl_loss']:.3f}")
         if eval_examples and (step % eval_every == 0 or step == train_steps):
           last.update(evaluate(step))
         if step % checkpoint_every == 0 or step == train_steps:
@@ -379,8 +369,9 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
           ckpts.save(step, state, force=True)
           batcher.close()
           batcher = make_batcher(refresh(step))
+          loop.restart_clock()
     finally:
-      bar.close()
+      loop.close()
       batcher.close()
       log.close()
       ckpts.close()

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
-from tqdm import tqdm
 
 from jaxfid import predict as predict_lib
 from jaxfid import sharding as shd
@@ -37,12 +36,12 @@ from jaxfid.data.errors import InputError
 from jaxfid.models.config import T5Config
 from jaxfid.models.model import FiDModel
 from jaxfid.training import checkpointing, optim
+from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.step import make_train_step
 
 
-class NonFiniteLoss(RuntimeError):
-  pass
+NonFiniteLoss = loop_lib.NonFiniteLoss  # re-exported: trainers import it here
 
 
 @dataclasses.dataclass
@@ -293,9 +292,9 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
 
     # 5. The loop.
     last = {}
-    t0, t_last, n_since = time.time(), time.time(), 0
-    bar = tqdm(total=train_steps, initial=start, desc="train",
-               disable=not progress, file=sys.stderr)
+    t0 = time.time()
+    loop = loop_lib.StepLoop(total=train_steps, start=start, desc="train",
+                             progress=progress, on_nan=on_nan)
     step = start
     try:
       while step < train_steps:
@@ -303,29 +302,19 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
         batch = global_batch(host, sh.batch, batch_size)
         state, metrics = step_fn(state, batch)
         step += 1
-        n_since += 1
-        bar.update(1)
-        metrics = jax.device_get(metrics)
-        if not metrics["finite"]:
-          message = (f"non-finite loss {metrics['loss']} at step {step}; "
-                     "the update was not applied")
-          if on_nan == "stop":
-            raise NonFiniteLoss(message)
-          print(f"warning: {message}", file=sys.stderr)
+        metrics = loop.finished_step(step, metrics)
         if step % log_every == 0 or step == train_steps:
-          now = time.time()
           last = {"loss": float(metrics["loss"]),
                   "token_accuracy": float(metrics["token_accuracy"]),
                   "grad_norm": float(metrics["grad_norm"]),
                   "learning_rate": float(lr_schedule(step - 1)),
-                  "examples_per_sec": n_since * batch_size / max(now - t_last, 1e-9)}
+                  "examples_per_sec": loop.rate(batch_size)}
           log.write(step, last)
-          bar.set_postfix(loss=f"{last['loss']:.4f}")
-          t_last, n_since = now, 0
+          loop.show(loss=f"{last['loss']:.4f}")
         if eval_examples and (step % eval_every == 0 or step == train_steps):
           last.update(evaluate(step))
-          bar.set_postfix(loss=f"{last.get('loss', 0):.4f}",
-                          em=f"{last['eval_em']:.3f}")
+          loop.show(loss=f"{last.get('loss', 0):.4f}",
+                    em=f"{last['eval_em']:.3f}")
         if step % checkpoint_every == 0 or step == train_steps:
           ckpts.save(step, state)
         if preemption.requested:
@@ -334,7 +323,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
                 file=sys.stderr)
           break
     finally:
-      bar.close()
+      loop.close()
       for b in batchers.values():
         b.close()
       log.close()
