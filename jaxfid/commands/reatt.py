@@ -1,15 +1,22 @@
-"""`jaxfid reatt adapt`: ReAtt's adaptation data as a queries file.
+"""`jaxfid reatt adapt | iterate`: ReAtt's adaptation data and iterative training.
 
   jaxfid reatt adapt --mode ir --queries Q --qrels QRELS --corpus C --output OUT.jsonl
   jaxfid reatt adapt --mode ssm --corpus C --output OUT.jsonl [--per-passage N --seed S]
+  jaxfid reatt iterate --gin_file=gin/reatt/tiny.gin --gin.MODEL_DIR="'out'" \
+      --gin.TRAIN_DATA="'train.json'" [--gin.X=Y ...] --corpus C \
+      --queries TRAIN_QUERIES --iterations N --steps-per-iteration S \
+      [--top-k K] [--token-top-k K2] [--work-dir DIR]
 
-writes JSONL ``{"id", "question", "answers"}`` (IR supervision turned into
+``adapt`` writes JSONL ``{"id", "question", "answers"}`` (IR supervision turned into
 ``relevance: l. document`` targets, or salient-span-masked sentences); then
 ``jaxfid retrieve --index INDEX --queries OUT.jsonl --top-k K --output
 train.json`` adds each question's close documents, and ``jaxfid train
 --gin_file=gin/reatt/...`` trains on it (QA supervision needs no
 conversion). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
-``ITERATION_STEPS``).
+``ITERATION_STEPS``) or, explicitly, by ``iterate``: N rounds of training,
+``jaxfid index reatt`` of the corpus and ``jaxfid retrieve`` of the training
+queries into the next round's TRAIN_DATA, one JSON line per round
+(:mod:`jaxfid.training.reatt_iterate`). Rerunning ``iterate`` resumes.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import json
 
 
 def add_parser(subparsers) -> None:
-  p = subparsers.add_parser("reatt", help="ReAtt utilities (adaptation data)")
+  p = subparsers.add_parser("reatt", help="ReAtt utilities (adaptation data, iterative training)")
   sub = p.add_subparsers(dest="reatt_command", required=True)
   a = sub.add_parser(
       "adapt", help="IR supervision or salient span masking as QA queries",
@@ -35,6 +42,42 @@ def add_parser(subparsers) -> None:
   a.add_argument("--seed", type=int, default=0)
   a.add_argument("--output", required=True, help="queries JSONL to write")
   a.set_defaults(func=run)
+  _add_iterate(sub)
+
+
+def _add_iterate(sub) -> None:
+  from jaxfid.commands import gin_flags
+  p = sub.add_parser(
+      "iterate", help="iterative training: train, re-index, re-retrieve",
+      description="Train a ReAtt run (gin) in N iterations of S steps (after "
+      "RETRIEVAL_WARMUP_STEPS); after each, index the corpus with the model "
+      "and retrieve the training queries' close documents, which become "
+      "the next iteration's TRAIN_DATA. Rerunning resumes.")
+  gin_flags.add_gin_arguments(p)
+  p.add_argument("--corpus", required=True, help="corpus to re-index")
+  p.add_argument("--queries", required=True,
+                 help="training queries with answers (QA JSONL)")
+  p.add_argument("--iterations", type=int, required=True)
+  p.add_argument("--steps-per-iteration", type=int, required=True)
+  p.add_argument("--top-k", type=int, default=None,
+                 help="close documents per query (default N_CONTEXT)")
+  p.add_argument("--token-top-k", type=int, default=None,
+                 help="tokens retrieved per query token (default TOKEN_TOP_K)")
+  p.add_argument("--work-dir", default=None,
+                 help="indexes and training files (default MODEL_DIR/iterate)")
+  p.set_defaults(func=run_iterate, accepts_gin_bindings=True)
+
+
+def run_iterate(args: argparse.Namespace) -> int:
+  from jaxfid.training import reatt_iterate
+  summary = reatt_iterate.run_iterations(
+      args.gin_file, args.gin_bindings, corpus=args.corpus,
+      queries=args.queries, iterations=args.iterations,
+      steps_per_iteration=args.steps_per_iteration, top_k=args.top_k,
+      token_top_k=args.token_top_k, work_dir=args.work_dir,
+      gin_search_paths=args.gin_search_path,
+      emit=lambda record: print(json.dumps(record), flush=True))
+  return 0 if summary["complete"] else 1
 
 
 def run(args: argparse.Namespace) -> int:
