@@ -302,7 +302,8 @@ def build_from_checkpoint(checkpoint: str, corpus: str, output: str, *,
       TokenEncoder.from_model(model, params), tokenizer, corpus, output,
       doc_maxlength=doc_maxlength or length,
       query_maxlength=query_maxlength or model.reatt.query_maxlength or length,
-      extra_meta={"checkpoint": os.path.abspath(checkpoint)}, **kwargs)
+      extra_meta={"checkpoint": os.path.abspath(checkpoint),
+                  **kwargs.pop("extra_meta", {})}, **kwargs)
 
 
 # ---------------------------------------------------------------- searching
