@@ -25,7 +25,6 @@ deviation (``np.std``, ddof 0, as LM-BFF computes it).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -108,20 +107,9 @@ def train_argv(gin_files: Sequence[str], bindings: Sequence[str],
 
 def read_test_metrics(model_dir: str | os.PathLike) -> dict | None:
   """The last record of ``MODEL_DIR/metrics.jsonl`` with ``test_accuracy``."""
-  path = os.path.join(model_dir, METRICS_FILE)
-  found = None
-  try:
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          continue  # a line cut by a crash
-        if isinstance(record, dict) and DONE_KEY in record:
-          found = record
-  except FileNotFoundError:
-    return None
-  return found
+  from jaxfid.training.metrics_log import read_records
+  found = [r for r in read_records(os.fspath(model_dir)) if DONE_KEY in r]
+  return found[-1] if found else None
 
 
 def _child_env() -> dict:

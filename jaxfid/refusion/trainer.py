@@ -48,7 +48,7 @@ from jaxfid.refusion.class_metrics import classification_metrics
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
 from jaxfid.training import checkpointing, optim
 from jaxfid.training import loop as loop_lib
-from jaxfid.training.metrics_log import MetricsLog
+from jaxfid.training.metrics_log import MetricsLog, read_records
 from jaxfid.training.step import make_train_step
 from jaxfid.training.trainer import (Preemption, global_batch,
                                      make_shardings)
@@ -161,19 +161,11 @@ def make_step(model: ReFusionModel, model_opt: optax.GradientTransformation,
 def completed_result(model_dir: str, latest: int | None,
                      final_step: int) -> dict | None:
   """The recorded test line when the run already finished, else None."""
-  path = os.path.join(model_dir, "metrics.jsonl")
-  if latest != final_step or not os.path.exists(path):
+  if latest != final_step:
     return None
-  found = None
-  with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if record.get("step") == final_step and "test_accuracy" in record:
-        found = record
-  return found
+  found = [r for r in read_records(model_dir)
+           if r.get("step") == final_step and "test_accuracy" in r]
+  return found[-1] if found else None
 
 
 def opt_state_shardings(sh, optimizer: optax.GradientTransformation,

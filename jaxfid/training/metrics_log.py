@@ -21,6 +21,24 @@ def _clean(value):
   return value
 
 
+def read_records(model_dir: str) -> list[dict]:
+  """The records of ``MODEL_DIR/metrics.jsonl`` in order ([] if absent);
+  a line cut by a crash is skipped."""
+  path = os.path.join(model_dir, "metrics.jsonl")
+  records = []
+  if not os.path.exists(path):
+    return records
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if isinstance(record, dict):
+        records.append(record)
+  return records
+
+
 class MetricsLog:
   def __init__(self, model_dir: str, *, resume_step: int = 0,
                tensorboard: bool = True):

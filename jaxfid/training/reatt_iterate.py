@@ -288,17 +288,11 @@ def changed_share(before: str, after: str, n_context: int) -> float | None:
 
 def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
   """The last value of ``name`` in MODEL_DIR/metrics.jsonl at or before a step."""
-  path = os.path.join(model_dir, "metrics.jsonl")
+  from jaxfid.training.metrics_log import read_records
   value = None
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if name in record and record.get("step", 0) <= max_step:
-          value = record[name]
+  for record in read_records(model_dir):
+    if name in record and record.get("step", 0) <= max_step:
+      value = record[name]
   return value
 
 
