@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfid import sharding as shd
 from jaxfid.data.errors import InputError
 from jaxfid.models.config import T5Config
 from jaxfid.refusion import batches as batch_lib
@@ -50,7 +49,7 @@ from jaxfid.training import checkpointing, optim
 from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog, read_records
 from jaxfid.training.step import make_train_step
-from jaxfid.training.trainer import (Preemption, global_batch,
+from jaxfid.training.trainer import (Preemption, checked_mesh, global_batch,
                                      make_shardings)
 
 STRUCTURE_FILE = "refusion_structure.json"
@@ -308,14 +307,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
       weight_decay=weight_decay, clip_norm=clip_norm)
   model_opt, arch_opt = group_optimizers(model.abstract_params(), base_opt,
                                          arch_learning_rate)
-  try:
-    device_mesh = shd.parse_mesh(mesh)
-  except ValueError as e:
-    raise InputError("MESH", str(e)) from None
-  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
-  if batch_size % (data_parallel * jax.process_count()):
-    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
-                     f"data-parallel size {data_parallel}")
+  device_mesh = checked_mesh(mesh, batch_size)
   sh = make_shardings(device_mesh, model, base_opt)
   state_sh = {"step": sh.replicated, "params": sh.params,
               "opt_state": opt_state_shardings(sh, model_opt, model)}

@@ -223,14 +223,9 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
       learning_rate, optimizer=optimizer, schedule=schedule,
       warmup_steps=warmup_steps, total_steps=train_steps,
       weight_decay=weight_decay, clip_norm=clip_norm)
-  try:
-    device_mesh = shd.parse_mesh(mesh)
-  except ValueError as e:
-    raise InputError("MESH", str(e)) from None
+  from jaxfid.training.trainer import checked_mesh
+  device_mesh = checked_mesh(mesh, batch_size)
   parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
-  if batch_size % parallel:
-    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
-                     f"data-parallel size {parallel} (MESH {mesh!r})")
   sh = _state_shardings(encoder, opt, device_mesh)
   batch_sharding = NamedSharding(
       device_mesh, shd.logical_to_mesh((shd.BATCH,), mesh=device_mesh))

@@ -38,7 +38,6 @@ import numpy as np
 import optax
 
 from jaxfid import predict as predict_lib
-from jaxfid import sharding as shd
 from jaxfid.data import fid_format, pipeline
 from jaxfid.data.errors import InputError
 from jaxfid.data.fid_format import FidExample, Passage
@@ -47,7 +46,7 @@ from jaxfid.models.config import T5Config
 from jaxfid.training import checkpointing, optim
 from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog
-from jaxfid.training.trainer import (Preemption,
+from jaxfid.training.trainer import (Preemption, checked_mesh, qa_evaluation,
                                      compile_train_step, global_batch,
                                      init_or_restore, make_shardings)
 
@@ -248,15 +247,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
       restarts=restarts)
   opt = make_optimizer(lr_schedule, optimizer=optimizer,
                        weight_decay=weight_decay, clip_norm=clip_norm)
-  try:
-    device_mesh = shd.parse_mesh(mesh)
-  except ValueError as e:
-    raise InputError("MESH", str(e)) from None
-  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
-  if batch_size % (data_parallel * accumulation_steps):
-    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
-                     f"data-parallel size {data_parallel} times "
-                     f"ACCUMULATION_STEPS {accumulation_steps}")
+  device_mesh = checked_mesh(mesh, batch_size, accumulation_steps)
   sh = make_shardings(device_mesh, model, opt)
 
   # 3. Run directory.
@@ -319,21 +310,15 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
         model, max_decode_len=answer_maxlength, num_beams=eval_beams)
 
     def evaluate(step: int) -> dict:
-      preds = predict_lib.generate(
+      result = qa_evaluation(
           model, state["params"], tokenizer, eval_examples,
-          n_context=n_context, text_maxlength=text_maxlength,
-          answer_maxlength=answer_maxlength, batch_size=eval_batch_size,
-          predict_fn=predict_fn, progress=progress,
+          predict_fn=predict_fn, n_context=n_context,
+          text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+          batch_size=eval_batch_size, model_dir=model_dir, step=step,
+          progress=progress,
           put_batch=lambda b: jax.device_put(b, sh.replicated))
-      scores = predict_lib.score(eval_examples, preds)
-      if jax.process_index() == 0:
-        predict_lib.write_predictions(
-            os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
-            eval_examples, preds, scores)
-      result = {"eval_em": scores["em"], "eval_f1": scores["f1"],
-                "eval_examples": len(eval_examples)}
       log.write(step, result)
-      if ckpts.maybe_save_best(step, state["params"], scores["em"]):
+      if ckpts.maybe_save_best(step, state["params"], result["eval_em"]):
         result["best"] = True
       return result
 

@@ -72,6 +72,44 @@ def make_shardings(mesh, model: FiDModel, optimizer) -> Shardings:
   return Shardings(mesh, params, state, batch, replicated)
 
 
+def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1):
+  """The device mesh of a ``MESH`` spec, checked against the batch size.
+
+  Raises InputError (MESH, BATCH_SIZE) for a bad spec or a batch that does
+  not split over the data-parallel devices (times the microbatches).
+  """
+  try:
+    device_mesh = shd.parse_mesh(mesh)
+  except ValueError as e:
+    raise InputError("MESH", str(e)) from None
+  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
+  if batch_size % (data_parallel * accumulation_steps):
+    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
+                     f"data-parallel size {data_parallel} (MESH {mesh!r}, "
+                     f"{len(device_mesh.devices.flat)} devices) times "
+                     f"ACCUMULATION_STEPS {accumulation_steps}")
+  return device_mesh
+
+
+def qa_evaluation(model, params, tokenizer, examples, *, predict_fn,
+                  n_context: int, text_maxlength: int, answer_maxlength: int,
+                  batch_size: int, put_batch, model_dir: str, step: int,
+                  progress: bool) -> dict:
+  """EM/F1 of generated answers; per-example predictions to MODEL_DIR/eval."""
+  preds = predict_lib.generate(
+      model, params, tokenizer, examples, n_context=n_context,
+      text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+      batch_size=batch_size, predict_fn=predict_fn, progress=progress,
+      put_batch=put_batch)
+  scores = predict_lib.score(examples, preds)
+  if jax.process_index() == 0:
+    predict_lib.write_predictions(
+        os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
+        examples, preds, scores)
+  return {"eval_em": scores["em"], "eval_f1": scores["f1"],
+          "eval_examples": len(examples)}
+
+
 def global_batch(host_batch: dict, sharding: NamedSharding, batch_size: int) -> dict:
   """Assemble global arrays from each host's rows (single host: a device_put)."""
   def put(x):
@@ -221,16 +259,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
       learning_rate, optimizer=optimizer, schedule=schedule,
       warmup_steps=warmup_steps, total_steps=train_steps,
       weight_decay=weight_decay, clip_norm=clip_norm)
-  try:
-    device_mesh = shd.parse_mesh(mesh)
-  except ValueError as e:
-    raise InputError("MESH", str(e)) from None
-  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
-  if batch_size % (data_parallel * accumulation_steps):
-    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
-                     f"data-parallel size {data_parallel} (MESH {mesh!r}, "
-                     f"{len(device_mesh.devices.flat)} devices) times "
-                     f"ACCUMULATION_STEPS {accumulation_steps}")
+  device_mesh = checked_mesh(mesh, batch_size, accumulation_steps)
   sh = make_shardings(device_mesh, model, opt)
 
   # 3. Run directory: config, vocabulary, checkpoints.
@@ -271,22 +300,15 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
         model, max_decode_len=answer_maxlength, num_beams=eval_beams)
 
     def evaluate(step: int) -> dict:
-      eval_bs = eval_batch_size
-      preds = predict_lib.generate(
+      result = qa_evaluation(
           model, state["params"], tokenizer, eval_examples,
-          n_context=n_context, text_maxlength=text_maxlength,
-          answer_maxlength=answer_maxlength, batch_size=eval_bs,
-          predict_fn=predict_fn, progress=progress,
+          predict_fn=predict_fn, n_context=n_context,
+          text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+          batch_size=eval_batch_size, model_dir=model_dir, step=step,
+          progress=progress,
           put_batch=lambda b: jax.device_put(b, sh.replicated))
-      scores = predict_lib.score(eval_examples, preds)
-      if jax.process_index() == 0:
-        predict_lib.write_predictions(
-            os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
-            eval_examples, preds, scores)
-      result = {"eval_em": scores["em"], "eval_f1": scores["f1"],
-                "eval_examples": len(eval_examples)}
       log.write(step, result)
-      if ckpts.maybe_save_best(step, state["params"], scores["em"]):
+      if ckpts.maybe_save_best(step, state["params"], result["eval_em"]):
         result["best"] = True
       return result
 
