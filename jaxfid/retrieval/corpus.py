@@ -80,6 +80,43 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
       raise InputError(path, f"cannot read: {e}", where=lineno + 1) from None
 
 
+def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False
+                    ) -> Iterator[tuple[int, object]]:
+  """Yields (line number, parsed value) of each non-blank line of JSON lines.
+
+  Raises InputError naming the line and column of bad JSON; with
+  ``array_hint``, a first line that opens a JSON array says so instead.
+  """
+  for lineno, line in iter_lines(path):
+    if not line.strip():
+      continue
+    try:
+      value = json.loads(line)
+    except json.JSONDecodeError as e:
+      if array_hint and lineno == 1 and line.lstrip().startswith("["):
+        raise InputError(path, "expected JSON lines (one object per line), "
+                         "found a JSON array", where=lineno) from None
+      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
+                       where=lineno) from None
+    yield lineno, value
+
+
+def starts_json_array(path: str | os.PathLike) -> bool:
+  """True when the file's first non-blank byte opens a JSON array."""
+  with open_binary(path) as f:
+    return f.read(4096).lstrip().startswith(b"[")
+
+
+def read_json_document(path: str | os.PathLike) -> object:
+  """The whole file parsed as one JSON value (InputError on bad JSON)."""
+  with open_binary(path) as f:
+    try:
+      return json.loads(f.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
+                       where=getattr(e, "lineno", None)) from None
+
+
 def _suffix(path: str | os.PathLike) -> str:
   name = os.path.basename(str(path)).lower()
   if name.endswith(".gz"):
@@ -118,17 +155,7 @@ def check_id(path, docid, lineno: int, what: str = "id") -> str:
 
 
 def _read_jsonl(path) -> Iterator[tuple[int, Passage]]:
-  for lineno, line in iter_lines(path):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      if lineno == 1 and line.lstrip().startswith("["):
-        raise InputError(path, "expected JSON lines (one object per line), "
-                         "found a JSON array", where=lineno) from None
-      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                       where=lineno) from None
+  for lineno, record in iter_json_lines(path, array_hint=True):
     if not isinstance(record, dict):
       raise InputError(path, f"expected a JSON object, got "
                        f"{type(record).__name__}", where=lineno)

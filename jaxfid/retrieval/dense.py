@@ -44,8 +44,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxfid.data.errors import InputError
-from jaxfid.retrieval.corpus import (Passage, detect_format, iter_lines,
-                                     read_corpus)
+from jaxfid.retrieval.corpus import (Passage, detect_format, iter_json_lines,
+                                     iter_lines, read_corpus)
 from jaxfid.retrieval.embedding_store import (DEFAULT_SHARD_SIZE,
                                               EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.faiss_index import (DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE,
@@ -75,14 +75,7 @@ def _sentences_from_text(path) -> Iterator[tuple[int, Passage]]:
 
 def _sentences_from_jsonl(path) -> Iterator[tuple[int, Passage]]:
   row = 0
-  for lineno, line in iter_lines(path):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                       where=lineno) from None
+  for lineno, record in iter_json_lines(path):
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
       raise InputError(path, "expected a JSON object with a string 'text'",
                        where=lineno)

@@ -21,7 +21,6 @@ softmax (``passage_mask``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Iterator, Sequence
 
@@ -29,7 +28,8 @@ import numpy as np
 
 from jaxfid.data.errors import InputError
 from jaxfid.retrieval.answer_match import AnswerMatcher
-from jaxfid.retrieval.corpus import iter_lines, open_binary
+from jaxfid.retrieval.corpus import (iter_json_lines, read_json_document,
+                                     starts_json_array)
 from jaxfid.retrieval.dual_encoder import passage_text
 
 
@@ -42,25 +42,11 @@ class PairExample:
 
 
 def _records(path) -> Iterator[tuple[object, dict]]:
-  with open_binary(path) as f:
-    head = f.read(4096).lstrip()
-  if head.startswith(b"["):
-    with open_binary(path) as f:
-      try:
-        data = json.loads(f.read().decode("utf-8"))
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
-                         where=getattr(e, "lineno", None)) from None
-    for i, record in enumerate(data):
+  if starts_json_array(path):
+    for i, record in enumerate(read_json_document(path)):
       yield f"element {i}", record
     return
-  for lineno, line in iter_lines(path):
-    if line.strip():
-      try:
-        yield lineno, json.loads(line)
-      except json.JSONDecodeError as e:
-        raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                         where=lineno) from None
+  yield from iter_json_lines(path)
 
 
 def _passage(path, where, ctx) -> tuple[str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import glob
 import io
 import itertools
-import json
 import os
 import pickle
 import shutil
@@ -261,14 +260,8 @@ def _import_into(staging: Path, files: list[str], corpus, *, factory, metric,
 def _query_pairs(path) -> Iterable[tuple[object, str, object]]:
   name = os.path.basename(str(path)).lower()
   if name.endswith((".jsonl", ".jsonl.gz")):
-    from jaxfid.retrieval.corpus import iter_lines
-    for lineno, line in iter_lines(path):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise InputError(path, f"bad JSON: {e.msg}", where=lineno) from None
+    from jaxfid.retrieval.corpus import iter_json_lines
+    for lineno, record in iter_json_lines(path):
       text = None
       if isinstance(record, dict):
         text = next((record[k] for k in ("question", "text", "query")

@@ -24,7 +24,8 @@ import numpy as np
 from jaxfid.data.errors import InputError
 from jaxfid.retrieval.answer_match import AnswerMatcher, PreparedCache
 from jaxfid.retrieval.atomic import atomic_write
-from jaxfid.retrieval.corpus import iter_lines, open_binary
+from jaxfid.retrieval.corpus import (iter_json_lines, iter_lines,
+                                     read_json_document, starts_json_array)
 from jaxfid.retrieval.passage_store import PassageStore
 from jaxfid.retrieval.queries import Query
 
@@ -142,26 +143,12 @@ def read_trec_run(path: str | os.PathLike, order: str = "trec_eval"
 
 def iter_fid_examples(path: str | os.PathLike) -> Iterator[tuple[object, dict]]:
   """Yields (line or element, example dict) from FiD ``.json``/``.jsonl``."""
-  with open_binary(path) as f:
-    head = f.read(4096).lstrip()
-  if head.startswith(b"["):
-    with open_binary(path) as f:
-      try:
-        examples = json.loads(f.read().decode("utf-8"))
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
-                         where=getattr(e, "lineno", None)) from None
+  if starts_json_array(path):
+    examples = read_json_document(path)
     for i, example in enumerate(examples):
       yield f"element {i}", _check_example(path, example, f"element {i}")
     return
-  for lineno, line in iter_lines(path):
-    if not line.strip():
-      continue
-    try:
-      example = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                       where=lineno) from None
+  for lineno, example in iter_json_lines(path):
     yield lineno, _check_example(path, example, lineno)
 
 

@@ -19,12 +19,12 @@ TSV lines without a tab raise :class:`InputError` with the file and line.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Iterator, NamedTuple
 
 from jaxfid.data.errors import InputError
-from jaxfid.retrieval.corpus import check_id, iter_lines, open_binary
+from jaxfid.retrieval.corpus import (check_id, iter_json_lines, iter_lines,
+                                     read_json_document)
 
 _ID_KEYS = ("id", "_id", "qid")
 _TEXT_KEYS = ("question", "text", "query")
@@ -84,26 +84,13 @@ def _from_record(path, record, where, position: int) -> Query:
 
 def _read_jsonl(path) -> Iterator[tuple[int, Query]]:
   position = 0
-  for lineno, line in iter_lines(path):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                       where=lineno) from None
+  for lineno, record in iter_json_lines(path):
     yield lineno, _from_record(path, record, lineno, position)
     position += 1
 
 
 def _read_json_list(path) -> Iterator[tuple[str, Query]]:
-  with open_binary(path) as f:
-    try:
-      records = json.loads(f.read().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      where = getattr(e, "lineno", None)
-      raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
-                       where=where) from None
+  records = read_json_document(path)
   if not isinstance(records, list):
     raise InputError(path, "expected a JSON list of questions")
   for i, record in enumerate(records):

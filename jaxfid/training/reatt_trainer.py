@@ -37,7 +37,6 @@ import jax
 import numpy as np
 import optax
 
-from jaxfid import predict as predict_lib
 from jaxfid.data import fid_format, pipeline
 from jaxfid.data.errors import InputError
 from jaxfid.data.fid_format import FidExample, Passage
@@ -46,7 +45,7 @@ from jaxfid.models.config import T5Config
 from jaxfid.training import checkpointing, optim
 from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog
-from jaxfid.training.trainer import (Preemption, checked_mesh, qa_evaluation,
+from jaxfid.training.trainer import (Preemption, checked_mesh, make_qa_evaluator,
                                      compile_train_step, global_batch,
                                      init_or_restore, make_shardings)
 
@@ -306,21 +305,12 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
         raise InputError(path, "missing: the close documents of this "
                          "iteration; retrain from the previous one")
     batcher = make_batcher(current)
-    predict_fn = predict_lib.make_predict_fn(
-        model, max_decode_len=answer_maxlength, num_beams=eval_beams)
-
-    def evaluate(step: int) -> dict:
-      result = qa_evaluation(
-          model, state["params"], tokenizer, eval_examples,
-          predict_fn=predict_fn, n_context=n_context,
-          text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
-          batch_size=eval_batch_size, model_dir=model_dir, step=step,
-          progress=progress,
-          put_batch=lambda b: jax.device_put(b, sh.replicated))
-      log.write(step, result)
-      if ckpts.maybe_save_best(step, state["params"], result["eval_em"]):
-        result["best"] = True
-      return result
+    evaluate = make_qa_evaluator(
+        model, tokenizer, eval_examples, n_context=n_context,
+        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+        num_beams=eval_beams, batch_size=eval_batch_size,
+        put_batch=lambda b: jax.device_put(b, sh.replicated),
+        model_dir=model_dir, progress=progress, log=log, ckpts=ckpts)
 
     # 5. The loop.
     last: dict = {}
@@ -342,7 +332,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
           log.write(step, last)
           loop.show(loss=f"{last['loss']:.4f}", kl=f"{last['kl_loss']:.3f}")
         if eval_examples and (step % eval_every == 0 or step == train_steps):
-          last.update(evaluate(step))
+          last.update(evaluate(step, state["params"]))
         if step % checkpoint_every == 0 or step == train_steps:
           ckpts.save(step, state)
         if preemption.requested:

@@ -91,23 +91,38 @@ def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1):
   return device_mesh
 
 
-def qa_evaluation(model, params, tokenizer, examples, *, predict_fn,
-                  n_context: int, text_maxlength: int, answer_maxlength: int,
-                  batch_size: int, put_batch, model_dir: str, step: int,
-                  progress: bool) -> dict:
-  """EM/F1 of generated answers; per-example predictions to MODEL_DIR/eval."""
-  preds = predict_lib.generate(
-      model, params, tokenizer, examples, n_context=n_context,
-      text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
-      batch_size=batch_size, predict_fn=predict_fn, progress=progress,
-      put_batch=put_batch)
-  scores = predict_lib.score(examples, preds)
-  if jax.process_index() == 0:
-    predict_lib.write_predictions(
-        os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
-        examples, preds, scores)
-  return {"eval_em": scores["em"], "eval_f1": scores["f1"],
-          "eval_examples": len(examples)}
+def make_qa_evaluator(model, tokenizer, examples, *, n_context: int,
+                      text_maxlength: int, answer_maxlength: int,
+                      num_beams: int, batch_size: int, put_batch,
+                      model_dir: str, progress: bool, log: MetricsLog,
+                      ckpts: checkpointing.RunCheckpoints):
+  """``evaluate(step, params) -> dict``: EM/F1 of generated answers.
+
+  Writes per-example predictions to ``MODEL_DIR/eval``, the scores to
+  metrics.jsonl, and keeps the best-EM parameters (``"best": True`` then).
+  """
+  predict_fn = predict_lib.make_predict_fn(
+      model, max_decode_len=answer_maxlength, num_beams=num_beams)
+
+  def evaluate(step: int, params) -> dict:
+    preds = predict_lib.generate(
+        model, params, tokenizer, examples, n_context=n_context,
+        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+        batch_size=batch_size, predict_fn=predict_fn, progress=progress,
+        put_batch=put_batch)
+    scores = predict_lib.score(examples, preds)
+    if jax.process_index() == 0:
+      predict_lib.write_predictions(
+          os.path.join(model_dir, "eval", f"predictions_{step}.jsonl"),
+          examples, preds, scores)
+    result = {"eval_em": scores["em"], "eval_f1": scores["f1"],
+              "eval_examples": len(examples)}
+    log.write(step, result)
+    if ckpts.maybe_save_best(step, params, scores["em"]):
+      result["best"] = True
+    return result
+
+  return evaluate
 
 
 def global_batch(host_batch: dict, sharding: NamedSharding, batch_size: int) -> dict:
@@ -296,21 +311,12 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
             process_count=jax.process_count())
       return batchers[n]
 
-    predict_fn = predict_lib.make_predict_fn(
-        model, max_decode_len=answer_maxlength, num_beams=eval_beams)
-
-    def evaluate(step: int) -> dict:
-      result = qa_evaluation(
-          model, state["params"], tokenizer, eval_examples,
-          predict_fn=predict_fn, n_context=n_context,
-          text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
-          batch_size=eval_batch_size, model_dir=model_dir, step=step,
-          progress=progress,
-          put_batch=lambda b: jax.device_put(b, sh.replicated))
-      log.write(step, result)
-      if ckpts.maybe_save_best(step, state["params"], result["eval_em"]):
-        result["best"] = True
-      return result
+    evaluate = make_qa_evaluator(
+        model, tokenizer, eval_examples, n_context=n_context,
+        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+        num_beams=eval_beams, batch_size=eval_batch_size,
+        put_batch=lambda b: jax.device_put(b, sh.replicated),
+        model_dir=model_dir, progress=progress, log=log, ckpts=ckpts)
 
     # 5. The loop.
     last = {}
@@ -334,7 +340,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
           log.write(step, last)
           loop.show(loss=f"{last['loss']:.4f}")
         if eval_examples and (step % eval_every == 0 or step == train_steps):
-          last.update(evaluate(step))
+          last.update(evaluate(step, state["params"]))
           loop.show(loss=f"{last.get('loss', 0):.4f}",
                     em=f"{last['eval_em']:.3f}")
         if step % checkpoint_every == 0 or step == train_steps:
