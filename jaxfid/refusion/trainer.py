@@ -329,28 +329,26 @@ def train(*, model_dir: str, task: str, data_dir: str,
   final_step = train_steps * (2 if search and retrain else 1)
   pidx, pcount = jax.process_index(), jax.process_count()
 
+  def state_of(params, with_arch: bool, start_step: int = 0) -> dict:
+    """The train state over ``params``: fresh optimizers (and the search's)."""
+    return {"step": jnp.asarray(start_step, jnp.int32), "params": params,
+            "opt_state": model_opt.init(params),
+            **({"arch_opt_state": arch_opt.init(params)} if with_arch else {})}
+
   def fresh_state(with_arch: bool, start_step: int = 0) -> dict:
     params = jax.device_put(initial_params(model, init_checkpoint, seed),
                             sh.params)
     out_sh = state_sh if with_arch else without_arch(state_sh)
-    return jax.jit(lambda p: {
-        "step": jnp.asarray(start_step, jnp.int32), "params": p,
-        "opt_state": model_opt.init(p),
-        **({"arch_opt_state": arch_opt.init(p)} if with_arch else {})},
-        out_shardings=out_sh)(params)
+    return jax.jit(lambda p: state_of(p, with_arch, start_step),
+                   out_shardings=out_sh)(params)
 
   def restore(step: int, with_arch: bool) -> dict:
-    abstract = jax.eval_shape(lambda: fresh_state_abstract(with_arch))
+    abstract = jax.eval_shape(
+        lambda: state_of(model.abstract_params(), with_arch))
     out_sh = state_sh if with_arch else without_arch(state_sh)
     abstract = jax.tree.map(lambda s, shard: jax.ShapeDtypeStruct(
         s.shape, s.dtype, sharding=shard), abstract, out_sh)
     return ckpts.restore(abstract, step)
-
-  def fresh_state_abstract(with_arch: bool) -> dict:
-    p = model.abstract_params()
-    return {"step": jnp.zeros((), jnp.int32), "params": p,
-            "opt_state": model_opt.init(p),
-            **({"arch_opt_state": arch_opt.init(p)} if with_arch else {})}
 
   # Each batch's neighbour vectors: 'input' mode gathers the stored vectors
   # of the cached rows (only rows stay in memory: a 10k-example test set at
