@@ -70,8 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="timed steps after the warm-up")
   p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                  help="activations (default: bfloat16 on GPU, float32 on CPU)")
-  p.add_argument("--remat", choices=("none", "full", "dots"), default="full",
-                 help="jaxfid gradient checkpointing (gin/fid/base.gin: full)")
+  p.add_argument("--remat", default="full",
+                 help="jaxfid gradient checkpointing, none|full|dots, or a "
+                      "comma-separated list to time the dense train step "
+                      "under each (gin/fid/base.gin: full)")
   p.add_argument("--dropout", type=float, default=0.1)
   p.add_argument("--compile", action="store_true",
                  help="also time the reference train step under torch.compile")
@@ -97,6 +99,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   except ValueError:
     p.error(f"--decode-batch-sizes must be integers, got "
             f"{args.decode_batch_sizes!r}")
+  args.remat = list(dict.fromkeys(
+      x.strip() for x in args.remat.split(",") if x.strip()))
+  if not args.remat or set(args.remat) - {"none", "full", "dots"}:
+    p.error(f"--remat must list none, full or dots, got {args.remat!r}")
   if args.steps < 1:
     p.error("--steps must be at least 1")
   if args.fido_period is not None and args.fido_period < 1:
@@ -185,8 +191,16 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
                        mem.gb, mem.exact, mem.source,
                        total - args.steps * r["step_time_s"]))
   if not args.skip_train:
+    # The first remat policy for every model; the others for the dense one.
+    cfgs += [(f"jaxfid remat-{r}", cfg.replace(remat=r))
+             for r in args.remat[1:]]
     for name, c in cfgs:
       shape = shapes["train"]
+      try:
+        estimate = bench.memory_estimate(c, shape)["lower_bound_gb"]
+      except RuntimeError as e:  # a JAX without the residuals helper
+        log(f"no memory estimate: {e}")
+        estimate = None
       log(f"{name} train b={shape.batch_size} ...")
       with JaxMemory() as mem:
         t0 = time.perf_counter()
@@ -194,7 +208,8 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
         total = time.perf_counter() - t0
       rows.append(_row(f"{name} train", "jaxfid", "train", shape,
                        r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
-                       mem.source, total - args.steps * r["step_time_s"]))
+                       mem.source, total - args.steps * r["step_time_s"],
+                       {"remat": c.remat, "memory_lower_bound_gb": estimate}))
   return rows
 
 
@@ -289,7 +304,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   try:
-    cfg = config_lib.preset(args.size, dtype=args.dtype, remat=args.remat,
+    cfg = config_lib.preset(args.size, dtype=args.dtype, remat=args.remat[0],
                             dropout_rate=args.dropout)
   except ValueError as e:
     print(f"fid_vs_pytorch.py: error: --size: {e}", file=sys.stderr)
@@ -319,7 +334,7 @@ def main(argv=None) -> int:
     print(f"- {k}: {v}")
   print(f"- model: {args.size} (d_model {cfg.d_model}, {cfg.num_layers}+"
         f"{cfg.num_decoder_layers} layers, {cfg.dtype}, jaxfid remat "
-        f"{cfg.remat}, dropout {cfg.dropout_rate})")
+        f"{', '.join(args.remat)}, dropout {cfg.dropout_rate})")
   print(f"- shape: train batch {args.batch_size}, {args.n_context} passages x "
         f"{args.text_maxlength} tokens, {args.answer_maxlength} answer tokens; "
         f"decode batches {args.decode_batch_sizes}; {args.steps} timed steps")
@@ -339,6 +354,11 @@ def main(argv=None) -> int:
   summary = add_ratios(rows)
   print()
   print(table(rows))
+  estimates = [f"{r['name']} {r['memory_lower_bound_gb']:.1f} GB" for r in rows
+               if r.get("memory_lower_bound_gb") is not None]
+  if estimates:
+    print("\nmemory lower bounds from shapes (params, Adam, gradients, saved "
+          "activations; jaxfid.bench.memory_estimate): " + "; ".join(estimates))
   result = {"hardware": hw, "args": {k: v for k, v in vars(args).items()},
             "model": cfg.to_dict(), "peak_tflops": peak, "peaks": peaks,
             "rows": rows, "ratios": summary}

@@ -124,3 +124,24 @@ def test_script_torch_only_trains(capsys):
   assert rows["torch train"]["vs_torch"] == 1.0
   assert rows["torch train"]["vs_torch_compile"] is None
   assert result["ratios"] == {}
+
+
+def test_script_times_each_remat_policy(capsys):
+  assert script.main(TINY_ARGS + ["--skip-torch", "--remat", "full,dots,full",
+                                  "--decode-batch-sizes", "1"]) == 0
+  out = capsys.readouterr().out
+  result = json.loads(out.strip().splitlines()[-1])
+  trains = {r["name"]: r for r in result["rows"] if r["mode"] == "train"}
+  assert set(trains) == {"jaxfid train", "jaxfid remat-dots train"}
+  assert trains["jaxfid train"]["remat"] == "full"
+  assert trains["jaxfid remat-dots train"]["remat"] == "dots"
+  assert (trains["jaxfid train"]["memory_lower_bound_gb"]
+          < trains["jaxfid remat-dots train"]["memory_lower_bound_gb"])
+  assert "memory lower bounds from shapes" in out
+  assert result["args"]["remat"] == ["full", "dots"]
+
+
+def test_script_rejects_an_unknown_remat(capsys):
+  with pytest.raises(SystemExit):
+    script.main(TINY_ARGS + ["--remat", "full,some"])
+  assert "--remat must list none, full or dots" in capsys.readouterr().err

@@ -1,10 +1,16 @@
-"""``jaxfid bench train|decode``: the train/decode speed of a gin-configured FiD.
+"""``jaxfid bench train|decode|memory``: speed and memory of a gin-configured FiD.
 
 Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
 train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH,
 ANSWER_MAXLENGTH come from them) plus ``--steps N``; the last line printed is
 one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
 mfu, peak_memory_gb, device, model and shape.
+
+``memory`` times nothing and allocates nothing: it prints the lower bound of a
+train step's memory from the shapes alone (parameters, Adam moments,
+gradients and the activations kept for the backward pass under the
+configured remat; ``jaxfid.bench.memory_estimate``), so a full-size
+configuration can be sized on a laptop before it is sent to a pod.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import sys
 def add_parser(subparsers) -> None:
   from jaxfid.commands import gin_flags
   p = subparsers.add_parser("bench", help="benchmark training or decoding")
-  p.add_argument("mode", choices=("train", "decode"))
+  p.add_argument("mode", choices=("train", "decode", "memory"))
   p.add_argument("--steps", type=int, default=10,
                  help="timed steps after the warm-up (compile) step")
   p.add_argument("--peak-tflops", type=float, default=None,
@@ -47,8 +53,25 @@ def run(args) -> int:
     raise InputError("gin", " ".join(str(e).split())) from None
   if args.steps < 1:
     raise InputError("--steps", "must be at least 1")
+  accumulation = 1
+  if args.mode == "memory":
+    try:
+      accumulation = gin.query_parameter("%ACCUMULATION_STEPS")
+    except ValueError:
+      pass  # a gin file without accumulation
+    if accumulation < 1 or shape.batch_size % accumulation:
+      raise InputError("gin", f"BATCH_SIZE {shape.batch_size} does not split "
+                       f"into ACCUMULATION_STEPS {accumulation} microbatches")
   print(f"jaxfid bench {args.mode}: {shape} on {cfg.d_model=} "
-        f"{cfg.num_layers=} {cfg.dtype=}", file=sys.stderr)
+        f"{cfg.num_layers=} {cfg.dtype=} {cfg.remat=}", file=sys.stderr)
+  if args.mode == "memory":
+    result = bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
+    for part in ("params", "optimizer", "gradients", "saved_activations"):
+      print(f"  {part:<18} {result[part + '_gb']:9.2f} GB", file=sys.stderr)
+    print(f"  {'lower bound':<18} {result['lower_bound_gb']:9.2f} GB",
+          file=sys.stderr)
+    print(json.dumps(result))
+    return 0
   result = bench.run(args.mode, cfg, shape, steps=args.steps,
                      peak_tflops=args.peak_tflops)
   print(json.dumps(result))
