@@ -161,6 +161,15 @@ def _row(name, impl, mode, shape, step_time, flops, peak, mem_gb, mem_exact,
           **(extra or {})}
 
 
+def brief(row: dict) -> str:
+  """One row as a log line, so a run cut short still leaves its numbers."""
+  memory = _memory(row)
+  return (f"  -> {row['name']} b={row['batch_size']}: {row['step_time_s']:.4f} "
+          f"s/step, {row['examples_per_sec']:.2f} examples/s, "
+          f"{100 * row['mfu']:.1f}% MFU, peak memory {memory}"
+          f"{'' if memory == 'n/a' else ' GB'}, setup {row['setup_s']:.1f} s")
+
+
 def fido_label(cfg) -> str:
   parts = []
   if cfg.cross_attention_period > 1:
@@ -190,6 +199,7 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
                        r["step_time_s"], bench.forward_flops(c, shape), peak,
                        mem.gb, mem.exact, mem.source,
                        total - args.steps * r["step_time_s"]))
+      log(brief(rows[-1]))
   if not args.skip_train:
     # The first remat policy for every model; the others for the dense one.
     cfgs += [(f"jaxfid remat-{r}", cfg.replace(remat=r))
@@ -210,6 +220,7 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
                        r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
                        mem.source, total - args.steps * r["step_time_s"],
                        {"remat": c.remat, "memory_lower_bound_gb": estimate}))
+      log(brief(rows[-1]))
   return rows
 
 
@@ -229,6 +240,7 @@ def run_torch(cfg, shapes, args, peak, log) -> list[dict]:
                        3 * bench.forward_flops(cfg, shape), peak,
                        r["peak_memory_gb"], True, r["peak_memory_source"],
                        r["setup_s"], {"loss": r["loss"]}))
+      log(brief(rows[-1]))
   for b in args.decode_batch_sizes:
     shape = shapes["decode"][b]
     log(f"torch decode b={b} ...")
@@ -239,6 +251,7 @@ def run_torch(cfg, shapes, args, peak, log) -> list[dict]:
                      r["step_time_s"], bench.forward_flops(cfg, shape), peak,
                      r["peak_memory_gb"], True, r["peak_memory_source"],
                      r["setup_s"]))
+    log(brief(rows[-1]))
   return rows
 
 

@@ -145,3 +145,9 @@ def test_script_rejects_an_unknown_remat(capsys):
   with pytest.raises(SystemExit):
     script.main(TINY_ARGS + ["--remat", "full,some"])
   assert "--remat must list none, full or dots" in capsys.readouterr().err
+
+
+def test_script_logs_each_row_as_it_finishes(capsys):
+  assert script.main(TINY_ARGS + ["--skip-torch", "--skip-train"]) == 0
+  err = capsys.readouterr().err
+  assert "  -> jaxfid decode b=2: " in err and "examples/s" in err
