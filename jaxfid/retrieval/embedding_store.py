@@ -259,7 +259,7 @@ class ShardWriter:
     try:
       yield maps
     except BaseException:
-      del maps
+      maps.clear()  # drop our references to the memory maps before unlinking
       for tmp in tmps:
         with contextlib.suppress(FileNotFoundError):
           os.unlink(tmp)
