@@ -85,5 +85,5 @@ def test_memory_mode_rejects_an_uneven_accumulation(capsys):
                   + TINY) == 2
   err = capsys.readouterr().err.strip()
   assert "\n" not in err
-  assert err == ("jaxfid bench: error: gin: BATCH_SIZE 2 does not split into "
-                 "ACCUMULATION_STEPS 3 microbatches")
+  assert err == ("jaxfid bench: error: gin: BATCH_SIZE / ACCUMULATION_STEPS: "
+                 "batch of 2 does not split into 3 microbatches")

@@ -53,26 +53,34 @@ def run(args) -> int:
     raise InputError("gin", " ".join(str(e).split())) from None
   if args.steps < 1:
     raise InputError("--steps", "must be at least 1")
-  accumulation = 1
+  header = (f"jaxfid bench {args.mode}: {shape} on {cfg.d_model=} "
+            f"{cfg.num_layers=} {cfg.dtype=} {cfg.remat=}")
   if args.mode == "memory":
-    try:
-      accumulation = gin.query_parameter("%ACCUMULATION_STEPS")
-    except ValueError:
-      pass  # a gin file without accumulation
-    if accumulation < 1 or shape.batch_size % accumulation:
-      raise InputError("gin", f"BATCH_SIZE {shape.batch_size} does not split "
-                       f"into ACCUMULATION_STEPS {accumulation} microbatches")
-  print(f"jaxfid bench {args.mode}: {shape} on {cfg.d_model=} "
-        f"{cfg.num_layers=} {cfg.dtype=} {cfg.remat=}", file=sys.stderr)
-  if args.mode == "memory":
-    result = bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
+    result = _memory(cfg, shape)
+    print(header, file=sys.stderr)
     for part in ("params", "optimizer", "gradients", "saved_activations"):
       print(f"  {part:<18} {result[part + '_gb']:9.2f} GB", file=sys.stderr)
     print(f"  {'lower bound':<18} {result['lower_bound_gb']:9.2f} GB",
           file=sys.stderr)
-    print(json.dumps(result))
-    return 0
-  result = bench.run(args.mode, cfg, shape, steps=args.steps,
-                     peak_tflops=args.peak_tflops)
+  else:
+    print(header, file=sys.stderr)
+    result = bench.run(args.mode, cfg, shape, steps=args.steps,
+                       peak_tflops=args.peak_tflops)
   print(json.dumps(result))
   return 0
+
+
+def _memory(cfg, shape) -> dict:
+  """``bench.memory_estimate`` per microbatch of the gin ACCUMULATION_STEPS."""
+  import gin
+
+  from jaxfid import bench
+  from jaxfid.data.errors import InputError
+  try:
+    accumulation = gin.query_parameter("%ACCUMULATION_STEPS")
+  except ValueError:
+    accumulation = 1  # a gin file without accumulation
+  try:
+    return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
+  except ValueError as e:
+    raise InputError("gin", f"BATCH_SIZE / ACCUMULATION_STEPS: {e}") from None
