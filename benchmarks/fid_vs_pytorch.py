@@ -52,6 +52,7 @@ import jax  # noqa: E402
 
 from jaxfid import bench  # noqa: E402
 from jaxfid.models import config as config_lib  # noqa: E402
+from jaxfid.training import launch  # noqa: E402
 
 PEAK_TRIES = 3  # the best of 3 matmul timings: noise only ever slows them
 
@@ -75,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "comma-separated list to time the dense train step "
                       "under each (gin/fid/base.gin: full)")
   p.add_argument("--dropout", type=float, default=0.1)
+  p.add_argument("--hardware-rng", action="store_true",
+                 help="also time the dense train step under the last --remat "
+                      "with 'unsafe_rbg' keys (gin USE_HARDWARE_RNG)")
   p.add_argument("--compile", action="store_true",
                  help="also time the reference train step under torch.compile")
   p.add_argument("--fido-period", type=int, default=None,
@@ -201,10 +205,17 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
                        total - args.steps * r["step_time_s"]))
       log(brief(rows[-1]))
   if not args.skip_train:
-    # The first remat policy for every model; the others for the dense one.
-    cfgs += [(f"jaxfid remat-{r}", cfg.replace(remat=r))
-             for r in args.remat[1:]]
-    for name, c in cfgs:
+    # The first remat policy for every model; the others for the dense one,
+    # and the hardware RNG under the last.
+    variants = [(name, c, False) for name, c in cfgs]
+    variants += [(f"jaxfid remat-{r}", cfg.replace(remat=r), False)
+                 for r in args.remat[1:]]
+    if args.hardware_rng:
+      last = args.remat[-1]
+      variants.append((" ".join(["jaxfid"] + (
+          [f"remat-{last}"] if last != args.remat[0] else []) + [
+              "hardware-rng"]), cfg.replace(remat=last), True))
+    for name, c, hardware_rng in variants:
       shape = shapes["train"]
       try:
         estimate = bench.memory_estimate(c, shape)["lower_bound_gb"]
@@ -212,14 +223,15 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
         log(f"no memory estimate: {e}")
         estimate = None
       log(f"{name} train b={shape.batch_size} ...")
-      with JaxMemory() as mem:
+      with JaxMemory() as mem, launch.prng_context(hardware_rng):
         t0 = time.perf_counter()
         r = bench.bench_train(c, shape, steps=args.steps)
         total = time.perf_counter() - t0
       rows.append(_row(f"{name} train", "jaxfid", "train", shape,
                        r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
                        mem.source, total - args.steps * r["step_time_s"],
-                       {"remat": c.remat, "memory_lower_bound_gb": estimate}))
+                       {"remat": c.remat, "memory_lower_bound_gb": estimate,
+                        "hardware_rng": hardware_rng}))
       log(brief(rows[-1]))
   return rows
 

@@ -17,6 +17,8 @@
 # mismatch in seconds instead of after the reference's minutes); 3. the
 # t5-base comparison of the issue, with remat full and dots for the dense
 # train step. Everything goes to $OUT (the device tool brings it back).
+# Arguments are added to step 3 (e.g. `bash benchmarks/h200.sh --hardware-rng`
+# for one more train row with gin's USE_HARDWARE_RNG keys, about a minute).
 set -o pipefail
 OUT=${OUT:-/tmp/jaxfid_h200}
 mkdir -p "$OUT"
@@ -43,4 +45,4 @@ python3 benchmarks/fid_vs_pytorch.py --size t5_base --batch-size 4 \
     --n-context 100 --text-maxlength 250 --answer-maxlength 20 \
     --decode-batch-sizes 1,16 --steps 10 --dtype bfloat16 --compile \
     --remat full,dots --fido-period 6 --fido-mq \
-    --json-out "$OUT/h200_t5_base.json" 2>&1 | tee "$OUT/h200_t5_base.log"
+    --json-out "$OUT/h200_t5_base.json" "$@" 2>&1 | tee "$OUT/h200_t5_base.log"

@@ -245,6 +245,7 @@ def run(mode: str, cfg: T5Config, shape: Shape, *, steps: int,
       "device_count": jax.device_count(),
       "host": f"{platform.processor() or platform.machine()}",
       "steps": steps,
+      "prng_impl": str(jax.random.key_impl(jax.random.key(0))),
       "model": {k: getattr(cfg, k) for k in (
           "d_model", "d_ff", "d_kv", "num_heads", "num_layers",
           "num_decoder_layers", "vocab_size", "feed_forward_proj", "dtype",

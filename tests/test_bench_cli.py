@@ -38,6 +38,14 @@ def test_speed_modes_print_the_contract_fields(capsys, mode):
   assert r["examples_per_sec"] == pytest.approx(2 / r["step_time_s"])
   assert r["mfu"] == pytest.approx(r["model_tflops_per_sec"] / 2.0)
   assert r["peak_tflops_source"] == "given"
+  assert r["prng_impl"] == "threefry2x32"
+
+
+def test_train_bench_follows_use_hardware_rng(capsys):
+  r = _run(capsys, ["bench", "train", "--steps", "1", "--peak-tflops", "2.0",
+                    "--gin.USE_HARDWARE_RNG=True"] + TINY)
+  assert r["prng_impl"] == "unsafe_rbg"
+  assert r["step_time_s"] > 0
 
 
 def test_memory_mode_counts_parameters_and_remat(capsys):

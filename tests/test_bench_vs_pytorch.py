@@ -128,13 +128,19 @@ def test_script_torch_only_trains(capsys):
 
 def test_script_times_each_remat_policy(capsys):
   assert script.main(TINY_ARGS + ["--skip-torch", "--remat", "full,dots,full",
-                                  "--decode-batch-sizes", "1"]) == 0
+                                  "--decode-batch-sizes", "1",
+                                  "--hardware-rng"]) == 0
   out = capsys.readouterr().out
   result = json.loads(out.strip().splitlines()[-1])
   trains = {r["name"]: r for r in result["rows"] if r["mode"] == "train"}
-  assert set(trains) == {"jaxfid train", "jaxfid remat-dots train"}
+  assert set(trains) == {"jaxfid train", "jaxfid remat-dots train",
+                         "jaxfid remat-dots hardware-rng train"}
   assert trains["jaxfid train"]["remat"] == "full"
   assert trains["jaxfid remat-dots train"]["remat"] == "dots"
+  assert {n: r["hardware_rng"] for n, r in trains.items()} == {
+      "jaxfid train": False, "jaxfid remat-dots train": False,
+      "jaxfid remat-dots hardware-rng train": True}
+  assert trains["jaxfid remat-dots hardware-rng train"]["remat"] == "dots"
   assert (trains["jaxfid train"]["memory_lower_bound_gb"]
           < trains["jaxfid remat-dots train"]["memory_lower_bound_gb"])
   assert "memory lower bounds from shapes" in out

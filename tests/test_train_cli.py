@@ -91,6 +91,31 @@ def test_rerun_resumes_and_matches_uninterrupted(data, trained, tmp_path):
     assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
 
 
+def test_prng_context_is_scoped_to_the_run():
+  import jax
+
+  from jaxfid.training import launch
+  impl = lambda: str(jax.random.key_impl(jax.random.key(0)))  # noqa: E731
+  assert launch.run(impl, use_hardware_rng=True) == "unsafe_rbg"
+  assert launch.run(impl) == impl() == "threefry2x32"
+
+
+def test_hardware_rng_run_resumes_identically(data, trained, tmp_path):
+  train, dev = data
+  hw = ["--gin.USE_HARDWARE_RNG=True", "--gin.EVAL_EVERY=100"]
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  assert main(_train_args(whole, train, dev, 4, extra=hw)) == 0
+  assert main(_train_args(cut, train, dev, 2, extra=hw)) == 0
+  assert main(_train_args(cut, train, dev, 4, extra=hw)) == 0
+  want, got = _losses(whole), _losses(cut)
+  assert sorted(got) == [1, 2, 3, 4]
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
+  # Other keys than the default threefry run's (initialisation, dropout).
+  threefry = _losses(trained)
+  assert all(abs(want[s] - threefry[s]) > 1e-4 for s in want)
+
+
 def test_sigterm_saves_and_resumes(data, trained, tmp_path):
   train, dev = data
   model_dir = tmp_path / "out"

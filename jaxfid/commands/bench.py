@@ -35,6 +35,13 @@ def _macro(name):
   return gin.query_parameter(f"%{name}")
 
 
+def _macro_or(name, default):
+  try:
+    return _macro(name)
+  except ValueError:  # not bound by these gin files
+    return default
+
+
 def run(args) -> int:
   import gin
 
@@ -42,6 +49,7 @@ def run(args) -> int:
   from jaxfid.commands import gin_flags
   from jaxfid.data.errors import InputError
   from jaxfid.models import config as config_lib
+  from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   try:
     cfg = gin.get_configurable(config_lib.T5Config)()
@@ -64,22 +72,18 @@ def run(args) -> int:
           file=sys.stderr)
   else:
     print(header, file=sys.stderr)
-    result = bench.run(args.mode, cfg, shape, steps=args.steps,
-                       peak_tflops=args.peak_tflops)
+    with launch.prng_context(_macro_or("USE_HARDWARE_RNG", False)):
+      result = bench.run(args.mode, cfg, shape, steps=args.steps,
+                         peak_tflops=args.peak_tflops)
   print(json.dumps(result))
   return 0
 
 
 def _memory(cfg, shape) -> dict:
   """``bench.memory_estimate`` per microbatch of the gin ACCUMULATION_STEPS."""
-  import gin
-
   from jaxfid import bench
   from jaxfid.data.errors import InputError
-  try:
-    accumulation = gin.query_parameter("%ACCUMULATION_STEPS")
-  except ValueError:
-    accumulation = 1  # a gin file without accumulation
+  accumulation = _macro_or("ACCUMULATION_STEPS", 1)
   try:
     return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
   except ValueError as e:
