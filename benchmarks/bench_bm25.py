@@ -93,8 +93,8 @@ def _peak_rss_mb() -> float:
 
 def _recall(queries, ranked_rows, text_of) -> dict:
   """Answer recall of ranked rows; ``text_of(row)`` gives passage text."""
-  from jaxfid.retrieval.answer_match import AnswerMatcher
-  from jaxfid.retrieval.metrics import answer_recall
+  from jaxfid.retrieval.text.answer_match import AnswerMatcher
+  from jaxfid.evaluation.retrieval import answer_recall
   hits = []
   for query, rows in zip(queries, ranked_rows):
     matcher = AnswerMatcher(query.answers or ())
@@ -105,11 +105,11 @@ def _recall(queries, ranked_rows, text_of) -> dict:
 def worker(system: str, phase: str, corpus: str, queries_path: str,
            index_dir: str) -> dict:
   sys.path.insert(0, ROOT)
-  from jaxfid.retrieval.corpus import iter_passages, passage_contents
-  from jaxfid.retrieval.queries import read_queries
+  from jaxfid.retrieval.store.corpus import iter_passages, passage_contents
+  from jaxfid.retrieval.store.queries import read_queries
   out: dict = {"system": system, "phase": phase}
   if system == "jaxfid" and phase == "index":
-    from jaxfid.retrieval.bm25_index import build_bm25_index
+    from jaxfid.retrieval.bm25.index import build_bm25_index
     start = time.perf_counter()
     meta = build_bm25_index(corpus, index_dir, progress=False)
     out["seconds"] = time.perf_counter() - start

@@ -57,11 +57,11 @@ def _vectors(n: int, dim: int, seed: int) -> np.ndarray:
 def measure_embed(args) -> dict:
   import jax
 
-  from jaxfid.models.config import T5Config
-  from jaxfid.retrieval.dense import build_dense_index
-  from jaxfid.retrieval.dense_checkpoint import LoadedEncoder
-  from jaxfid.retrieval.dual_encoder import DualEncoder, DualEncoderConfig
-  from jaxfid.tokenization import load_tokenizer
+  from jaxfid.t5.config import T5Config
+  from jaxfid.retrieval.dense.index import build_dense_index
+  from jaxfid.dual_encoder.checkpoint import LoadedEncoder
+  from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
+  from jaxfid.core.tokenization import load_tokenizer
   rng = np.random.default_rng(0)
   words = np.array(["alpha", "river", "history", "music", "the", "of",
                     "station", "league", "novel", "village", "energy",
@@ -127,8 +127,8 @@ def measure_faiss_direct(args) -> dict:
 
 
 def measure_faiss_jaxfid(args) -> dict:
-  from jaxfid.retrieval.embedding_store import EmbeddingStore, ShardWriter
-  from jaxfid.retrieval.faiss_index import ShardedIndex, build_faiss_index
+  from jaxfid.retrieval.dense.embedding_store import EmbeddingStore, ShardWriter
+  from jaxfid.retrieval.dense.faiss_index import ShardedIndex, build_faiss_index
   directory = os.path.join(args.workdir, "faiss_jaxfid")
   writer = ShardWriter(directory, args.vectors, args.dim,
                        shard_size=args.shard_size, source={"bench": 1})

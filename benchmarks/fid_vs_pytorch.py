@@ -2,8 +2,8 @@
 
 One process times, on the same model sizes, batch shapes and device:
 
-* jaxfid: the train step (forward, backward, Adam; ``jaxfid.bench.bench_train``)
-  and greedy decoding (``jaxfid.bench.bench_decode``), optionally also with
+* jaxfid: the train step (forward, backward, Adam; ``jaxfid.fid.bench.bench_train``)
+  and greedy decoding (``jaxfid.fid.bench.bench_decode``), optionally also with
   FiDO's decoder (``--fido-period K``: cross-attention in every K-th decoder
   layer only; ``--fido-mq``: multi-query cross-attention);
 * the reference: HF ``transformers.T5ForConditionalGeneration`` with random
@@ -11,8 +11,8 @@ One process times, on the same model sizes, batch shapes and device:
   (``torch_fid_reference.py``), eager and, with ``--compile``, under
   ``torch.compile``.
 
-Both use the same synthetic batch (``jaxfid.bench.synthetic_batch``) and the
-same FLOP count (``jaxfid.bench.forward_flops``; x3 for a train step), so
+Both use the same synthetic batch (``jaxfid.fid.bench.synthetic_batch``) and the
+same FLOP count (``jaxfid.fid.bench.forward_flops``; x3 for a train step), so
 TFLOP/s and MFU are comparable; the peak is a measured large bf16/fp32 matmul
 (the best of 3 timings, the larger of JAX's and torch's) unless
 ``--peak-tflops`` is given.
@@ -50,8 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 
-from jaxfid import bench  # noqa: E402
-from jaxfid.models import config as config_lib  # noqa: E402
+from jaxfid.fid import bench
+from jaxfid.t5 import config as config_lib
 from jaxfid.training import launch  # noqa: E402
 
 PEAK_TRIES = 3  # the best of 3 matmul timings: noise only ever slows them
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
                if r.get("memory_lower_bound_gb") is not None]
   if estimates:
     print("\nmemory lower bounds from shapes (params, Adam, gradients, saved "
-          "activations; jaxfid.bench.memory_estimate): " + "; ".join(estimates))
+          "activations; jaxfid.fid.bench.memory_estimate): " + "; ".join(estimates))
   result = {"hardware": hw, "args": {k: v for k, v in vars(args).items()},
             "model": cfg.to_dict(), "peak_tflops": peak, "peaks": peaks,
             "rows": rows, "ratios": summary}

@@ -7,7 +7,7 @@ once with ``gin/fid/fido_tiny.gin`` (FiDO: cross-attention in the second
 decoder layer only, multi-query), with the demo's hyperparameters, the same
 seed and the same number of steps. Each model then answers the held-out
 questions (EM/F1 as ``jaxfid predict`` scores them), and greedy decoding of a
-batch of the demo's shape is timed (``jaxfid.bench.bench_decode``).
+batch of the demo's shape is timed (``jaxfid.fid.bench.bench_decode``).
 
 Usage (from the repository root):
   python benchmarks/fido_demo_quality.py --output /tmp/fido_demo [--steps 1500]
@@ -28,14 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gin  # noqa: E402
 
-from jaxfid import bench  # noqa: E402
-from jaxfid import predict as predict_lib  # noqa: E402
+from jaxfid.fid import bench
+from jaxfid.fid import predict as predict_lib
 from jaxfid.commands import gin_flags  # noqa: E402
 from jaxfid.commands.demo import prepare_data  # noqa: E402
-from jaxfid.data.fid_format import read_fid_examples  # noqa: E402
-from jaxfid.models.loading import load_checkpoint  # noqa: E402
-from jaxfid.models.t5 import count_params  # noqa: E402
-from jaxfid.tokenization import load_tokenizer  # noqa: E402
+from jaxfid.fid.examples import read_fid_examples
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.t5.network import count_params
+from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.training import launch  # noqa: E402
 
 TEXT_MAXLENGTH, ANSWER_MAXLENGTH = 40, 6  # as jaxfid demo

@@ -4,7 +4,7 @@ A CPU-sized evaluation of ReAtt (Retrieval as Attention) against BM25 and
 against its own initialisation, using only ``jaxfid`` commands (run
 in-process through :func:`jaxfid.cli.main`, their JSON lines parsed):
 
-1. Data: the ``jaxfid demo`` world (:mod:`jaxfid.data.synthetic`): made-up
+1. Data: the ``jaxfid demo`` world (:mod:`jaxfid.fid.demo_world`): made-up
    entities with one short document per (entity, relation); held-out
    questions are about entities never seen in training. It suits a
    retrieval evaluation better than the tests' key-value world
@@ -52,7 +52,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxfid.cli import main as jaxfid_main  # noqa: E402
-from jaxfid.data import synthetic  # noqa: E402
+from jaxfid.fid import demo_world as synthetic
 
 TEXT_MAXLENGTH, ANSWER_MAXLENGTH = 40, 6  # as jaxfid demo
 KS = "1,5,20"

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxfid.models.config import preset  # noqa: E402
+from jaxfid.t5.config import preset
 from jaxfid.refusion import fusion as fusion_lib  # noqa: E402
 from jaxfid.refusion.model import ReFusionModel  # noqa: E402
 

@@ -9,7 +9,7 @@ hands them to the model as ``encoder_outputs=`` (training) or to
 ``generate(encoder_outputs=...)`` (decoding). The weights are random, of the
 same sizes as the jaxfid model (nothing is downloaded).
 
-Timed like ``jaxfid.bench``: the same synthetic batches (every passage full
+Timed like ``jaxfid.fid.bench``: the same synthetic batches (every passage full
 length, every answer ``answer_maxlength`` tokens), warm-up steps first, then
 ``steps`` timed ones; greedy decoding produces exactly ``answer_maxlength``
 tokens (``min_new_tokens = max_new_tokens``: the EOS logit is masked, as
@@ -31,7 +31,7 @@ import transformers
 from transformers.modeling_outputs import BaseModelOutput
 
 from jaxfid.checkpoints.configs import hf_json_from_config
-from jaxfid.models.config import T5Config
+from jaxfid.t5.config import T5Config
 
 ATTN_IMPLEMENTATION = "sdpa"  # T5 in transformers 5.x declares _supports_sdpa
 

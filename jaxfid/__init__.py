@@ -5,12 +5,12 @@ commands -> training / prediction / retrieval -> data / checkpoints -> models
 -> sharding. Importing ``jaxfid`` itself is cheap: it pulls in neither JAX nor
 TensorFlow. The one convenience exported here, :func:`load_t5`, is resolved
 lazily on first access (``jaxfid.load_t5``), which then imports the model code
-from :mod:`jaxfid.models.loading`.
+from :mod:`jaxfid.checkpoints.load`.
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"load_t5": "jaxfid.models.loading"}
+_LAZY = {"load_t5": "jaxfid.checkpoints.load"}
 
 __all__ = ["__version__", "load_t5"]
 

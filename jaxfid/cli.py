@@ -3,7 +3,7 @@
 Each command lives in its own module, which exposes ``add_parser(subparsers)``
 (registering its arguments and ``set_defaults(func=run)``) and a ``run(args)``
 that calls library code. The CLI holds no logic a test cannot call directly.
-Bad input raises :class:`jaxfid.data.errors.InputError`; it is printed as one
+Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
 line and the process exits with status 2, with no traceback.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 # command modules, imported lazily so that `jaxfid --help` stays fast.
 COMMAND_MODULES = (

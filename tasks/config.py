@@ -29,7 +29,7 @@ import os
 
 import gin
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 DATA_DIR_ENV = "JAXFID_DATA_DIR"
 RETRIEVAL_DIR_ENV = "JAXFID_RETRIEVAL_DIR"

@@ -8,7 +8,7 @@ features
 * ``targets``: int32 ``[None]`` (EOS-terminated)
 
 into fixed-shape model features, the same arrays as
-``jaxfid.data.pipeline.FidBatcher`` builds from a FiD file:
+``jaxfid.fid.batches.FidBatcher`` builds from a FiD file:
 
 * ``encoder_input_tokens``: int32 ``[n_context, text_maxlength]``;
 * ``passage_mask``: bool ``[n_context]``, True for real passages;

@@ -37,7 +37,7 @@ by trimming tokens.
 
 Metrics: a predict metric that maps the generated text to a class (a label
 word, exact or ignoring case; anything else counts as class -1, i.e. wrong)
-and reports :func:`jaxfid.refusion.class_metrics.classification_metrics`:
+and reports :func:`jaxfid.evaluation.classification.classification_metrics`:
 ``accuracy`` plus ``f1`` (MRPC, QQP) or ``mcc`` (CoLA). jaxfid's ReFusion
 trainer does not generate: it ranks the label words by log-likelihood itself
 and scores with the same functions; the seqio metric is for ``seqio.Evaluator``
@@ -58,10 +58,10 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from jaxfid.data.errors import InputError
-from jaxfid.refusion import class_metrics
+from jaxfid.core.errors import InputError
+from jaxfid.evaluation import classification as class_metrics
 from jaxfid.refusion import lmbff
-from jaxfid.tokenization import Tokenizer, seqio_vocabulary
+from jaxfid.core.tokenization import Tokenizer, seqio_vocabulary
 
 LMBFF_DIR_ENV = "JAXFID_LMBFF_DIR"
 SEEDS = lmbff.SEEDS

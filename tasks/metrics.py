@@ -6,7 +6,7 @@
   or ``[target]`` when the example has a target but no answers, or ``[]``.
 * :func:`exact_match` and :func:`f1` are seqio metric functions
   ``fn(targets, predictions) -> {name: value}`` wrapping
-  ``jaxfid.evaluation.exact_match`` / ``f1_score`` (SQuAD normalisation, max
+  ``jaxfid.evaluation.qa.exact_match`` / ``f1_score`` (SQuAD normalisation, max
   over the gold answers). Scores are fractions (0.5 is 50%), like the rest of
   jaxfid; examples without gold answers are left out of the mean (NaN when
   none has any).
@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxfid import evaluation
+from jaxfid.evaluation import qa as evaluation
 
 
 def _text(value) -> str:

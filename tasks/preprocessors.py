@@ -19,7 +19,7 @@ when absent) and ``id`` (string). The task preprocessors then run in order:
    copies): ``inputs`` becomes a ragged int32 ``[P, None]``, ``targets`` an
    int32 ``[None]``.
 4. :func:`append_eos_after_trim` -- truncates each token row to leave room
-   for EOS and appends it, as ``jaxfid.data.fid_format.encode_example`` does.
+   for EOS and appends it, as ``jaxfid.fid.examples.encode_example`` does.
 
 Because ``inputs`` is rank 2, its sequence length is a pair: pass
 ``sequence_length={"inputs": (n_context, text_maxlength), "targets":

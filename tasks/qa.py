@@ -39,7 +39,7 @@ import functools
 
 import seqio
 
-from jaxfid.tokenization import seqio_vocabulary
+from jaxfid.core.tokenization import seqio_vocabulary
 from tasks import metrics, preprocessors, sources
 
 # FiD-file tasks: name -> dataset (its subdirectory of the data directory)

@@ -7,7 +7,7 @@ retrieval score first; ``["question: Q"]`` when it has none), ``answers``,
 ``target`` (``""`` when absent) and ``id`` (``""`` when absent).
 
 * :func:`fid_file_dataset` streams a FiD JSON/JSONL file with
-  ``jaxfid.data.fid_format.iter_fid_examples`` (validated; a bad record
+  ``jaxfid.fid.examples.iter_fid_examples`` (validated; a bad record
   fails the iteration with the file and line in the message). The training
   split requires a target or an answer in every record.
 * :class:`RetrievalTfdsSource` reads a TFDS question set
@@ -35,8 +35,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from jaxfid.data import fid_format
-from jaxfid.data.errors import InputError
+from jaxfid.fid import examples as fid_format
+from jaxfid.core.errors import InputError
 from tasks import config
 from tasks import preprocessors
 

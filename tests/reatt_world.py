@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 
-from jaxfid.data.fid_format import FidExample, Passage
-from jaxfid.models import reatt
-from jaxfid.models.config import T5Config
-from jaxfid.tokenization import Tokenizer
+from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.reatt import model as reatt
+from jaxfid.t5.config import T5Config
+from jaxfid.core.tokenization import Tokenizer
 
 WORDS = """red green blue yellow black white brown pink orange purple dog cat
 horse cow sheep goat bird fish mouse bread rice milk cheese apple banana grape

@@ -5,8 +5,9 @@ import gin
 import jax
 import pytest
 
-from jaxfid import bench, cli
-from jaxfid.models import config as config_lib
+from jaxfid.fid import bench
+from jaxfid import cli
+from jaxfid.t5 import config as config_lib
 
 TINY = ["--gin_file", "gin/fid/tiny.gin", "--gin.BATCH_SIZE=2",
         "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=16",

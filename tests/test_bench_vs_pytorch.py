@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from jaxfid import bench, decoding
-from jaxfid.models import fid
-from jaxfid.models.config import T5Config
-from jaxfid.models.loading import load_checkpoint
+from jaxfid.fid import bench
+from jaxfid.t5 import decoding
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.checkpoints.load import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

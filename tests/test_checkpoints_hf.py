@@ -19,7 +19,7 @@ from hf_reference import (load_reference_model, make_fid_wrapper_checkpoint,
                           make_tiny_hf_checkpoint, random_inputs,
                           reference_logits, write_torch_bin)
 from jaxfid.checkpoints import detect_format, names, read_hf, write_hf
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 
 @pytest.fixture(scope="module")

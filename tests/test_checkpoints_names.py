@@ -4,7 +4,7 @@ import pytest
 import transformers
 
 from jaxfid.checkpoints import configs, names
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 V11 = dict(vocab_size=160, d_model=32, d_kv=8, d_ff=64, num_heads=3,
            num_layers=2, num_decoder_layers=3, feed_forward_proj="gated-gelu",
@@ -134,7 +134,7 @@ def test_config_from_hf_json_versions():
 
 
 def test_jaxfid_t5config_accepts_the_fields():
-  config_module = pytest.importorskip("jaxfid.models.config")
+  config_module = pytest.importorskip("jaxfid.t5.config")
   config = config_module.T5Config(**configs.config_from_hf_json(V5_JSON))
   assert configs.as_fields(config) == dict(V11, dropout_rate=0.0)
 

@@ -19,7 +19,7 @@ from flax import serialization
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.checkpoints import detect_format, load_flat, read_hf, t5x, write_t5x
 from jaxfid.checkpoints.t5x import read_t5x
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for jaxfid.decoding: greedy, sampling and beam search vs references.
+"""Tests for jaxfid.t5.decoding: greedy, sampling and beam search vs references.
 
 The toy model is a random Markov-like chain over a small vocabulary whose
 logits depend on the current token and on a cache (a step counter, the
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid import decoding
+from jaxfid.t5 import decoding
 
 EOS = 1
 HASH_MOD = 13

@@ -1,4 +1,4 @@
-"""Parity of jaxfid.decoding with HF transformers ``generate`` (torch T5).
+"""Parity of jaxfid.t5.decoding with HF transformers ``generate`` (torch T5).
 
 A tiny random ``T5ForConditionalGeneration`` (float32, CPU) provides the
 logits: ``tokens_to_logits`` calls it on the whole decoder prefix through
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid import decoding
+from jaxfid.t5 import decoding
 
 EOS = 1
 

@@ -1,12 +1,12 @@
-"""jaxfid.evaluation: SQuAD/FiD answer normalisation, EM, F1, GLUE metrics."""
+"""jaxfid.evaluation.qa: SQuAD/FiD answer normalisation, EM, F1, GLUE metrics."""
 import math
 
 import numpy as np
 import pytest
 
-from jaxfid.evaluation import (accuracy, binary_f1, exact_match, f1_score,
-                               matthews_corrcoef, normalize_answer, pearson,
-                               qa_metrics, spearman)
+from jaxfid.evaluation.qa import (
+    accuracy, binary_f1, exact_match, f1_score, matthews_corrcoef,
+    normalize_answer, pearson, qa_metrics, spearman)
 
 
 @pytest.mark.parametrize("raw, normalized", [

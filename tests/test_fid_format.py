@@ -1,4 +1,4 @@
-"""jaxfid.data.fid_format: reading, validation, passage strings, tensors."""
+"""jaxfid.fid.examples: reading, validation, passage strings, tensors."""
 import gzip
 import json
 import os
@@ -6,14 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.data.fid_format import (FidExample, Passage, choose_target,
-                                    decoder_inputs_from_targets,
-                                    encode_example, encode_examples,
-                                    encode_target, format_passages,
-                                    read_fid_examples, sorted_passages,
-                                    write_fid_examples)
-from jaxfid.tokenization import EOS_ID, Tokenizer
+from jaxfid.core.errors import InputError
+from jaxfid.fid.examples import (
+    FidExample, Passage, choose_target, decoder_inputs_from_targets,
+    encode_example, encode_examples, encode_target, format_passages,
+    read_fid_examples, sorted_passages, write_fid_examples)
+from jaxfid.core.tokenization import EOS_ID, Tokenizer
 
 RECORDS = [
     {"id": "q1", "question": "who wrote hamlet?", "answers": ["Shakespeare"],

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfid.models import fid
-from jaxfid.models.config import T5Config
-from jaxfid.models.model import FiDModel, shift_right
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import FiDModel, shift_right
 from jaxfid.training.step import make_train_step
 
 CONFIG = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=48, num_heads=4,

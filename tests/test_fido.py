@@ -5,7 +5,7 @@ only (``T5Config.cross_attention_period``) and shares one key/value head
 among the query heads there (``multi_query_cross_attention``). Checked: the
 parameter tree and counts, cached greedy decoding against the teacher-forced
 argmax, the gin files (``gin/fid/fido_*.gin``), the dense -> FiDO
-parameter conversion (``jaxfid.models.fido_uptrain``), and uptraining through
+parameter conversion (``jaxfid.fid.fido_uptrain``), and uptraining through
 INIT_CHECKPOINT (``trainer.load_initial_params`` and ``jaxfid train``).
 """
 from __future__ import annotations
@@ -20,19 +20,21 @@ import pytest
 
 import optax
 
-from jaxfid import decoding
-from jaxfid import sharding as shd
+from jaxfid.t5 import decoding
+from jaxfid.core import sharding as shd
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
-from jaxfid.data.errors import InputError
-from jaxfid.models import config as config_lib
-from jaxfid.models import fid
-from jaxfid.models.config import T5Config
-from jaxfid.models.fido_uptrain import fido_params_from_dense
-from jaxfid.models.loading import load_checkpoint
-from jaxfid.models.model import FiDModel, shift_right
-from jaxfid.models.t5 import abstract_t5, count_params
-from jaxfid.training import checkpointing, launch, trainer
+from jaxfid.core.errors import InputError
+from jaxfid.t5 import config as config_lib
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.fid.fido_uptrain import fido_params_from_dense
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.t5.model import FiDModel, shift_right
+from jaxfid.t5.network import abstract_t5, count_params
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.training import launch
+from jaxfid.fid import trainer
 
 DENSE = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_heads=4,
                  num_layers=2, num_decoder_layers=4,

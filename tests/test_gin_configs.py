@@ -15,9 +15,9 @@ import gin
 import pytest
 
 from jaxfid.commands import gin_flags
-from jaxfid.models import config as config_lib
-from jaxfid.models.model import FiDModel
-from jaxfid.models.t5 import abstract_t5, count_params
+from jaxfid.t5 import config as config_lib
+from jaxfid.t5.model import FiDModel
+from jaxfid.t5.network import abstract_t5, count_params
 from jaxfid.training import launch
 
 ROOT = gin_flags.SOURCE_ROOT

@@ -61,7 +61,7 @@ def _modules_after(statement: str) -> set[str]:
 
 @pytest.mark.parametrize("statement", [
     "import jaxfid",
-    "import jaxfid.tokenization, jaxfid.evaluation, jaxfid.data.fid_format",
+    "import jaxfid.core.tokenization, jaxfid.evaluation.qa, jaxfid.fid.examples",
 ])
 def test_light_imports(statement):
   modules = _modules_after(statement)

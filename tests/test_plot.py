@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jaxfid import plotting
+from jaxfid.fid import plot as plotting
 from jaxfid.cli import main
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 
 def _predictions(path, ems):

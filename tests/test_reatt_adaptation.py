@@ -8,10 +8,10 @@ import pytest
 
 from jaxfid.cli import main
 from jaxfid.commands import reatt as reatt_command
-from jaxfid.data import fid_format
-from jaxfid.data import reatt_adaptation as adapt
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.corpus import Passage
+from jaxfid.fid import examples as fid_format
+from jaxfid.reatt import adaptation as adapt
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.store.corpus import Passage
 
 CORPUS = [
     {"_id": "d1", "title": "Eiffel Tower",

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.data import fid_format
-from jaxfid.data.errors import InputError
-from jaxfid.data.fid_format import FidExample
-from jaxfid.models import reatt
-from jaxfid.retrieval import token_index
+from jaxfid.fid import examples as fid_format
+from jaxfid.core.errors import InputError
+from jaxfid.fid.examples import FidExample
+from jaxfid.reatt import model as reatt
+from jaxfid.reatt import token_index
 from jaxfid.retrieval.search import open_index
-from jaxfid.tokenization import Tokenizer, bundled_vocab_path
-from jaxfid.training import checkpointing
+from jaxfid.core.tokenization import Tokenizer, bundled_vocab_path
+from jaxfid.checkpoints import model_dir as checkpointing
 from reatt_world import make_world, tiny_model, write_corpus
 
 HEAD = 1

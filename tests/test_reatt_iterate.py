@@ -16,10 +16,10 @@ import os
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.data import fid_format
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval import token_index
-from jaxfid.training import reatt_iterate, reatt_trainer
+from jaxfid.fid import examples as fid_format
+from jaxfid.core.errors import InputError
+from jaxfid.reatt import token_index
+from jaxfid.reatt import iterate as reatt_iterate, trainer as reatt_trainer
 from reatt_world import make_world, write_corpus, write_examples
 
 WARMUP, STEPS = 1, 2

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfid.retrieval import token_index
-from jaxfid.tokenization import Tokenizer
-from jaxfid.training.reatt_trainer import ReAttBatcher
+from jaxfid.reatt import token_index
+from jaxfid.core.tokenization import Tokenizer
+from jaxfid.reatt.trainer import ReAttBatcher
 from jaxfid.training.step import make_train_step
 from reatt_world import make_world, tiny_model, write_corpus
 

@@ -9,11 +9,11 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfid.data import fid_format
-from jaxfid.data.fid_format import FidExample, Passage
-from jaxfid.models import reatt
-from jaxfid.models.model import FiDModel
-from jaxfid.tokenization import Tokenizer
+from jaxfid.fid import examples as fid_format
+from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.reatt import model as reatt
+from jaxfid.t5.model import FiDModel
+from jaxfid.core.tokenization import Tokenizer
 from jaxfid.training.step import make_train_step
 from reatt_world import make_world, tiny_model
 

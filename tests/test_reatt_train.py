@@ -9,15 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid import predict as predict_lib
+from jaxfid.fid import predict as predict_lib
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
-from jaxfid.data import fid_format
-from jaxfid.data.errors import InputError
-from jaxfid.models import reatt
-from jaxfid.retrieval import token_index
-from jaxfid.tokenization import Tokenizer
-from jaxfid.training import checkpointing, reatt_trainer
+from jaxfid.fid import examples as fid_format
+from jaxfid.core.errors import InputError
+from jaxfid.reatt import model as reatt
+from jaxfid.reatt import token_index
+from jaxfid.core.tokenization import Tokenizer
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.reatt import trainer as reatt_trainer
 from reatt_world import make_world, tiny_model, write_corpus, write_examples
 
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid.models.config import preset
-from jaxfid.models.model import FiDModel
+from jaxfid.t5.config import preset
+from jaxfid.t5.model import FiDModel
 from jaxfid.refusion import fusion as F
 from jaxfid.refusion.model import ReFusionModel
 

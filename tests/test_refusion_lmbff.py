@@ -12,10 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.refusion import class_metrics, lmbff
-from jaxfid.refusion.class_metrics import classification_metrics, primary
-from jaxfid.tokenization import Tokenizer
+from jaxfid.core.errors import InputError
+from jaxfid.evaluation import classification as class_metrics
+from jaxfid.refusion import lmbff
+from jaxfid.evaluation.classification import classification_metrics, primary
+from jaxfid.core.tokenization import Tokenizer
 
 DATA = pathlib.Path(__file__).parent / "data" / "lmbff"
 MASK = lmbff.SENTINEL
@@ -428,7 +429,7 @@ def test_metric_errors_and_primary():
 
 def test_imports_stay_light():
   code = ("import sys\nimport jaxfid.refusion.lmbff, "
-          "jaxfid.refusion.class_metrics\nprint(' '.join(sys.modules))")
+          "jaxfid.evaluation.classification\nprint(' '.join(sys.modules))")
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(pathlib.Path(__file__).parents[1])] +
       [p for p in [os.environ.get("PYTHONPATH")] if p]))

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 from jaxfid.refusion import neighbours as nb
-from jaxfid.retrieval import dense
-from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
+from jaxfid.retrieval.dense import index as dense
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 
 SENTENCES = [
     "the film was a delight from start to finish",

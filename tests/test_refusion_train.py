@@ -21,13 +21,13 @@ import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
-from jaxfid.models.config import preset
+from jaxfid.t5.config import preset
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import fusion as F
 from jaxfid.refusion import trainer
 from jaxfid.refusion.model import ReFusionModel, is_arch_path, load_refusion
-from jaxfid.retrieval import dense
-from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
+from jaxfid.retrieval.dense import index as dense
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.training.step import make_train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -99,8 +99,8 @@ def test_structure_and_weights_restore(searched):
   # The restored model reproduces the recorded test accuracy.
   from jaxfid.refusion import lmbff
   from jaxfid.refusion import neighbours as nb
-  from jaxfid.refusion.class_metrics import classification_metrics
-  from jaxfid.tokenization import load_tokenizer
+  from jaxfid.evaluation.classification import classification_metrics
+  from jaxfid.core.tokenization import load_tokenizer
   run = json.loads((searched / "jaxfid_config.json").read_text())
   spec = lmbff.get_task("sst-2")
   examples = lmbff.read_split(spec, SST2, "test")

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from jaxfid.retrieval import analysis
-from jaxfid.retrieval.analysis import ENGLISH_STOP_WORDS, EnglishAnalyzer
-from jaxfid.retrieval.porter import LucenePorterStemmer, lucene_porter_stem
+from jaxfid.retrieval.text import analysis
+from jaxfid.retrieval.text.analysis import ENGLISH_STOP_WORDS, EnglishAnalyzer
+from jaxfid.retrieval.text.porter import LucenePorterStemmer, lucene_porter_stem
 
 LUCENE = os.path.join(os.path.dirname(__file__), "data", "retrieval",
                       "lucene_reference")

@@ -7,10 +7,10 @@ import bm25s
 import numpy as np
 import pytest
 
-from jaxfid.retrieval.analysis import EnglishAnalyzer
-from jaxfid.retrieval.bm25 import (BM25Index, BM25Params, LENGTH_TABLE,
-                                   byte4_to_int, int_to_byte4, top_k)
-from jaxfid.retrieval.bm25_builder import BM25Builder
+from jaxfid.retrieval.text.analysis import EnglishAnalyzer
+from jaxfid.retrieval.bm25.scoring import (
+    BM25Index, BM25Params, LENGTH_TABLE, byte4_to_int, int_to_byte4, top_k)
+from jaxfid.retrieval.bm25.builder import BM25Builder
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "retrieval")
 LUCENE = os.path.join(DATA, "lucene_reference")

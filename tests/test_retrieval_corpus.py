@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval import passage_store as passage_store_module
-from jaxfid.retrieval.corpus import Passage, detect_format, read_corpus
-from jaxfid.retrieval.passage_store import (PassageStore, PassageStoreWriter,
-                                            write_passage_store)
-from jaxfid.retrieval.splitter import (split_document, split_into_passages,
-                                       write_dpr_tsv)
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.store import passage_store as passage_store_module
+from jaxfid.retrieval.store.corpus import Passage, detect_format, read_corpus
+from jaxfid.retrieval.store.passage_store import (
+    PassageStore, PassageStoreWriter, write_passage_store)
+from jaxfid.retrieval.store.splitter import (
+    split_document, split_into_passages, write_dpr_tsv)
 
 
 def _write(path, text, gz=False):

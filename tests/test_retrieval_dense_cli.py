@@ -13,10 +13,10 @@ import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval import dense
-from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
-from jaxfid.retrieval.dual_encoder import Embedder
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.dense import index as dense
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.model import Embedder
 from jaxfid.retrieval.search import open_index
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "retrieval",

@@ -13,11 +13,11 @@ import transformers
 from safetensors.numpy import save_file
 
 from hf_reference import make_tiny_hf_checkpoint
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
-from jaxfid.retrieval.dual_encoder import (DualEncoder, DualEncoderConfig,
-                                           Embedder, passage_text)
-from jaxfid.models.config import preset
+from jaxfid.core.errors import InputError
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.model import (
+    DualEncoder, DualEncoderConfig, Embedder, passage_text)
+from jaxfid.t5.config import preset
 
 
 def _tokens():

@@ -6,11 +6,11 @@ squared distance), ties impossible in practice.
 import numpy as np
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.embedding_store import (EmbeddingStore, ShardWriter,
-                                              shard_name)
-from jaxfid.retrieval.faiss_index import (ShardedIndex, build_faiss_index,
-                                          merge_topk, split_rows)
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.dense.embedding_store import (
+    EmbeddingStore, ShardWriter, shard_name)
+from jaxfid.retrieval.dense.faiss_index import (
+    ShardedIndex, build_faiss_index, merge_topk, split_rows)
 
 
 def _store(tmp_path, vectors, shard_size=37, dtype="float32"):

@@ -13,9 +13,9 @@ import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval import dense
-from jaxfid.retrieval.dpr_import import import_embeddings, load_pickle
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.dense import index as dense
+from jaxfid.retrieval.dense.dpr_import import import_embeddings, load_pickle
 from jaxfid.retrieval.search import open_index
 
 N, DIM = 30, 16

@@ -1,6 +1,6 @@
 """DPR-style dual-encoder training: data, the in-batch loss, learning, gin.
 
-The learning test uses the demo's generated world (jaxfid.data.synthetic):
+The learning test uses the demo's generated world (jaxfid.fid.demo_world):
 each question asks for one relation of a made-up entity; its positive is the
 gold document, its hard negatives the entity's other documents (what BM25
 returns for the name). A tiny encoder trained from scratch must rank the gold
@@ -16,16 +16,16 @@ import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.commands import gin_flags
-from jaxfid.data.errors import InputError
-from jaxfid.data.synthetic import make_demo_data
-from jaxfid.models.config import preset
-from jaxfid.retrieval import dense_train
-from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
-from jaxfid.retrieval.dense_data import (PairBatcher, parse_example,
-                                         read_pair_examples)
-from jaxfid.retrieval.dual_encoder import (DualEncoder, DualEncoderConfig,
-                                           Embedder, passage_text)
-from jaxfid.tokenization import load_tokenizer
+from jaxfid.core.errors import InputError
+from jaxfid.fid.demo_world import make_demo_data
+from jaxfid.t5.config import preset
+from jaxfid.dual_encoder import trainer as dense_train
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.data import (
+    PairBatcher, parse_example, read_pair_examples)
+from jaxfid.dual_encoder.model import (
+    DualEncoder, DualEncoderConfig, Embedder, passage_text)
+from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.training import launch
 
 TINY = preset("tiny", dropout_rate=0.0)
@@ -160,7 +160,7 @@ def test_training_learns_and_writes_a_model_dir(world, tmp_path):
   assert after > 0.6 and after > before + 0.3, (before, after)
   assert result["eval_top1"] > 0.6
   # the encoder also loads as a plain jaxfid model (ReFusion reads it so)
-  from jaxfid.models.loading import load_checkpoint
+  from jaxfid.checkpoints.load import load_checkpoint
   model, params, _ = load_checkpoint(str(model_dir))
   np.testing.assert_allclose(params["encoder"]["encoder_norm"]["scale"],
                              loaded.params["encoder"]["encoder_norm"]["scale"])

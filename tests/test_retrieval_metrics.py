@@ -1,12 +1,12 @@
 """Answer matching, answer recall and qrels metrics against known values."""
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.answer_match import (AnswerMatcher, PreparedCache,
-                                           dpr_tokens, has_answer)
-from jaxfid.retrieval.metrics import (answer_recall, evaluate_run, mrr_at_k,
-                                      ndcg_at_k, read_qrels, recall_at_k)
-from jaxfid.retrieval.outputs import read_trec_run
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.text.answer_match import (
+    AnswerMatcher, PreparedCache, dpr_tokens, has_answer)
+from jaxfid.evaluation.retrieval import (
+    answer_recall, evaluate_run, mrr_at_k, ndcg_at_k, read_qrels, recall_at_k)
+from jaxfid.retrieval.runs import read_trec_run
 
 
 def test_dpr_tokenizer():

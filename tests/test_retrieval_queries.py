@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.corpus import Passage
-from jaxfid.retrieval.outputs import (iter_fid_examples, run_format,
-                                      write_fid_json, write_trec)
-from jaxfid.retrieval.passage_store import PassageStore, write_passage_store
-from jaxfid.retrieval.queries import Query, read_queries
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.store.corpus import Passage
+from jaxfid.retrieval.runs import (
+    iter_fid_examples, run_format, write_fid_json, write_trec)
+from jaxfid.retrieval.store.passage_store import (
+    PassageStore, write_passage_store)
+from jaxfid.retrieval.store.queries import Query, read_queries
 
 
 def test_tsv_queries_with_and_without_header(tmp_path):

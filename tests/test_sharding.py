@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from jaxfid import sharding as shd
-from jaxfid.models.config import T5Config
-from jaxfid.models.model import FiDModel
-from jaxfid.training import checkpointing, optim
+from jaxfid.core import sharding as shd
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import FiDModel
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.training import optim
 from jaxfid.training.step import make_train_step
-from jaxfid.training.trainer import global_batch, make_shardings
+from jaxfid.fid.trainer import global_batch, make_shardings
 
 CONFIG = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_heads=4,
                   num_layers=2, num_decoder_layers=2,
@@ -113,7 +114,7 @@ def test_checkpoint_restores_under_another_mesh(tmp_path):
 
 def test_every_parameter_has_logical_axes():
   for name in ("t5_base", "t5_1_1_xl"):
-    from jaxfid.models.config import preset
+    from jaxfid.t5.config import preset
     model = FiDModel(preset(name).replace(cross_attention_period=2,
                                           multi_query_cross_attention=True))
     shapes = jax.tree.leaves(model.abstract_params())

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxfid.models.config import T5Config
-from jaxfid.models.t5 import T5
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.network import T5
 
 CONFIG = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=24, num_heads=4,
                   num_layers=4, num_decoder_layers=2, dropout_rate=0.0,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import jaxfid
-from jaxfid.models.layers import relative_position_buckets
+from jaxfid.t5.layers import relative_position_buckets
 import hf_reference as ref
 
 CASES = {

@@ -14,8 +14,8 @@ import seqio
 import tensorflow as tf
 
 import tasks
-from jaxfid.data.errors import InputError
-from jaxfid.tokenization import Tokenizer, encode_padded
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import Tokenizer, encode_padded
 from tasks import lmbff as lmbff_tasks
 
 DATA = pathlib.Path(__file__).parent / "data" / "lmbff"

@@ -13,9 +13,9 @@ import seqio
 import tensorflow as tf
 
 import tasks
-from jaxfid.data import fid_format
-from jaxfid.data.errors import InputError
-from jaxfid.tokenization import Tokenizer, encode_padded
+from jaxfid.fid import examples as fid_format
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import Tokenizer, encode_padded
 from tasks import config, metrics, preprocessors, sources
 from tasks.feature_converter import FidFeatureConverter, fid_feature_converter
 

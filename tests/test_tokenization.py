@@ -1,4 +1,4 @@
-"""jaxfid.tokenization against Hugging Face's T5 tokenizer and seqio."""
+"""jaxfid.core.tokenization against Hugging Face's T5 tokenizer and seqio."""
 import gzip
 import os
 import pickle
@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from jaxfid.data.errors import InputError
-from jaxfid.tokenization import (DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID,
-                                 Tokenizer, bundled_vocab_path, encode_padded,
-                                 load_tokenizer, seqio_vocabulary)
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import (
+    DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, bundled_vocab_path,
+    encode_padded, load_tokenizer, seqio_vocabulary)
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

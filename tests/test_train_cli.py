@@ -245,7 +245,7 @@ def _nan_at_step_4(monkeypatch):
   guard, tested in test_fid_model, then leaves the state untouched)."""
   import jax.numpy as jnp
 
-  from jaxfid.training import trainer as trainer_lib
+  from jaxfid.fid import trainer as trainer_lib
   real_compile = trainer_lib.compile_train_step
 
   def compile_train_step(*args, **kwargs):

@@ -1,10 +1,10 @@
 """Checkpoint readers and writers: HF, T5X, original FiD; one rename table.
 
 Every reader returns ``(fields, flat_params)``: the T5Config fields (a dict,
-HF field names, ``jaxfid.models.config.T5Config(**fields)``) and the
+HF field names, ``jaxfid.t5.config.T5Config(**fields)``) and the
 parameters as a flat dict of float32 numpy arrays named as jaxfid (and T5X)
 names them, '/'-joined: ``encoder/layers_0/attention/query/kernel``. Bad user
-files raise :class:`jaxfid.data.errors.InputError` naming file and tensor.
+files raise :class:`jaxfid.core.errors.InputError` naming file and tensor.
 
 * :mod:`.names`: the rename table jaxfid <-> HF (and the FiD wrapper names);
 * :mod:`.configs`: config.json <-> fields, fields from T5X parameter shapes;

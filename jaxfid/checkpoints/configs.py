@@ -1,6 +1,6 @@
 """T5 configuration fields from and to the formats jaxfid reads and writes.
 
-jaxfid's model configuration (``jaxfid.models.config.T5Config``) uses the
+jaxfid's model configuration (``jaxfid.t5.config.T5Config``) uses the
 Hugging Face field names, so a checkpoint's configuration is a plain ``dict``
 of the :data:`FIELDS` below; the readers return such a dict and the writers
 accept the dict or any object with these attributes (the dataclass itself).
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 FIELDS = (
     "vocab_size", "d_model", "d_kv", "d_ff", "num_heads", "num_layers",

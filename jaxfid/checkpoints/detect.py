@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxfid.checkpoints import hf, t5x
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 FORMATS = ("hf", "fid", "t5x", "t5x-orbax", "jaxfid")
 JAXFID_MARKER = "jaxfid_config.json"

@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 
 from jaxfid.checkpoints import names
-from jaxfid.checkpoints.atomic import atomic_directory, check_destination
+from jaxfid.core.atomic_dirs import atomic_directory, check_destination
 from jaxfid.checkpoints.configs import (as_fields, config_from_hf_json,
                                         hf_json_from_config, replace)
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

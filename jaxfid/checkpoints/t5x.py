@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 
 from jaxfid.checkpoints import names
-from jaxfid.checkpoints.atomic import (atomic_directory, check_destination,
-                                       write_bytes_atomic)
+from jaxfid.core.atomic_dirs import (
+    atomic_directory, check_destination, write_bytes_atomic)
 from jaxfid.checkpoints.configs import config_from_params, t5x_activations
 from jaxfid.checkpoints.hf import check_params
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 CHECKPOINT_FILE = "checkpoint"
 _STEP_DIR = re.compile(r"^checkpoint_(\d+)$")

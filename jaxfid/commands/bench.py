@@ -9,7 +9,7 @@ mfu, peak_memory_gb, device, model and shape.
 ``memory`` times nothing and allocates nothing: it prints the lower bound of a
 train step's memory from the shapes alone (parameters, Adam moments,
 gradients and the activations kept for the backward pass under the
-configured remat; ``jaxfid.bench.memory_estimate``), so a full-size
+configured remat; ``jaxfid.fid.bench.memory_estimate``), so a full-size
 configuration can be sized on a laptop before it is sent to a pod.
 """
 from __future__ import annotations
@@ -45,10 +45,10 @@ def _macro_or(name, default):
 def run(args) -> int:
   import gin
 
-  from jaxfid import bench
+  from jaxfid.fid import bench
   from jaxfid.commands import gin_flags
-  from jaxfid.data.errors import InputError
-  from jaxfid.models import config as config_lib
+  from jaxfid.core.errors import InputError
+  from jaxfid.t5 import config as config_lib
   from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   try:
@@ -81,8 +81,8 @@ def run(args) -> int:
 
 def _memory(cfg, shape) -> dict:
   """``bench.memory_estimate`` per microbatch of the gin ACCUMULATION_STEPS."""
-  from jaxfid import bench
-  from jaxfid.data.errors import InputError
+  from jaxfid.fid import bench
+  from jaxfid.core.errors import InputError
   accumulation = _macro_or("ACCUMULATION_STEPS", 1)
   try:
     return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)

@@ -38,8 +38,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.corpus import iter_passages
-  from jaxfid.retrieval.splitter import split_into_passages, write_dpr_tsv
+  from jaxfid.retrieval.store.corpus import iter_passages
+  from jaxfid.retrieval.store.splitter import split_into_passages, write_dpr_tsv
   passages = split_into_passages(iter_passages(args.input), words=args.words,
                                  sequential_ids=args.sequential_ids)
   count = write_dpr_tsv(args.output, passages)

@@ -1,6 +1,6 @@
 """``jaxfid demo``: a complete small FiD experiment on CPU, from nothing.
 
-1. Generate the demo world (``jaxfid.data.synthetic``): made-up entities, one
+1. Generate the demo world (``jaxfid.fid.demo_world``): made-up entities, one
    short document per (entity, relation), questions about relations; test
    entities never occur in training.
 2. Index every document with BM25 and retrieve N_CONTEXT passages per
@@ -54,8 +54,8 @@ def _write_questions(path: str, questions) -> None:
 def prepare_data(output: str, *, n_context: int, train_entities: int,
                  test_questions: int, seed: int) -> dict:
   """Generate, index and retrieve; returns file paths and retrieval recall."""
-  from jaxfid.data import synthetic
-  from jaxfid.retrieval.bm25_index import build_bm25_index
+  from jaxfid.fid import demo_world as synthetic
+  from jaxfid.retrieval.bm25.index import build_bm25_index
   from jaxfid.retrieval.search import retrieve_to_file
   world = synthetic.make_demo_data(num_train_entities=train_entities,
                                    num_test_entities=max(test_questions // 4, 10),
@@ -85,11 +85,11 @@ def prepare_data(output: str, *, n_context: int, train_entities: int,
 def run(args) -> int:
   import gin
 
-  from jaxfid import predict as predict_lib
+  from jaxfid.fid import predict as predict_lib
   from jaxfid.commands import gin_flags
-  from jaxfid.data.fid_format import read_fid_examples
-  from jaxfid.models.loading import load_checkpoint
-  from jaxfid.tokenization import load_tokenizer
+  from jaxfid.fid.examples import read_fid_examples
+  from jaxfid.checkpoints.load import load_checkpoint
+  from jaxfid.core.tokenization import load_tokenizer
   from jaxfid.training import launch
 
   t0 = time.time()

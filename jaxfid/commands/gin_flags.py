@@ -12,7 +12,7 @@ import os
 
 import gin
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

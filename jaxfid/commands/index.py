@@ -52,8 +52,8 @@ def _add_bm25(types) -> None:
 
 
 def run_bm25(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.bm25 import BM25Params
-  from jaxfid.retrieval.bm25_index import build_bm25_index
+  from jaxfid.retrieval.bm25.scoring import BM25Params
+  from jaxfid.retrieval.bm25.index import build_bm25_index
   params = BM25Params(k1=args.k1, b=args.b,
                       lucene_norms=not args.exact_lengths)
   meta = build_bm25_index(args.corpus, args.output, params)

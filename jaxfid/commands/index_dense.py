@@ -6,8 +6,8 @@ T5 / GTR / Sentence-T5 directory or a jaxfid MODEL_DIR, mean-pooled) and
 builds a FAISS index; ``jaxfid index import-embeddings --embeddings
 'wiki_passages_*' --corpus psgs_w100.tsv --output INDEX_DIR`` builds one from
 DPR's precomputed passage embeddings. ``jaxfid retrieve --index INDEX_DIR``
-searches either. The logic lives in :mod:`jaxfid.retrieval.dense` and
-:mod:`jaxfid.retrieval.dpr_import`.
+searches either. The logic lives in :mod:`jaxfid.retrieval.dense.index` and
+:mod:`jaxfid.retrieval.dense.dpr_import`.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def add_parser(types) -> None:
 
 
 def run_dense(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.dense import build_dense_index
+  from jaxfid.retrieval.dense.index import build_dense_index
   summary = build_dense_index(
       args.checkpoint, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
@@ -105,7 +105,7 @@ def run_dense(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.dpr_import import import_embeddings
+  from jaxfid.retrieval.dense.dpr_import import import_embeddings
   summary = import_embeddings(
       args.embeddings, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,

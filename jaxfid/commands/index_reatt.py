@@ -39,7 +39,7 @@ def add_parser(types) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.token_index import build_from_checkpoint
+  from jaxfid.reatt.token_index import build_from_checkpoint
   meta = build_from_checkpoint(
       args.checkpoint, args.corpus, args.output, which=args.which,
       doc_maxlength=args.doc_maxlength, query_maxlength=args.query_maxlength,

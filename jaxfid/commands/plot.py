@@ -5,7 +5,7 @@
 
 Prints one JSON line: the output path and, per label, the points
 (``n_context``, ``em`` as a fraction, ``examples``, ``path``). See
-:mod:`jaxfid.plotting` for the accepted run forms.
+:mod:`jaxfid.fid.plot` for the accepted run forms.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  from jaxfid import plotting
-  from jaxfid.data.errors import InputError
+  from jaxfid.fid import plot as plotting
+  from jaxfid.core.errors import InputError
 
   plotting.output_format(args.output)  # before reading any run
   runs = []

@@ -33,8 +33,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  from jaxfid.data.errors import InputError
-  from jaxfid.data.fid_format import read_fid_examples
+  from jaxfid.core.errors import InputError
+  from jaxfid.fid.examples import read_fid_examples
 
   for name in ("n_context", "text_maxlength", "answer_maxlength", "batch_size",
                "beam_size"):
@@ -45,9 +45,9 @@ def run(args) -> int:
 
   import os
 
-  from jaxfid import predict as predict_lib
-  from jaxfid.models.loading import load_checkpoint
-  from jaxfid.tokenization import load_tokenizer
+  from jaxfid.fid import predict as predict_lib
+  from jaxfid.checkpoints.load import load_checkpoint
+  from jaxfid.core.tokenization import load_tokenizer
   model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   preds = predict_lib.generate(

@@ -16,7 +16,7 @@ conversion). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
 ``ITERATION_STEPS``) or, explicitly, by ``iterate``: N rounds of training,
 ``jaxfid index reatt`` of the corpus and ``jaxfid retrieve`` of the training
 queries into the next round's TRAIN_DATA, one JSON line per round
-(:mod:`jaxfid.training.reatt_iterate`). Rerunning ``iterate`` resumes.
+(:mod:`jaxfid.reatt.iterate`). Rerunning ``iterate`` resumes.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _add_iterate(sub) -> None:
 
 
 def run_iterate(args: argparse.Namespace) -> int:
-  from jaxfid.training import reatt_iterate
+  from jaxfid.reatt import iterate as reatt_iterate
   summary = reatt_iterate.run_iterations(
       args.gin_file, args.gin_bindings, corpus=args.corpus,
       queries=args.queries, iterations=args.iterations,
@@ -81,9 +81,9 @@ def run_iterate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.data import reatt_adaptation as adapt
-  from jaxfid.data.errors import InputError
-  from jaxfid.retrieval.corpus import iter_passages
+  from jaxfid.reatt import adaptation as adapt
+  from jaxfid.core.errors import InputError
+  from jaxfid.retrieval.store.corpus import iter_passages
   if args.mode == "ir":
     for name in ("queries", "qrels"):
       if not getattr(args, name):

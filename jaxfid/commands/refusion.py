@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
 
 def run_seeds(args: argparse.Namespace) -> int:
   from jaxfid.refusion import seeds as seeds_lib
-  from jaxfid.retrieval.atomic import atomic_write
+  from jaxfid.core.files import atomic_write
   runs = seeds_lib.run_seeds(
       args.task, args.data_root, args.model_dir_root,
       seeds_lib.parse_seeds(args.seeds), args.gin_file,

@@ -37,7 +37,7 @@ def run(args) -> int:
     result = gin.get_configurable(launch.run)()
   except TypeError as e:
     if "gin.REQUIRED" in str(e) or "required" in str(e):
-      from jaxfid.data.errors import InputError
+      from jaxfid.core.errors import InputError
       raise InputError("gin", " ".join(str(e).split())) from None
     raise
   print(json.dumps({k: v for k, v in result.items()

@@ -9,7 +9,7 @@ search. Pieces:
 * :mod:`jaxfid.refusion.fusion` — fusion formulas and the wrapping module;
 * :mod:`jaxfid.refusion.model` — the T5 with fusion, rank classification;
 * :mod:`jaxfid.refusion.lmbff` — the 15 few-shot tasks (LM-BFF files,
-  templates, label words); :mod:`jaxfid.refusion.class_metrics`;
+  templates, label words); :mod:`jaxfid.evaluation.classification`;
 * :mod:`jaxfid.refusion.neighbours` — offline retrieval with a cache;
 * :mod:`jaxfid.refusion.batches` — example arrays and deterministic batches;
 * :mod:`jaxfid.refusion.trainer` — the gin trainer (``gin/refusion/``).

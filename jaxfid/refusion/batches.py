@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxfid.tokenization import Tokenizer, encode_padded
+from jaxfid.core.tokenization import Tokenizer, encode_padded
 
 
 def label_token_matrix(label_words: Sequence[str], tokenizer: Tokenizer

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxfid import sharding as ax
-from jaxfid.models import layers
+from jaxfid.core import sharding as ax
+from jaxfid.t5 import layers
 
 Array = jax.Array
 
@@ -218,7 +218,7 @@ def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
 class FusedProjection(nnx.Module):
   """A projection ``y = x @ kernel`` plus fused neighbours at position 0.
 
-  Replaces a :class:`jaxfid.models.layers.Dense` (keeping its ``kernel``
+  Replaces a :class:`jaxfid.t5.layers.Dense` (keeping its ``kernel``
   parameter under the same name). ``extras`` is the dict built by
   :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
   ``neighbours`` float [B, S, K, R] (zeros where missing), optional ``rng``

@@ -36,7 +36,7 @@ are *kept*: LM-BFF's own CR data has them (``cr/16-13/train.csv`` line 3 and
 ``cr/*/test.csv`` line 769 are ``label, ``), and LM-BFF classifies them from
 the template alone, so rejecting them would make CR unusable.
 
-Bad input raises :class:`~jaxfid.data.errors.InputError` naming the file and
+Bad input raises :class:`~jaxfid.core.errors.InputError` naming the file and
 line: a missing file, a header without the needed columns, a row with the
 wrong number of columns, a label that is not one of the task's labels, bad
 CSV quoting, text that is not UTF-8, an unreadable file, or a file with no
@@ -63,7 +63,7 @@ import unicodedata
 from collections.abc import Callable
 from importlib import resources
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 SENTINEL = "<extra_id_0>"
 SEEDS = (13, 21, 42, 87, 100)

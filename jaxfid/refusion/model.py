@@ -6,7 +6,7 @@ D d_model, V vocabulary.
 
 The network is the plain jaxfid T5 with chosen projections wrapped by
 :class:`~jaxfid.refusion.fusion.FusedProjection`; everything else —
-parameter names, sharding, the loss — is :class:`~jaxfid.models.model.FiDModel`'s
+parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.FiDModel`'s
 (with one passage per example). Batches add to FiDModel's:
 
   neighbours      float32 [B, S, K, R]  the neighbours' stored vectors (zeros
@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxfid.models import fid
-from jaxfid.models.config import T5Config
-from jaxfid.models.layers import fold
-from jaxfid.models.model import FiDModel, shift_right
-from jaxfid.models.t5 import T5
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.layers import fold
+from jaxfid.t5.model import FiDModel, shift_right
+from jaxfid.t5.network import T5
 from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion.fusion import FusionConfig
 
@@ -158,7 +158,7 @@ def load_refusion(model_dir: str, which: str = "latest"
   import json
   import os
 
-  from jaxfid.training import checkpointing
+  from jaxfid.checkpoints import model_dir as checkpointing
   run = checkpointing.read_run_config(model_dir)
   if run.get("method") != "refusion":
     raise ValueError(f"{model_dir} is not a ReFusion run")

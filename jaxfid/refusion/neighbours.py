@@ -42,12 +42,12 @@ from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.atomic import atomic_write
-from jaxfid.retrieval.dense import open_dense_index, store_fingerprint
-from jaxfid.retrieval.embedding_store import shard_name
+from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
+from jaxfid.retrieval.dense.index import open_dense_index, store_fingerprint
+from jaxfid.retrieval.dense.embedding_store import shard_name
 from jaxfid.retrieval.index_dir import read_meta
-from jaxfid.retrieval.passage_store import PassageStore
+from jaxfid.retrieval.store.passage_store import PassageStore
 
 CACHE_SUBDIR = "neighbour_cache"
 CACHE_VERSION = 1

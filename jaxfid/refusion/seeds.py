@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Sequence, TextIO
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 
 DEFAULT_SEEDS = (13, 21, 42, 87, 100)
 K_SHOT = 16

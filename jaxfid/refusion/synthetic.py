@@ -227,13 +227,13 @@ def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
   Written by :func:`jaxfid.checkpoints.hf.write_hf` from jaxfid's own
   initialisers (no torch); the encoder's final layer-norm scale is set to
   ``vector_scale``, which scales every mean-pooled vector by it. It loads
-  with :func:`jaxfid.retrieval.dense_checkpoint.load_dual_encoder`.
+  with :func:`jaxfid.dual_encoder.checkpoint.load_dual_encoder`.
   """
   from jaxfid.checkpoints import names
   from jaxfid.checkpoints.hf import write_hf
-  from jaxfid.models.config import T5Config
-  from jaxfid.models.model import FiDModel
-  from jaxfid.tokenization import bundled_vocab_path
+  from jaxfid.t5.config import T5Config
+  from jaxfid.t5.model import FiDModel
+  from jaxfid.core.tokenization import bundled_vocab_path
   config = T5Config(vocab_size=32128, d_model=d_model,
                     d_kv=max(d_model // num_heads, 1), d_ff=2 * d_model,
                     num_heads=num_heads, num_layers=num_layers,
@@ -259,8 +259,8 @@ def build_database(sentence_file: str | os.PathLike,
   ``metric`` are those of the index (unit vectors, inner product: GTR's
   setting).
   """
-  from jaxfid.retrieval import dense
-  from jaxfid.retrieval.dense_checkpoint import load_dual_encoder
+  from jaxfid.retrieval.dense import index as dense
+  from jaxfid.dual_encoder.checkpoint import load_dual_encoder
   directory = Path(directory)
   encoder = write_random_encoder(directory / "encoder", d_model=d_model,
                                  vector_scale=vector_scale, seed=seed)

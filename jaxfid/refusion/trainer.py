@@ -39,18 +39,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfid.data.errors import InputError
-from jaxfid.models.config import T5Config
+from jaxfid.core.errors import InputError
+from jaxfid.t5.config import T5Config
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import fusion as fusion_lib
-from jaxfid.refusion.class_metrics import classification_metrics
+from jaxfid.evaluation.classification import classification_metrics
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
-from jaxfid.training import checkpointing, optim
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.training import optim
 from jaxfid.training import loop as loop_lib
 from jaxfid.training.metrics_log import MetricsLog, read_records
 from jaxfid.training.step import make_train_step
-from jaxfid.training.trainer import (Preemption, checked_mesh, global_batch,
-                                     make_shardings)
+from jaxfid.fid.trainer import (
+    Preemption, checked_mesh, global_batch, make_shardings)
 
 STRUCTURE_FILE = "refusion_structure.json"
 ARCH_SEED_OFFSET = 7919  # the architecture step's own dropout stream
@@ -94,7 +95,7 @@ def initial_params(model: ReFusionModel, init_checkpoint: str | None,
   params = model.init_params(seed)
   if not init_checkpoint:
     return params
-  from jaxfid.models.loading import load_checkpoint
+  from jaxfid.checkpoints.load import load_checkpoint
   other, backbone, _ = load_checkpoint(init_checkpoint)
   plain = lambda c: dataclasses.replace(c, dropout_rate=0.0, dtype="float32",
                                         remat="none")
@@ -233,7 +234,7 @@ def train(*, model_dir: str, task: str, data_dir: str,
           mesh: str = "", on_nan: str = "stop", progress: bool = True) -> dict:
   """Train (and search) ReFusion on one few-shot task; returns the test line."""
   from jaxfid.refusion import lmbff
-  from jaxfid.tokenization import load_tokenizer
+  from jaxfid.core.tokenization import load_tokenizer
   if on_nan not in ("stop", "skip"):
     raise InputError("ON_NAN", f"must be 'stop' or 'skip', got {on_nan!r}")
   try:

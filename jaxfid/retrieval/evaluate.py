@@ -12,20 +12,19 @@ Two kinds of evaluation, chosen by what the user supplies:
   run, from its own ``answers``. Every question of the answer source counts,
   retrieved or not.
 
-The metric definitions are in :mod:`jaxfid.retrieval.metrics`.
+The metric definitions are in :mod:`jaxfid.evaluation.retrieval`.
 """
 from __future__ import annotations
 
 import os
 from typing import Sequence
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.answer_match import AnswerMatcher, PreparedCache
-from jaxfid.retrieval.metrics import answer_recall, evaluate_run, read_qrels
-from jaxfid.retrieval.outputs import (iter_fid_examples, read_trec_run,
-                                      run_format)
-from jaxfid.retrieval.passage_store import PassageStore
-from jaxfid.retrieval.queries import Query, read_queries
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
+from jaxfid.evaluation.retrieval import answer_recall, evaluate_run, read_qrels
+from jaxfid.retrieval.runs import iter_fid_examples, read_trec_run, run_format
+from jaxfid.retrieval.store.passage_store import PassageStore
+from jaxfid.retrieval.store.queries import Query, read_queries
 
 DEFAULT_ANSWER_KS = (1, 5, 20, 100)
 

@@ -2,7 +2,7 @@
 
 Every index written by ``jaxfid index ...`` is a directory with a
 ``meta.json`` (``{"type": "bm25" | "dense" | ..., "num_passages": N, ...}``)
-and the passage store files (:mod:`jaxfid.retrieval.passage_store`), plus
+and the passage store files (:mod:`jaxfid.retrieval.store.passage_store`), plus
 whatever the index type needs. :mod:`jaxfid.retrieval.search` reads the type
 to pick the searcher.
 """
@@ -12,8 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from jaxfid.data.errors import InputError
-from jaxfid.retrieval.atomic import atomic_write
+from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1

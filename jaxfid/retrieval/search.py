@@ -3,7 +3,7 @@
 ``meta.json`` names the index type; :func:`open_index` looks the type up in a
 registry of loaders and returns a *searcher*: an object with
 
-* ``store``: the :class:`~jaxfid.retrieval.passage_store.PassageStore`;
+* ``store``: the :class:`~jaxfid.retrieval.store.passage_store.PassageStore`;
 * ``search(texts, top_k, **options) -> list[list[(row, score)]]``: for each
   query text, up to ``top_k`` store rows with scores, best first. Options are
   index-specific (``token_top_k`` for token-level indexes); a searcher
@@ -11,7 +11,7 @@ registry of loaders and returns a *searcher*: an object with
 
 ``"bm25"`` is built in. Other index types register themselves with
 :func:`register_index_type` when their module is imported; the modules
-``jaxfid.retrieval.dense`` and ``jaxfid.retrieval.token_index`` are imported
+``jaxfid.retrieval.dense.index`` and ``jaxfid.reatt.token_index`` are imported
 on demand when an index of an unknown type is opened, so they need no other
 wiring.
 """
@@ -24,13 +24,13 @@ from typing import Callable, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
-from jaxfid.data.errors import InputError
+from jaxfid.core.errors import InputError
 from jaxfid.retrieval.index_dir import read_meta
-from jaxfid.retrieval.outputs import run_format, write_fid_json, write_trec
-from jaxfid.retrieval.passage_store import PassageStore
-from jaxfid.retrieval.queries import Query, read_queries
+from jaxfid.retrieval.runs import run_format, write_fid_json, write_trec
+from jaxfid.retrieval.store.passage_store import PassageStore
+from jaxfid.retrieval.store.queries import Query, read_queries
 
-PLUGIN_MODULES = ("jaxfid.retrieval.dense", "jaxfid.retrieval.token_index")
+PLUGIN_MODULES = ("jaxfid.retrieval.dense.index", "jaxfid.reatt.token_index")
 BATCH_SIZE = 256  # queries per searcher call (progress granularity)
 
 
@@ -52,7 +52,7 @@ def register_index_type(name: str, loader: Loader) -> None:
 
 
 def _load_bm25(directory: Path, meta: dict) -> Searcher:
-  from jaxfid.retrieval.bm25_index import BM25Searcher
+  from jaxfid.retrieval.bm25.index import BM25Searcher
   return BM25Searcher(directory, meta)
 
 

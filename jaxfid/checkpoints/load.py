@@ -1,0 +1,111 @@
+"""Load a T5 from any supported checkpoint: ``jaxfid.load_t5(path)``.
+
+Formats: an HF T5 directory (config.json + safetensors / pytorch_model.bin),
+the original FiD repo's readers, T5X checkpoints, and jaxfid ``MODEL_DIR``s
+(orbax). Format detection and the rename tables live in
+``jaxfid.checkpoints``; this module turns the result into a model and params.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
+from jaxfid.core.errors import InputError
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import FiDModel
+
+
+def params_from_flat(model: FiDModel, flat: dict[str, np.ndarray],
+                     source: str) -> dict:
+  """Check names and shapes against the model; float32 nested params."""
+  expected = flatten(model.abstract_params())
+  missing = sorted(set(expected) - set(flat))
+  extra = sorted(set(flat) - set(expected))
+  if missing:
+    raise InputError(source, f"checkpoint lacks parameter {missing[0]}"
+                     + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+  if extra:
+    raise InputError(source, f"checkpoint has unexpected parameter {extra[0]}"
+                     + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+  for name, spec in expected.items():
+    if tuple(flat[name].shape) != tuple(spec.shape):
+      raise InputError(source, f"parameter {name} has shape "
+                       f"{tuple(flat[name].shape)}, expected {tuple(spec.shape)}")
+  return unflatten({k: jnp.asarray(np.asarray(v, np.float32))
+                    for k, v in flat.items()})
+
+
+def load_checkpoint(path: str, *, dtype: str | None = None,
+                    which: str = "auto") -> tuple[FiDModel, dict, str | None]:
+  """(model, params, spiece path or None) from any supported checkpoint.
+
+  Args:
+    dtype: activation dtype override ('float32', 'bfloat16').
+    which: for a jaxfid MODEL_DIR, 'best', 'latest' or 'auto' (best if any).
+  """
+  from jaxfid import checkpoints
+  from jaxfid.checkpoints import model_dir as checkpointing
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise InputError(path, "no such checkpoint")
+  if os.path.exists(os.path.join(path, checkpointing.CONFIG_FILE)):
+    run = checkpointing.read_run_config(path)
+    if run.get("method") == "reatt":
+      from jaxfid.reatt.model import load_reatt
+      return load_reatt(path, dtype=dtype, which=which)
+    config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
+    if dtype:
+      config = config.replace(dtype=dtype)
+    model = FiDModel(config)
+    try:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      target = jax.tree.map(
+          lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+          model.abstract_params())
+      params, _, _ = checkpointing.restore_params(path, target, which)
+    except FileNotFoundError as e:
+      raise InputError(path, str(e).split(": ", 1)[-1]) from None
+    spiece = os.path.join(path, "spiece.model")
+    return model, params, spiece if os.path.exists(spiece) else None
+  fields, flat, spiece = checkpoints.load_flat(path)
+  config = T5Config.from_dict(fields).replace(dropout_rate=0.0)
+  if dtype:
+    config = config.replace(dtype=dtype)
+  model = FiDModel(config)
+  return model, params_from_flat(model, flat, path), spiece
+
+
+class LoadedT5:
+  """A loaded, deterministic T5: ``logits = model(encoder_input_tokens=..., decoder_input_tokens=...)``."""
+
+  def __init__(self, model: FiDModel, params: dict, tokenizer=None):
+    self.model = model
+    self.params = params
+    self.config = model.config
+    self.tokenizer = tokenizer
+    self._logits = jax.jit(lambda p, e, d: model.logits(p, e, d))
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens) -> jax.Array:
+    """int32 [B, L] (or [B, P, L] for FiD), [B, T] -> float32 [B, T, vocab]."""
+    return self._logits(self.params, jnp.asarray(encoder_input_tokens, jnp.int32),
+                        jnp.asarray(decoder_input_tokens, jnp.int32))
+
+  def generate(self, encoder_input_tokens, *, max_decode_len: int = 20,
+               num_beams: int = 1, alpha: float = 0.6, **kwargs) -> jax.Array:
+    """Greedy or beam-search decoding -> int32 [B, max_decode_len]."""
+    return self.model.jit_predict(
+        self.params, jnp.asarray(encoder_input_tokens, jnp.int32),
+        max_decode_len=max_decode_len, num_beams=num_beams, alpha=alpha,
+        **kwargs)
+
+
+def load_t5(path, *, dtype: str | None = None) -> LoadedT5:
+  """Load an HF directory, FiD reader, T5X checkpoint or jaxfid MODEL_DIR."""
+  from jaxfid.core.tokenization import load_tokenizer
+  model, params, spiece = load_checkpoint(path, dtype=dtype)
+  tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
+  return LoadedT5(model, params, tokenizer)

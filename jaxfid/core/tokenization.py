@@ -1,0 +1,229 @@
+"""The T5 SentencePiece vocabulary, bundled, with T5's special ids.
+
+T5 (and every FiD / ReAtt / ReFusion checkpoint built on it) uses one
+32,000-piece SentencePiece model with ``pad=0, eos=1, unk=2`` and no BOS. On
+top of it sit 100 *sentinel* ids, 32000..32099, that stand for
+``<extra_id_99>`` .. ``<extra_id_0>`` (in reverse: id 32099 is
+``<extra_id_0>``), and the embedding table is padded to 32,128 rows; ids
+32100..32127 have no text.
+
+:class:`Tokenizer` extends the SentencePiece model with the sentinels the way
+seqio does (user-defined pieces ``"▁<extra_id_N>"`` appended in reverse), so
+that encoding and decoding agree with ``seqio.SentencePieceVocabulary`` and,
+for ordinary text, with Hugging Face's ``T5Tokenizer``. Decoding follows
+FiD's ``tokenizer.decode(ids, skip_special_tokens=True)``: it stops at the
+first EOS and drops PAD and UNK, but keeps sentinels as ``<extra_id_N>`` text
+(as seqio does) so that span-corruption outputs stay readable.
+
+Encoding never adds EOS; :func:`encode_padded` adds it and pads to a fixed
+length, keeping the EOS inside the length on truncation exactly like an HF
+tokenizer called with ``truncation=True``.
+
+Everything here is pure Python + NumPy; seqio (and so TensorFlow) is imported
+only by :func:`seqio_vocabulary`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from importlib import resources
+
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+
+from jaxfid.core.errors import InputError
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+DECODER_START_ID = 0  # T5 starts decoding from the PAD id.
+NUM_EXTRA_IDS = 100
+SPIECE_FILENAME = "spiece.model"
+
+
+def bundled_vocab_path() -> str:
+  """Path of the T5 ``spiece.model`` shipped inside the package."""
+  return str(resources.files("jaxfid") / "assets" / SPIECE_FILENAME)
+
+
+@functools.lru_cache(maxsize=8)
+def _extended_model(path: str, num_extra_ids: int) -> tuple[bytes, int]:
+  """Serialized model with sentinel pieces appended, and the base size."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise InputError(path, f"cannot read the SentencePiece model: "
+                     f"{e.strerror or e}") from e
+  model = sentencepiece_model_pb2.ModelProto()
+  try:
+    model.ParseFromString(data)
+  except Exception as e:  # protobuf raises DecodeError (not exported stably)
+    raise InputError(path, "not a SentencePiece model file") from e
+  base_size = len(model.pieces)
+  if base_size == 0:
+    raise InputError(path, "not a SentencePiece model file (no pieces)")
+  user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+  for i in reversed(range(num_extra_ids)):
+    model.pieces.add(piece=f"▁<extra_id_{i}>", score=0.0, type=user_defined)
+  return model.SerializeToString(), base_size
+
+
+class Tokenizer:
+  """T5 SentencePiece tokenizer with 100 sentinel ids.
+
+  Attributes:
+    path: the ``spiece.model`` file this tokenizer was loaded from.
+    vocab_size: number of SentencePiece pieces (32000 for T5), without the
+      sentinels.
+    num_extra_ids: number of sentinel ids after the pieces (100).
+  """
+
+  def __init__(self, path: str | os.PathLike | None = None,
+               num_extra_ids: int = NUM_EXTRA_IDS):
+    self.path = str(path) if path is not None else bundled_vocab_path()
+    self.num_extra_ids = int(num_extra_ids)
+    proto, self.vocab_size = _extended_model(self.path, self.num_extra_ids)
+    self._sp = spm.SentencePieceProcessor()
+    self._sp.LoadFromSerializedProto(proto)
+    if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (
+        PAD_ID, EOS_ID, UNK_ID):
+      raise InputError(
+          self.path, "not a T5 vocabulary: expected pad=0, eos=1, unk=2, got "
+          f"pad={self._sp.pad_id()}, eos={self._sp.eos_id()}, "
+          f"unk={self._sp.unk_id()}")
+
+  def __reduce__(self):
+    # SentencePieceProcessor does not pickle portably; reload from the path.
+    return (Tokenizer, (self.path, self.num_extra_ids))
+
+  def __repr__(self) -> str:
+    return (f"Tokenizer(path={self.path!r}, vocab_size={self.vocab_size}, "
+            f"num_extra_ids={self.num_extra_ids})")
+
+  @property
+  def size_with_extra_ids(self) -> int:
+    """Pieces plus sentinels (32100); ids at or above it have no text."""
+    return self.vocab_size + self.num_extra_ids
+
+  def sentinel_id(self, n: int) -> int:
+    """Id of ``<extra_id_n>`` (``<extra_id_0>`` is the last sentinel id)."""
+    if not 0 <= n < self.num_extra_ids:
+      raise ValueError(f"sentinel {n} out of range [0, {self.num_extra_ids})")
+    return self.size_with_extra_ids - 1 - n
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text``, without EOS."""
+    return self._sp.EncodeAsIds(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without EOS (SentencePiece runs it threaded)."""
+    texts = list(texts)
+    if not texts:
+      return []
+    return self._sp.EncodeAsIds(texts)
+
+  def _clean(self, ids: Iterable[int]) -> list[int]:
+    out = []
+    limit = self.size_with_extra_ids
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.ndim > 1:
+      raise ValueError(f"decode takes 1-D ids, got shape {arr.shape}; "
+                       "use decode_batch for 2-D arrays")
+    for i in arr.reshape(-1).tolist():
+      if i == EOS_ID:
+        break
+      if i in (PAD_ID, UNK_ID) or i < 0 or i >= limit:
+        continue
+      out.append(i)
+    return out
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of ``ids`` up to the first EOS.
+
+    PAD, UNK, negative ids (e.g. a ``-100`` label pad) and ids past the
+    sentinels (the padding rows of a 32,128-row embedding) are dropped;
+    sentinel ids become ``<extra_id_N>``.
+
+    Args:
+      ids: a 1-D sequence or array of token ids.
+
+    Returns:
+      the decoded string.
+    """
+    return self._sp.DecodeIds(self._clean(ids))
+
+  def decode_batch(self, ids: Iterable[Iterable[int]]) -> list[str]:
+    """:meth:`decode` of each row of a 2-D array or list of lists."""
+    return [self.decode(row) for row in ids]
+
+
+def load_tokenizer(checkpoint_dir: str | os.PathLike | None = None
+                  ) -> Tokenizer:
+  """The tokenizer for a checkpoint: its own ``spiece.model`` if it has one.
+
+  Args:
+    checkpoint_dir: a checkpoint directory, or None for the bundled T5 vocab.
+
+  Returns:
+    a :class:`Tokenizer` for ``checkpoint_dir/spiece.model`` when that file
+    exists, else for the bundled vocabulary.
+  """
+  if checkpoint_dir is not None:
+    own = os.path.join(os.fspath(checkpoint_dir), SPIECE_FILENAME)
+    if os.path.isfile(own):
+      return Tokenizer(own)
+  return Tokenizer()
+
+
+def seqio_vocabulary(path: str | os.PathLike | None = None):
+  """A ``seqio.SentencePieceVocabulary`` (100 extra ids) for seqio tasks.
+
+  Imports seqio (and TensorFlow) on first use.
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.SentencePieceVocabulary(
+      str(path) if path is not None else bundled_vocab_path(),
+      extra_ids=NUM_EXTRA_IDS)
+
+
+def pad_ids(token_lists: Sequence[Sequence[int]], max_length: int,
+            add_eos: bool = True) -> np.ndarray:
+  """Right-pads (and truncates) id lists into an int32 ``[N, max_length]``.
+
+  With ``add_eos`` every row ends with EOS inside ``max_length``: a list
+  longer than ``max_length - 1`` keeps its first ``max_length - 1`` ids.
+  """
+  if max_length < 1:
+    raise ValueError(f"max_length must be at least 1, got {max_length}")
+  out = np.zeros((len(token_lists), max_length), dtype=np.int32)
+  for row, ids in enumerate(token_lists):
+    ids = list(ids)
+    if add_eos:
+      ids = ids[:max_length - 1] + [EOS_ID]
+    else:
+      ids = ids[:max_length]
+    out[row, :len(ids)] = ids
+  return out
+
+
+def encode_padded(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
+                  add_eos: bool = True) -> np.ndarray:
+  """Tokenizes ``texts`` into an int32 array ``[len(texts), max_length]``.
+
+  Matches an HF T5 tokenizer called with ``max_length=max_length,
+  truncation=True, padding="max_length"``: EOS is appended and survives
+  truncation (``ids[:max_length - 1] + [EOS]``), and rows are padded with 0.
+
+  Args:
+    tokenizer: the tokenizer.
+    texts: the strings.
+    max_length: the fixed row length, EOS included.
+    add_eos: append EOS (True for T5 inputs and targets).
+
+  Returns:
+    np.ndarray of int32, shape ``[len(texts), max_length]``.
+  """
+  return pad_ids(tokenizer.encode_batch(texts), max_length, add_eos=add_eos)

@@ -1,1 +1,0 @@
-"""Data readers, formats and pipelines (never imports a model)."""

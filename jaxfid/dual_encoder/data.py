@@ -1,0 +1,185 @@
+"""Training data for the dual encoder: questions, positives, hard negatives.
+
+Two input formats (JSON list or JSONL, optionally gzipped):
+
+* **FiD JSON** (``jaxfid retrieve ... --output run.json``, FiD's data):
+  ``{"question", "answers", "ctxs": [{"title", "text", "has_answer"}]}``.
+  The positive is the best-ranked ctx with ``has_answer`` true (computed
+  with DPR's answer match when the key is absent), or the first ctx when none
+  has the answer; hard negatives are the ctxs without the answer — with BM25
+  runs, DPR's "BM25 hard negatives".
+* **DPR's retriever training JSON**: ``{"question", "positive_ctxs",
+  "hard_negative_ctxs", "negative_ctxs"}``; the first positive is used, hard
+  negatives (else the plain negatives) as negatives.
+
+:class:`PairBatcher` turns examples into fixed-shape batches as a pure
+function of (seed, step): questions ``[B, Lq]`` and passages ``[B*(1+H), Lp]``
+laid out as each question's positive followed by its H hard negatives. A
+question without enough negatives gets empty rows that are masked out of the
+softmax (``passage_mask``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.text.answer_match import AnswerMatcher
+from jaxfid.retrieval.store.corpus import (
+    iter_json_lines, read_json_document, starts_json_array)
+from jaxfid.dual_encoder.model import passage_text
+
+
+@dataclasses.dataclass(frozen=True)
+class PairExample:
+  """One training question with its passages, as (title, text) pairs."""
+  question: str
+  positive: tuple[str, str]
+  hard_negatives: tuple[tuple[str, str], ...] = ()
+
+
+def _records(path) -> Iterator[tuple[object, dict]]:
+  if starts_json_array(path):
+    for i, record in enumerate(read_json_document(path)):
+      yield f"element {i}", record
+    return
+  yield from iter_json_lines(path)
+
+
+def _passage(path, where, ctx) -> tuple[str, str]:
+  if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
+    raise InputError(path, "each passage must be an object with a string "
+                     "'text'", where=where)
+  title = ctx.get("title") or ""
+  if not isinstance(title, str):
+    raise InputError(path, "passage 'title' must be a string", where=where)
+  return title, ctx["text"]
+
+
+def parse_example(path, where, record) -> PairExample | None:
+  """The example of one record; None when it has no passage at all."""
+  if not isinstance(record, dict):
+    raise InputError(path, "expected a JSON object per example", where=where)
+  question = record.get("question")
+  if not isinstance(question, str) or not question.strip():
+    raise InputError(path, "missing 'question'", where=where)
+  if "positive_ctxs" in record:  # DPR's training format
+    lists = [record.get(k) or [] for k in ("positive_ctxs",
+                                           "hard_negative_ctxs",
+                                           "negative_ctxs")]
+    if not all(isinstance(x, list) for x in lists):
+      raise InputError(path, "positive_ctxs, hard_negative_ctxs and "
+                       "negative_ctxs must be lists", where=where)
+    positives, hard, plain = [[_passage(path, where, c) for c in x]
+                              for x in lists]
+    if not positives:
+      return None
+    return PairExample(question, positives[0], tuple(hard or plain))
+  ctxs = record.get("ctxs")
+  if not isinstance(ctxs, list):
+    raise InputError(path, "expected 'ctxs' (FiD) or 'positive_ctxs' (DPR)",
+                     where=where)
+  if not ctxs:
+    return None
+  answers = record.get("answers") or []
+  if isinstance(answers, str):
+    answers = [answers]
+  matcher = AnswerMatcher(answers) if answers else None
+  passages, hits = [], []
+  for ctx in ctxs:
+    passages.append(_passage(path, where, ctx))
+    flag = ctx.get("has_answer")
+    if flag is None:
+      flag = bool(matcher and matcher(ctx["text"]))
+    hits.append(bool(flag))
+  first = hits.index(True) if any(hits) else 0
+  negatives = tuple(p for k, (p, hit) in enumerate(zip(passages, hits))
+                    if not hit and k != first)
+  return PairExample(question, passages[first], negatives)
+
+
+def read_pair_examples(path: str | os.PathLike,
+                       limit: int | None = None) -> list[PairExample]:
+  """Reads FiD or DPR training data; examples without passages are dropped."""
+  out = []
+  for where, record in _records(path):
+    example = parse_example(path, where, record)
+    if example is not None:
+      out.append(example)
+    if limit is not None and len(out) >= limit:
+      break
+  if not out:
+    raise InputError(path, "no training examples with passages")
+  return out
+
+
+class PairBatcher:
+  """Deterministic batches of questions, positives and hard negatives.
+
+  Args:
+    examples: the training examples.
+    tokenizer: the T5 tokenizer.
+    batch_size: questions per batch.
+    hard_negatives: hard negatives per question (H).
+    query_maxlength / passage_maxlength: token lengths.
+    passage_format: see :func:`jaxfid.dual_encoder.model.passage_text`.
+    seed: data order and negative choice depend on (seed, step) only.
+  """
+
+  def __init__(self, examples: Sequence[PairExample], tokenizer, *,
+               batch_size: int, hard_negatives: int = 1,
+               query_maxlength: int = 64, passage_maxlength: int = 256,
+               passage_format: str = "title_text", seed: int = 0):
+    if len(examples) < batch_size:
+      raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
+                       f"the training data has only {len(examples)}")
+    if hard_negatives < 0:
+      raise ValueError("hard_negatives must be >= 0")
+    self.examples = list(examples)
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self.hard_negatives = hard_negatives
+    self.query_maxlength = query_maxlength
+    self.passage_maxlength = passage_maxlength
+    self.passage_format = passage_format
+    self.seed = seed
+    self.batches_per_epoch = len(self.examples) // batch_size
+
+  def indices(self, step: int) -> np.ndarray:
+    epoch, k = divmod(step, self.batches_per_epoch)
+    order = np.random.default_rng([self.seed, epoch]).permutation(
+        len(self.examples))
+    return order[k * self.batch_size:(k + 1) * self.batch_size]
+
+  def batch(self, step: int) -> dict:
+    """``query_tokens [B, Lq]``, ``passage_tokens [B*(1+H), Lp]``,
+    ``passage_mask [B*(1+H)]`` (bool) for training step ``step``."""
+    from jaxfid.core.tokenization import encode_padded
+    rng = np.random.default_rng([self.seed, step, 1])
+    questions, texts, mask = [], [], []
+    for i in self.indices(step):
+      example = self.examples[int(i)]
+      questions.append(example.question)
+      texts.append(passage_text(*example.positive, self.passage_format))
+      mask.append(True)
+      negatives = list(example.hard_negatives)
+      picked = (rng.choice(len(negatives), size=min(len(negatives),
+                                                   self.hard_negatives),
+                           replace=False) if negatives else [])
+      for j in range(self.hard_negatives):
+        if j < len(picked):
+          texts.append(passage_text(*negatives[int(picked[j])],
+                                    self.passage_format))
+          mask.append(True)
+        else:
+          texts.append("")
+          mask.append(False)
+    passages = encode_padded(self.tokenizer, texts, self.passage_maxlength)
+    passages[~np.asarray(mask)] = 0
+    return {"query_tokens": encode_padded(self.tokenizer, questions,
+                                          self.query_maxlength),
+            "passage_tokens": passages,
+            "passage_mask": np.asarray(mask, dtype=bool)}

@@ -1,0 +1,353 @@
+"""A T5 dual encoder (GTR / Sentence-T5): mean-pooled encoder outputs.
+
+A text is embedded by the T5 *encoder* alone: its final hidden states (after
+the final RMS norm) are averaged over the non-padding tokens, EOS included,
+as sentence-transformers' ``Pooling(mean)`` does over HF's attention mask
+(``pooling="first"`` takes the first token instead: Sentence-T5's
+"ST5-Enc first"). GTR and Sentence-T5 checkpoints then apply a bias-free
+dense projection and L2-normalise; both are optional here.
+
+Parameters are one nested dict (so they checkpoint, shard and restore like
+every jaxfid model):
+
+* ``token_embedder``, ``encoder``, ``decoder``: the parameters of a
+  :class:`~jaxfid.t5.model.FiDModel` whose config has no decoder layers
+  and a tied output (:func:`encoder_config`), i.e. the encoder plus a
+  two-array decoder stub. A dual encoder's ``MODEL_DIR`` therefore also
+  loads with :func:`jaxfid.checkpoints.load.load_checkpoint` (shared towers, no
+  projection), which is what the ReFusion code expects of an encoder;
+* ``projection`` (optional): ``{"kernel": [D, P]}`` and optionally ``bias``;
+* ``query_tower`` (optional, DPR-style separate encoders): the same tree
+  again (T5 part and projection) for questions; passages always use the
+  top-level tower.
+
+Texts: passages are embedded as ``title + " " + text`` (``passage_format=
+"title_text"``, what sentence-transformers' BEIR evaluation feeds GTR), or
+``"title: T context: P"`` (``"fid"``, the reader's format); questions as
+their text. Both end with EOS and are truncated to ``passage_maxlength`` /
+``query_maxlength`` tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxfid.core import sharding as shd
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import FiDModel
+
+Array = jax.Array
+POOLINGS = ("mean", "first")
+PASSAGE_FORMATS = ("title_text", "fid")
+ACTIVATIONS = ("identity", "tanh")
+TOWERS = ("passage", "query")
+T5_KEYS = ("token_embedder", "encoder", "decoder")
+QUERY_TOWER = "query_tower"
+
+
+@dataclasses.dataclass(frozen=True)
+class DualEncoderConfig:
+  """How texts become vectors (everything but the T5 architecture).
+
+  Attributes:
+    pooling: 'mean' over non-padding tokens (GTR, Sentence-T5) or 'first'.
+    normalize: L2-normalise the vectors (GTR, Sentence-T5 do).
+    projection_dim: width of the dense projection after pooling, or None.
+    projection_bias: whether the projection has a bias.
+    projection_activation: 'identity' (GTR) or 'tanh'.
+    shared: one encoder for questions and passages (GTR); False gives the
+      questions their own tower (DPR).
+    query_maxlength / passage_maxlength: tokens per text, EOS included.
+    passage_format: 'title_text' or 'fid' (see the module docstring).
+  """
+  pooling: str = "mean"
+  normalize: bool = False
+  projection_dim: int | None = None
+  projection_bias: bool = False
+  projection_activation: str = "identity"
+  shared: bool = True
+  query_maxlength: int = 64
+  passage_maxlength: int = 256
+  passage_format: str = "title_text"
+
+  def __post_init__(self):
+    for name, value, allowed in (
+        ("pooling", self.pooling, POOLINGS),
+        ("passage_format", self.passage_format, PASSAGE_FORMATS),
+        ("projection_activation", self.projection_activation, ACTIVATIONS)):
+      if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if self.query_maxlength < 2 or self.passage_maxlength < 2:
+      raise ValueError("query_maxlength and passage_maxlength must be >= 2")
+    if self.projection_dim is not None and self.projection_dim < 1:
+      raise ValueError("projection_dim must be positive")
+
+  def replace(self, **changes) -> "DualEncoderConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, fields: dict) -> "DualEncoderConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+def encoder_config(config: T5Config) -> T5Config:
+  """The config of a dual encoder's network: no decoder layers, tied output."""
+  return config.replace(num_decoder_layers=0, tie_word_embeddings=True)
+
+
+def passage_text(title: str, text: str, passage_format: str = "title_text"
+                 ) -> str:
+  """The string a passage is embedded as."""
+  if passage_format == "fid":
+    return f"title: {title} context: {text}"
+  return f"{title} {text}" if title else text
+
+
+class DualEncoder:
+  """Embedding as a pure function of ``params`` (see the module docstring)."""
+
+  def __init__(self, config: T5Config, settings: DualEncoderConfig):
+    self.config = encoder_config(config)
+    self.settings = settings
+    self.model = FiDModel(self.config)
+
+  @property
+  def dim(self) -> int:
+    return self.settings.projection_dim or self.config.d_model
+
+  # ---- parameters ------------------------------------------------------
+
+  def _projection(self, init: bool, rng: np.random.Generator | None):
+    s = self.settings
+    if s.projection_dim is None:
+      return None
+    shape = (self.config.d_model, s.projection_dim)
+    if init:
+      kernel = rng.standard_normal(shape).astype(np.float32)
+      out = {"kernel": jnp.asarray(kernel * shape[0] ** -0.5)}
+      if s.projection_bias:
+        out["bias"] = jnp.zeros((shape[1],), jnp.float32)
+      return out
+    out = {"kernel": jax.ShapeDtypeStruct(shape, jnp.float32)}
+    if s.projection_bias:
+      out["bias"] = jax.ShapeDtypeStruct((shape[1],), jnp.float32)
+    return out
+
+  def _tower(self, t5: dict, projection) -> dict:
+    tower = dict(t5)
+    if projection is not None:
+      tower["projection"] = projection
+    return tower
+
+  def abstract_params(self) -> dict:
+    """Shape-only parameters (``jax.ShapeDtypeStruct`` leaves)."""
+    t5 = self.model.abstract_params()
+    params = self._tower(t5, self._projection(False, None))
+    if not self.settings.shared:
+      params[QUERY_TOWER] = self._tower(t5, self._projection(False, None))
+    return params
+
+  def init_params(self, seed: int = 0) -> dict:
+    """Random parameters (T5 initialisers; projection ~ N(0, 1/D))."""
+    rng = np.random.default_rng(seed)
+    params = self._tower(self.model.init_params(seed),
+                         self._projection(True, rng))
+    if not self.settings.shared:
+      params[QUERY_TOWER] = self._tower(self.model.init_params(seed + 1),
+                                        self._projection(True, rng))
+    return params
+
+  def from_encoder_params(self, t5_encoder: dict,
+                          projection: dict | None = None) -> dict:
+    """Full parameters from an encoder's ``token_embedder`` and ``encoder``.
+
+    The decoder stub is filled with ones (norm) and zeros (position table);
+    a separate query tower starts as a copy of the passage tower.
+    """
+    stub = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype),
+        self.model.abstract_params()["decoder"])
+    stub["decoder_norm"]["scale"] = jnp.ones_like(stub["decoder_norm"]["scale"])
+    t5 = {"token_embedder": t5_encoder["token_embedder"],
+          "encoder": t5_encoder["encoder"], "decoder": stub}
+    if projection is None and self.settings.projection_dim is not None:
+      projection = self._projection(True, np.random.default_rng(0))
+    params = self._tower(t5, projection)
+    if not self.settings.shared:
+      params[QUERY_TOWER] = jax.tree.map(lambda x: x, self._tower(t5,
+                                                                  projection))
+    return params
+
+  def param_shardings(self, mesh) -> dict:
+    """NamedShardings of the parameters from the T5 logical axes."""
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str)
+                                                     for a in x)
+    t5 = jax.tree.map(
+        lambda axes: NamedSharding(mesh, shd.logical_to_mesh(axes, mesh=mesh)),
+        self.model.param_axes(), is_leaf=is_axes)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    tower = self._tower(t5, None if self.settings.projection_dim is None else
+                        jax.tree.map(lambda _: replicated,
+                                     self._projection(False, None)))
+    out = dict(tower)
+    if not self.settings.shared:
+      out[QUERY_TOWER] = dict(tower)
+    return out
+
+  # ---- embedding -------------------------------------------------------
+
+  def tower_params(self, params: dict, tower: str) -> dict:
+    if tower not in TOWERS:
+      raise ValueError(f"tower must be one of {TOWERS}, got {tower!r}")
+    if tower == "query" and not self.settings.shared:
+      return params[QUERY_TOWER]
+    return params
+
+  def pool(self, hidden: Array, mask: Array) -> Array:
+    """float32 [B, D] from hidden [B, L, D] and bool mask [B, L]."""
+    hidden = hidden.astype(jnp.float32)
+    if self.settings.pooling == "first":
+      return hidden[:, 0]
+    weights = mask.astype(jnp.float32)[..., None]
+    total = jnp.sum(hidden * weights, axis=1)
+    return total / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+
+  def embed(self, params: dict, tokens: Array, *, tower: str = "passage",
+            dropout_rng: Array | None = None) -> Array:
+    """float32 [B, dim] vectors of int32 tokens [B, L] (0 = padding)."""
+    p = self.tower_params(params, tower)
+    net = self.model.network({k: p[k] for k in T5_KEYS})
+    out = net.encode(tokens, dropout_rng=dropout_rng)
+    x = self.pool(out.hidden, out.mask)
+    proj = p.get("projection")
+    if proj is not None:
+      x = x @ proj["kernel"]
+      if "bias" in proj:
+        x = x + proj["bias"]
+      if self.settings.projection_activation == "tanh":
+        x = jnp.tanh(x)
+    if self.settings.normalize:
+      x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return x
+
+
+def params_fingerprint(params: Any, *extra: Any) -> str:
+  """A short hash of parameter shapes and sampled values (plus ``extra``).
+
+  Used to recognise embeddings computed by the same encoder: it reads every
+  leaf but hashes at most ~4096 values of each, so it is cheap for large
+  models and changes whenever a trained checkpoint does.
+  """
+  h = hashlib.blake2b(digest_size=12)
+  for item in extra:
+    h.update(repr(item).encode())
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  for path, leaf in leaves:
+    arr = np.asarray(leaf)
+    flat = arr.reshape(-1)
+    sample = flat[::max(1, flat.size // 4096)]
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(repr((arr.shape, str(arr.dtype))).encode())
+    h.update(np.ascontiguousarray(sample).tobytes())
+    h.update(np.float64(flat.astype(np.float64).sum()).tobytes())
+  return h.hexdigest()
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+class Embedder:
+  """Embeds texts on all devices: batch sharded over a ``data`` mesh, jitted.
+
+  Args:
+    encoder: the dual encoder.
+    params: its parameters (host or device arrays).
+    tokenizer: the T5 tokenizer.
+    mesh: a device mesh (default: every device on ``data``); parameters are
+      placed by the T5 logical axis rules, so ``model``/``fsdp`` meshes shard
+      large encoders.
+    batch_size: texts per device call (rounded up to the data-parallel size).
+    length_bucket: token lengths are padded to a multiple of this (at most
+      the max length), so a batch of short texts costs less, with few
+      compilations.
+  """
+
+  def __init__(self, encoder: DualEncoder, params: dict, tokenizer, *,
+               mesh=None, batch_size: int = 128, length_bucket: int = 32):
+    self.encoder = encoder
+    self.tokenizer = tokenizer
+    self.mesh = mesh if mesh is not None else shd.parse_mesh("")
+    parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.batch_size = _round_up(max(batch_size, 1), parallel)
+    self.length_bucket = max(1, length_bucket)
+    self.params = jax.device_put(params, encoder.param_shardings(self.mesh))
+    self.batch_sharding = NamedSharding(
+        self.mesh, shd.logical_to_mesh((shd.BATCH,), mesh=self.mesh))
+    self.parallel = parallel
+
+  @functools.cached_property
+  def _fns(self) -> dict:
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    return {tower: jax.jit(
+        functools.partial(self.encoder.embed, tower=tower),
+        out_shardings=replicated) for tower in TOWERS}
+
+  def tokenize(self, texts: Sequence[str], max_length: int) -> np.ndarray:
+    """int32 [len(texts), L]: EOS-terminated ids, L a bucket <= max_length."""
+    from jaxfid.core.tokenization import pad_ids
+    ids = self.tokenizer.encode_batch(list(texts))
+    longest = max((len(i) + 1 for i in ids), default=1)
+    length = min(max_length, _round_up(longest, self.length_bucket))
+    return pad_ids(ids, length)
+
+  def _dispatch(self, tokens: np.ndarray, tower: str):
+    n = len(tokens)
+    # a short (last) batch is padded to the full batch: no recompilation
+    size = _round_up(max(n, self.batch_size), self.parallel)
+    if size > n:
+      tokens = np.concatenate(
+          [tokens, np.zeros((size - n, tokens.shape[1]), np.int32)])
+    with jax.set_mesh(self.mesh):
+      batch = jax.device_put(tokens, self.batch_sharding)
+      return self._fns[tower](self.params, batch), n
+
+  def embed_batches(self, batches, tower: str, max_length: int):
+    """Yields float32 [n, dim] for each list of texts of ``batches``.
+
+    Tokenising batch i+1 overlaps the device computing batch i.
+    """
+    pending = None
+    for texts in batches:
+      out = self._dispatch(self.tokenize(texts, max_length), tower)
+      if pending is not None:
+        yield np.asarray(pending[0])[:pending[1]]
+      pending = out
+    if pending is not None:
+      yield np.asarray(pending[0])[:pending[1]]
+
+  def embed(self, texts: Sequence[str], tower: str = "passage",
+            max_length: int | None = None) -> np.ndarray:
+    """float32 [len(texts), dim]."""
+    s = self.encoder.settings
+    if max_length is None:
+      max_length = (s.query_maxlength if tower == "query"
+                    else s.passage_maxlength)
+    texts = list(texts)
+    batches = [texts[i:i + self.batch_size]
+               for i in range(0, len(texts), self.batch_size)]
+    out = list(self.embed_batches(batches, tower, max_length))
+    if not out:
+      return np.zeros((0, self.encoder.dim), np.float32)
+    return np.concatenate(out)

@@ -1,0 +1,254 @@
+"""Speed and memory of FiD training steps and greedy decoding (``jaxfid bench``).
+
+Synthetic batches of exactly the configured shapes (every passage full
+length, every answer ``answer_maxlength`` tokens; decoding never stops early),
+timed after a warm-up (compile) step. Reported: examples/s, step time, model
+TFLOP/s (analytic model FLOPs, not counting remat recomputation), MFU against
+a peak TFLOP/s that is measured (a large matmul in the activation dtype) or
+given, peak device memory, and the device.
+
+``memory_estimate`` works from shapes alone (nothing is allocated or
+compiled), so it runs at full sizes on any host: the bytes a train step must
+hold whatever the compiler does — parameters, Adam's two moments, gradients,
+and the activations the backward pass keeps (JAX's saved residuals under the
+configured remat policy). It is a lower bound: one layer's recomputation and
+backward working set and the compiler's temporaries come on top.
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import resource
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfid.t5 import decoding
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import FiDModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  batch_size: int
+  n_context: int
+  text_maxlength: int
+  answer_maxlength: int
+
+
+def forward_flops(cfg: T5Config, shape: Shape, decoded_tokens: int | None = None) -> float:
+  """Matmul FLOPs of one forward pass over a batch (2 per multiply-add)."""
+  b, p, l = shape.batch_size, shape.n_context, shape.text_maxlength
+  t = shape.answer_maxlength if decoded_tokens is None else decoded_tokens
+  d, f, inner = cfg.d_model, cfg.d_ff, cfg.inner_dim
+  kv_inner = cfg.d_kv if cfg.multi_query_cross_attention else inner
+  mlp = (3 if cfg.is_gated else 2) * d * f
+  attn_proj = 4 * d * inner
+  enc_tokens = b * p * l
+  enc = cfg.num_layers * (enc_tokens * 2 * (attn_proj + mlp)
+                          + b * p * 2 * 2 * l * l * inner)
+  dec_tokens = b * t
+  n_cross = sum(cfg.has_cross_attention(i) for i in range(cfg.num_decoder_layers))
+  dec = cfg.num_decoder_layers * dec_tokens * 2 * (attn_proj + mlp)
+  dec += cfg.num_decoder_layers * b * 2 * 2 * t * t * inner
+  dec += n_cross * (dec_tokens * 2 * 2 * d * inner          # cross q, o
+                    + enc_tokens * 2 * 2 * d * kv_inner     # cross k, v
+                    + b * 2 * 2 * t * p * l * inner)        # scores, context
+  head = dec_tokens * 2 * d * cfg.vocab_size
+  return float(enc + dec + head)
+
+
+def measure_peak_tflops(dtype: str) -> float:
+  """TFLOP/s of a large square matmul in ``dtype`` on the default device."""
+  n = 8192 if jax.default_backend() != "cpu" else 1024
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  reps = 20 if jax.default_backend() != "cpu" else 3
+  t0 = time.perf_counter()
+  for _ in range(reps):
+    out = f(a)
+  out.block_until_ready()
+  return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def peak_memory_gb() -> tuple[float, str]:
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return stats["peak_bytes_in_use"] / 1e9, "device"
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, "host_rss"
+
+
+def synthetic_batch(cfg: T5Config, shape: Shape, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  b, p, l, t = (shape.batch_size, shape.n_context, shape.text_maxlength,
+                shape.answer_maxlength)
+  enc = rng.integers(3, min(cfg.vocab_size, 32000), size=(b, p, l)).astype(np.int32)
+  enc[:, :, -1] = 1
+  tgt = rng.integers(3, min(cfg.vocab_size, 32000), size=(b, t)).astype(np.int32)
+  tgt[:, -1] = 1
+  return {"encoder_input_tokens": enc, "decoder_target_tokens": tgt}
+
+
+def abstract_batch(shape: Shape) -> dict:
+  """``synthetic_batch``'s shapes and dtypes, without the data."""
+  b, p, l, t = (shape.batch_size, shape.n_context, shape.text_maxlength,
+                shape.answer_maxlength)
+  return {"encoder_input_tokens": jax.ShapeDtypeStruct((b, p, l), jnp.int32),
+          "decoder_target_tokens": jax.ShapeDtypeStruct((b, t), jnp.int32)}
+
+
+def _nbytes(aval) -> int:
+  if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
+    return 0  # a key is a few words
+  return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+
+
+def memory_estimate(cfg: T5Config, shape: Shape, *, accumulation_steps: int = 1,
+                    optimizer_moments: int = 2, top: int = 5) -> dict:
+  """Lower bound of a train step's memory, from shapes (see module docstring).
+
+  For one device holding the whole batch and all parameters: under data
+  parallelism over N devices the activations divide by N (and with ``fsdp``
+  the parameters, moments and gradients too). Saved activations are JAX's
+  residuals of the loss on one microbatch (``shape.batch_size /
+  accumulation_steps`` examples) under ``cfg.remat`` —
+  ``jax.ad_checkpoint.print_saved_residuals`` lists the same — not counting
+  those that are parameters; ``largest_saved`` names the biggest kinds.
+  Accumulation adds a second gradient-sized buffer (the running sum).
+  """
+  if accumulation_steps < 1 or shape.batch_size % accumulation_steps:
+    raise ValueError(f"batch of {shape.batch_size} does not split into "
+                     f"{accumulation_steps} microbatches")
+  micro = dataclasses.replace(
+      shape, batch_size=shape.batch_size // accumulation_steps)
+  try:
+    from jax._src.ad_checkpoint import saved_residuals
+  except ImportError as e:  # private helper behind print_saved_residuals
+    raise RuntimeError(f"this JAX ({jax.__version__}) has no saved_residuals "
+                       f"helper: {e}") from None
+  model = FiDModel(cfg)
+  params = model.abstract_params()
+  param_bytes = sum(_nbytes(x) for x in jax.tree.leaves(params))
+
+  def loss(p, batch, rng):
+    return model.loss(p, batch, rng, normalizer=jnp.float32(1.0))[0]
+
+  residuals = saved_residuals(loss, params, abstract_batch(micro),
+                              jax.random.key(0))
+  saved, kinds = 0, {}
+  for aval, source in residuals:
+    if "from the argument" in source:
+      continue  # parameters (counted above) and the batch
+    n = _nbytes(aval)
+    saved += n
+    kind = f"{aval.str_short()}: {source.split(' from ')[0]}"
+    kinds[kind] = kinds.get(kind, 0) + n
+  gb = lambda n: n / 1e9  # noqa: E731
+  parts = {"params_gb": gb(param_bytes),
+           "optimizer_gb": gb(optimizer_moments * param_bytes),
+           "gradients_gb": gb((1 if accumulation_steps == 1 else 2)
+                              * param_bytes),
+           "saved_activations_gb": gb(saved)}
+  largest = sorted(kinds.items(), key=lambda kv: -kv[1])[:top]
+  return {"mode": "memory", **parts,
+          "lower_bound_gb": sum(parts.values()),
+          "largest_saved": [{"what": k, "gb": gb(v)} for k, v in largest],
+          "remat": cfg.remat, "dtype": cfg.dtype,
+          "accumulation_steps": accumulation_steps,
+          "shape": dataclasses.asdict(shape)}
+
+
+def _time(fn, args, steps):
+  out = fn(*args)  # warm-up: compile
+  jax.block_until_ready(out)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / steps, out
+
+
+def bench_train(cfg: T5Config, shape: Shape, *, steps: int, learning_rate=1e-4,
+                seed: int = 0) -> dict:
+  """Time the full train step (forward, backward, Adam update)."""
+  import optax
+
+  from jaxfid.training.step import make_train_step
+  model = FiDModel(cfg)
+  opt = optax.adam(learning_rate)
+  params = jax.jit(lambda: model.init_params(seed))()
+  state = {"step": jnp.zeros((), jnp.int32), "params": params,
+           "opt_state": opt.init(params)}
+  loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
+  step = jax.jit(make_train_step(loss_fn, opt, seed=seed), donate_argnums=0)
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(cfg, shape, seed))
+  state, _ = step(state, batch)  # compile
+  jax.block_until_ready(state)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step(state, batch)
+  jax.block_until_ready(metrics)
+  dt = (time.perf_counter() - t0) / steps
+  return {"step_time_s": dt, "flops": 3 * forward_flops(cfg, shape)}
+
+
+def bench_decode(cfg: T5Config, shape: Shape, *, steps: int, seed: int = 0) -> dict:
+  """Time greedy decoding of exactly ``answer_maxlength`` tokens (no early EOS)."""
+  model = FiDModel(cfg)
+  params = jax.jit(lambda: model.init_params(seed))()
+
+  def generate(params, tokens):
+    net = model.network(params)
+    enc = fid.encode_passages(net, tokens)
+    cache = net.init_cache(enc.hidden, enc.mask, shape.answer_maxlength)
+    out, _ = decoding.greedy_decode(
+        lambda s: net.decode_step(s.cur_token, s.cache, s.cur_index), cache,
+        batch_size=tokens.shape[0], max_decode_len=shape.answer_maxlength,
+        eos_id=-1)
+    return out
+
+  tokens = jnp.asarray(synthetic_batch(cfg, shape, seed)["encoder_input_tokens"])
+  dt, _ = _time(jax.jit(generate), (params, tokens), steps)
+  return {"step_time_s": dt, "flops": forward_flops(cfg, shape)}
+
+
+def run(mode: str, cfg: T5Config, shape: Shape, *, steps: int,
+        peak_tflops: float | None = None) -> dict:
+  if mode == "train":
+    r = bench_train(cfg, shape, steps=steps)
+  elif mode == "decode":
+    r = bench_decode(cfg, shape, steps=steps)
+  else:
+    raise ValueError(f"mode must be 'train' or 'decode', got {mode!r}")
+  peak_source = "given"
+  if peak_tflops is None:
+    peak_tflops = measure_peak_tflops(cfg.dtype)
+    peak_source = f"measured ({cfg.dtype} matmul)"
+  mem, mem_source = peak_memory_gb()
+  tflops = r["flops"] / r["step_time_s"] / 1e12
+  device = jax.devices()[0]
+  return {
+      "mode": mode,
+      "examples_per_sec": shape.batch_size / r["step_time_s"],
+      "step_time_s": r["step_time_s"],
+      "model_tflops_per_sec": tflops,
+      "mfu": tflops / peak_tflops,
+      "peak_tflops": peak_tflops,
+      "peak_tflops_source": peak_source,
+      "peak_memory_gb": mem,
+      "peak_memory_source": mem_source,
+      "device": f"{device.platform}:{getattr(device, 'device_kind', '')}",
+      "device_count": jax.device_count(),
+      "host": f"{platform.processor() or platform.machine()}",
+      "steps": steps,
+      "prng_impl": str(jax.random.key_impl(jax.random.key(0))),
+      "model": {k: getattr(cfg, k) for k in (
+          "d_model", "d_ff", "d_kv", "num_heads", "num_layers",
+          "num_decoder_layers", "vocab_size", "feed_forward_proj", "dtype",
+          "remat", "cross_attention_period", "multi_query_cross_attention")},
+      "shape": dataclasses.asdict(shape),
+  }

@@ -1,0 +1,116 @@
+"""Checkpoint + FiD file -> predictions, EM/F1 (``jaxfid predict`` and the trainer's eval).
+
+Batches have a fixed size (the last one padded), so one compiled decoder
+serves the whole file. The output JSONL is written to a temporary file and
+renamed when complete: a crash leaves no partial file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jaxfid.evaluation import qa as evaluation
+from jaxfid.fid import batches as pipeline
+from jaxfid.fid.examples import FidExample
+
+
+def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
+                    alpha: float = 0.6):
+  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``."""
+  def fn(params, batch):
+    return model.predict(params, batch["encoder_input_tokens"],
+                         passage_mask=batch["passage_mask"],
+                         max_decode_len=max_decode_len, num_beams=num_beams,
+                         alpha=alpha)
+  return jax.jit(fn)
+
+
+def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
+             n_context: int, text_maxlength: int, answer_maxlength: int,
+             batch_size: int = 8, num_beams: int = 1, alpha: float = 0.6,
+             put_batch=None, predict_fn=None, progress: bool = True) -> list[str]:
+  """Predicted answer strings, in input order.
+
+  Args:
+    put_batch: optional function placing a host batch on devices (the
+      trainer passes one that shards it over the mesh).
+  """
+  predict_fn = predict_fn or make_predict_fn(
+      model, max_decode_len=answer_maxlength, num_beams=num_beams, alpha=alpha)
+  put_batch = put_batch or (lambda b: jax.tree.map(jnp.asarray, b))
+  out: list[str] = []
+  batches = pipeline.eval_batches(examples, tokenizer, batch_size=batch_size,
+                                  n_context=n_context,
+                                  text_maxlength=text_maxlength)
+  total = (len(examples) + batch_size - 1) // batch_size
+  for _, real, batch in tqdm(batches, total=total, desc="predict",
+                             disable=not progress, file=sys.stderr,
+                             leave=False):
+    tokens = np.asarray(jax.device_get(predict_fn(params, put_batch(batch))))
+    out.extend(tokenizer.decode(row.tolist()) for row in tokens[:real])
+  return out
+
+
+def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
+  """EM and F1 (SQuAD normalisation, max over gold answers).
+
+  Examples without gold answers get ``None`` and are left out of the means.
+  """
+  ems, f1s = [], []
+  for p, ex in zip(predictions, examples):
+    ems.append(evaluation.exact_match(p, ex.answers) if ex.answers else None)
+    f1s.append(evaluation.f1_score(p, ex.answers) if ex.answers else None)
+  scored = [e for e in ems if e is not None]
+  n = max(len(scored), 1)
+  return {"em": float(sum(scored) / n),
+          "f1": float(sum(f for f in f1s if f is not None) / n),
+          "scored": len(scored), "per_example_em": ems, "per_example_f1": f1s}
+
+
+def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
+                   n_context: int, text_maxlength: int, batch_size: int = 8,
+                   mode: str = "probs") -> list[list[float]]:
+  """Cross-attention score of each example's passages (in FiD's sorted order)."""
+  fn = jax.jit(lambda p, b: model.passage_scores(
+      p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
+  out: list[list[float]] = []
+  for start, real, batch in pipeline.eval_batches(
+      examples, tokenizer, batch_size=batch_size, n_context=n_context,
+      text_maxlength=text_maxlength):
+    scores = np.asarray(fn(params, jax.tree.map(jnp.asarray, batch)))
+    for i in range(real):
+      n = int(batch["passage_mask"][i].sum())
+      out.append([float(s) for s in scores[i, :n]])
+  return out
+
+
+def write_predictions(path: str, examples: Sequence[FidExample],
+                      predictions: Sequence[str], scores: dict,
+                      passage_scores: Sequence[Sequence[float]] | None = None
+                      ) -> None:
+  """One JSON line per example, input order; atomic."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      for i, (ex, pred) in enumerate(zip(examples, predictions)):
+        record = {"id": ex.id if ex.id is not None else i,
+                  "question": ex.question, "prediction": pred,
+                  "answers": list(ex.answers),
+                  "em": scores["per_example_em"][i],
+                  "f1": scores["per_example_f1"][i]}
+        if passage_scores is not None:
+          record["passage_scores"] = passage_scores[i]
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -1,1 +1,0 @@
-"""Networks: T5 and the retrieval-augmented models built on it."""

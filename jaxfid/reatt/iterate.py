@@ -1,0 +1,418 @@
+"""ReAtt's iterative training as explicit rounds (``jaxfid reatt iterate``).
+
+The paper trains ReAtt in iterations: the first on close documents from
+BM25 (or DPR), each later one on close documents that the previous model
+retrieves from the whole corpus. The ReAtt trainer can do this itself
+(``RETRIEVAL_CORPUS`` + ``ITERATION_STEPS``); this module is the explicit
+alternative, where every round's index and training file are ordinary,
+inspectable outputs. With ``W = RETRIEVAL_WARMUP_STEPS``, ``S`` steps per
+iteration and work directory ``DIR`` (default ``MODEL_DIR/iterate``),
+iteration ``i`` (0-based):
+
+1. trains MODEL_DIR until step ``W + (i+1) * S`` (the gin run with
+   ``TRAIN_STEPS`` and ``TRAIN_DATA`` overridden: TRAIN_DATA for ``i = 0``,
+   ``DIR/train_{i-1}.json`` after), resuming from MODEL_DIR's latest
+   checkpoint;
+2. indexes the corpus with that checkpoint into ``DIR/index_i`` (what
+   ``jaxfid index reatt`` does);
+3. retrieves the training queries' ``top_k`` close documents into
+   ``DIR/train_i.json`` (what ``jaxfid retrieve`` does: FiD JSON);
+4. writes ``DIR/iteration_i.json``, the iteration's record: the step, the
+   files, the last logged in-batch retrieval accuracy, the answer recall of
+   the new close documents and the share of questions whose close documents
+   changed. The record is written last: an iteration is finished when it and
+   its index and training file exist, and a rerun skips finished iterations.
+
+Training runs in-process (gin is re-parsed for each round: ``parse_gin``
+clears the previous configuration), so each round compiles its train step
+once. Each round is one call of the trainer with ``train_steps`` set to the
+round's end; to make the learning-rate schedule the one the in-trainer loop
+would follow, the rounds bind ``ITERATION_STEPS = S`` with no retrieval
+corpus (phase boundaries without refresh): with ``RESTART_SCHEDULE`` every
+round is its own warm-up-and-decay phase, as in the paper's recipe
+(``gin/reatt/large.gin``). A schedule that spans the whole run (linear decay,
+or ``WARMUP_FRACTION``, without restarts) depends on the total step count,
+which a round does not know, so it is refused rather than silently changed.
+
+The in-trainer refresh and this command must not both run: a gin config
+with ``RETRIEVAL_CORPUS`` set, or an ``ITERATION_STEPS`` other than the
+command's steps per iteration, is refused. ``DIR/iterate.json`` records the
+run a work directory belongs to (MODEL_DIR, data, corpus, steps, top-k), so
+a rerun with other settings is refused instead of mixing two runs' files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+from jaxfid.core.errors import InputError
+
+STATE_FILE = "iterate.json"
+DEFAULT_WORK_DIR = "iterate"  # under MODEL_DIR
+TRAINER = "reatt_trainer.train"
+SETTINGS = ("model_dir", "train_data", "train_steps", "retrieval_warmup_steps",
+            "iteration_steps", "retrieval_corpus", "n_context", "token_top_k",
+            "schedule", "restart_schedule", "warmup_fraction",
+            "index_batch_size")
+ANSWER_KS = (1, 5, 20, 100)
+
+
+@dataclasses.dataclass(frozen=True)
+class GinRun:
+  """The user's gin files and ``--gin.NAME=VALUE`` bindings."""
+  files: tuple[str, ...]
+  bindings: tuple[str, ...] = ()
+  search_paths: tuple[str, ...] = ()
+
+  def parse(self, extra: Sequence[str] = ()) -> None:
+    """Parses the run (and ``extra`` bindings, which win); clears any other."""
+    from jaxfid.commands import gin_flags
+    gin_flags.parse_gin(list(self.files), [*self.bindings, *extra],
+                        list(self.search_paths))
+
+
+@dataclasses.dataclass(frozen=True)
+class Iteration:
+  """One round: train ``[start_step, end_step)`` on ``train_data``, then refresh."""
+  number: int
+  start_step: int
+  end_step: int
+  train_data: str
+  index_dir: str
+  train_file: str
+  record: str
+
+  def finished(self) -> bool:
+    return (os.path.exists(self.record) and os.path.exists(self.train_file)
+            and os.path.exists(os.path.join(self.index_dir, "meta.json")))
+
+
+def plan_iterations(train_data: str, work_dir: str, iterations: int,
+                    steps_per_iteration: int,
+                    retrieval_warmup_steps: int) -> list[Iteration]:
+  """The rounds of a run; round ``i`` ends at ``W + (i+1) * S``."""
+  out = []
+  for i in range(iterations):
+    out.append(Iteration(
+        number=i,
+        start_step=0 if i == 0 else (retrieval_warmup_steps
+                                     + i * steps_per_iteration),
+        end_step=retrieval_warmup_steps + (i + 1) * steps_per_iteration,
+        train_data=train_data if i == 0 else out[-1].train_file,
+        index_dir=os.path.join(work_dir, f"index_{i}"),
+        train_file=os.path.join(work_dir, f"train_{i}.json"),
+        record=os.path.join(work_dir, f"iteration_{i}.json")))
+  return out
+
+
+# ------------------------------------------------------------------ settings
+
+
+def _value(name: str, defaults: dict):
+  import gin
+  try:
+    value = gin.query_parameter(f"{TRAINER}.{name}")
+  except ValueError:  # not bound: the trainer's default
+    return defaults[name]
+  if isinstance(value, gin.config.ConfigurableReference):
+    value = value.scoped_configurable_fn()  # a macro: its value
+  return value
+
+
+def read_trainer_settings(run: GinRun) -> dict:
+  """What the ReAtt trainer will be called with, for the names in SETTINGS."""
+  import gin
+
+  from jaxfid.reatt import trainer as reatt_trainer
+  run.parse()
+  try:
+    try:
+      fn = gin.query_parameter("launch.run.train_fn")
+    except ValueError:
+      fn = None
+    selector = getattr(getattr(fn, "configurable", None), "selector", None)
+    if selector != f"jaxfid.training.{TRAINER}":
+      raise InputError(run.files[-1], f"not a ReAtt run: launch.run.train_fn "
+                       f"is {selector or 'unbound'}; use gin/reatt/*.gin")
+    defaults = {k: p.default for k, p in inspect.signature(
+        reatt_trainer.train).parameters.items()}
+    settings = {name: _value(name, defaults) for name in SETTINGS}
+  finally:
+    gin.clear_config()
+  for name in ("model_dir", "train_data"):
+    if settings[name] is gin.REQUIRED or not settings[name]:
+      raise InputError("gin", f"{name.upper()} is required "
+                       f"(--gin.{name.upper()}=\"'...'\")")
+  return settings
+
+
+def check_settings(settings: dict, steps_per_iteration: int) -> None:
+  """Refuses gin configs whose own iteration or schedule would fight the rounds."""
+  if settings["retrieval_corpus"]:
+    raise InputError("RETRIEVAL_CORPUS", "drives the trainer's own refresh; "
+                     "`reatt iterate` re-indexes --corpus itself: leave "
+                     "RETRIEVAL_CORPUS unset (None)")
+  if settings["iteration_steps"] not in (0, steps_per_iteration):
+    raise InputError("ITERATION_STEPS", f"is {settings['iteration_steps']} "
+                     f"but --steps-per-iteration is {steps_per_iteration}: "
+                     "bind ITERATION_STEPS=0 (or the same value) with "
+                     "`reatt iterate`")
+  if not settings["restart_schedule"]:
+    if settings["schedule"] != "constant":
+      raise InputError("SCHEDULE", f"{settings['schedule']!r} decays over the "
+                       "whole run, which one round does not know: use "
+                       "RESTART_SCHEDULE=True (a warm-up and decay per "
+                       "iteration, the paper's recipe) or SCHEDULE='constant'")
+    if settings["warmup_fraction"] is not None:
+      raise InputError("WARMUP_FRACTION", "is a share of the whole run, which "
+                       "one round does not know: use RESTART_SCHEDULE=True "
+                       "or WARMUP_STEPS")
+  if settings["retrieval_warmup_steps"] < 0:
+    raise InputError("RETRIEVAL_WARMUP_STEPS", "must not be negative")
+
+
+def check_queries(path: str) -> int:
+  """The training queries must all carry answers (they become TRAIN_DATA)."""
+  from jaxfid.retrieval.store.queries import read_queries
+  queries = read_queries(path)
+  if not queries:
+    raise InputError(path, "no queries")
+  for position, q in enumerate(queries):
+    if not q.answers:
+      raise InputError(path, f"query {q.id!r} has no answers: training "
+                       "queries need them (QA JSONL with 'answers')",
+                       where=f"record {position + 1}")
+  return len(queries)
+
+
+def claim_work_dir(work_dir: str, identity: dict) -> None:
+  """Writes DIR/iterate.json, or checks that DIR belongs to this run."""
+  from jaxfid.core.files import atomic_write
+  path = os.path.join(work_dir, STATE_FILE)
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        old = json.load(f)
+    except json.JSONDecodeError as e:
+      raise InputError(path, f"bad JSON: {e.msg}", where=e.lineno) from None
+    for key, value in identity.items():
+      if old.get(key) != value:
+        raise InputError(path, f"this work directory belongs to another run "
+                         f"({key} was {old.get(key)!r}, now {value!r}); "
+                         "choose another --work-dir")
+    return
+  if os.path.exists(work_dir) and os.listdir(work_dir):
+    raise InputError(work_dir, f"exists and has no {STATE_FILE}: not a "
+                     "`reatt iterate` work directory; choose another "
+                     "--work-dir")
+  with atomic_write(path) as f:
+    json.dump(identity, f, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------- the rounds
+
+
+def latest_step(model_dir: str) -> int:
+  """MODEL_DIR's latest train-state step (0 without checkpoints)."""
+  from jaxfid.checkpoints import model_dir as checkpointing
+  if not os.path.isdir(os.path.join(model_dir, "checkpoints")):
+    return 0
+  ckpts = checkpointing.RunCheckpoints(model_dir)
+  try:
+    return ckpts.latest_step() or 0
+  finally:
+    ckpts.close()
+
+
+def resume_step(it: Iteration, model_dir: str) -> int:
+  """MODEL_DIR's step, checked to lie within round ``it``."""
+  step = latest_step(model_dir)
+  if step > it.end_step:
+    raise InputError(model_dir, f"its latest checkpoint (step {step}) is past "
+                     f"the end of iteration {it.number} (step {it.end_step}), "
+                     f"whose outputs are missing from "
+                     f"{os.path.dirname(it.record)}; use a new MODEL_DIR or "
+                     "--work-dir")
+  if step < it.start_step:
+    raise InputError(model_dir, f"its latest checkpoint (step {step}) is "
+                     f"before the end of iteration {it.number - 1} (step "
+                     f"{it.start_step}), which the finished outputs come "
+                     "from; use a new --work-dir")
+  return step
+
+
+def train_round(run: GinRun, it: Iteration, steps_per_iteration: int) -> int:
+  """Trains MODEL_DIR to ``it.end_step``; returns the step it reached."""
+  import gin
+
+  from jaxfid.training import launch
+  run.parse([f"{TRAINER}.train_steps = {it.end_step}",
+             f"{TRAINER}.train_data = {it.train_data!r}",
+             f"{TRAINER}.iteration_steps = {steps_per_iteration}",
+             f"{TRAINER}.retrieval_corpus = None"])
+  try:
+    result = gin.get_configurable(launch.run)()
+  finally:
+    gin.clear_config()
+  return int(result["step"])
+
+
+def _close_sets(path: str, n_context: int) -> dict:
+  """question id (or text) -> the set of its best ``n_context`` passages."""
+  from jaxfid.fid import examples as fid_format
+  out = {}
+  examples = fid_format.iter_fid_examples(path)
+  try:
+    for e in examples:
+      best = fid_format.sorted_passages(e)[:n_context]
+      out[e.id if e.id is not None else e.question] = frozenset(
+          (p.title, p.text) for p in best)
+  finally:
+    examples.close()
+  return out
+
+
+def changed_share(before: str, after: str, n_context: int) -> float | None:
+  """Share of the questions in both files whose close documents differ."""
+  old, new = _close_sets(before, n_context), _close_sets(after, n_context)
+  both = [k for k in new if k in old]
+  if not both:
+    return None
+  return sum(old[k] != new[k] for k in both) / len(both)
+
+
+def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
+  """The last value of ``name`` in MODEL_DIR/metrics.jsonl at or before a step."""
+  from jaxfid.training.metrics_log import read_records
+  value = None
+  for record in read_records(model_dir):
+    if name in record and record.get("step", 0) <= max_step:
+      value = record[name]
+  return value
+
+
+def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
+                  queries: str, top_k: int, token_top_k: int,
+                  index_batch_size: int, progress: bool | None) -> dict:
+  """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA."""
+  from jaxfid.reatt import token_index
+  from jaxfid.retrieval.search import retrieve_to_file
+  out = {}
+  if not os.path.exists(os.path.join(it.index_dir, "meta.json")):
+    meta = token_index.build_from_checkpoint(
+        model_dir, corpus, it.index_dir, which="latest",
+        batch_size=index_batch_size, progress=progress)
+    out["num_tokens"] = meta["num_tokens"]
+  retrieve_to_file(it.index_dir, queries, top_k, it.train_file,
+                   progress=progress, token_top_k=token_top_k)
+  return out
+
+
+def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
+                     n_context: int, seconds: float) -> dict:
+  from jaxfid.retrieval import evaluate
+  ks = sorted({k for k in ANSWER_KS if k < top_k} | {top_k})
+  recall = evaluate.evaluate_with_answers(it.train_file, ks=ks)
+  changed = changed_share(it.train_data, it.train_file, n_context)
+  return {"iteration": it.number, "step": it.end_step,
+          "trained_on": it.train_data, "index": it.index_dir,
+          "train_file": it.train_file, "queries": recall["num_queries"],
+          "retrieval_accuracy": last_logged(model_dir, "retrieval_accuracy",
+                                            it.end_step),
+          **{k: round(v, 6) for k, v in recall.items() if k.startswith("R@")},
+          "close_documents_changed": (None if changed is None
+                                      else round(changed, 6)),
+          "seconds": round(seconds, 1)}
+
+
+def run_iterations(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
+                   *, corpus: str, queries: str, iterations: int,
+                   steps_per_iteration: int, top_k: int | None = None,
+                   token_top_k: int | None = None,
+                   work_dir: str | None = None,
+                   gin_search_paths: Sequence[str] = (),
+                   progress: bool | None = None,
+                   emit: Callable[[dict], None] | None = None) -> dict:
+  """Runs (or resumes) ``iterations`` rounds; returns the summary.
+
+  ``emit`` receives each iteration's record (finished ones from a previous
+  run with ``"skipped": True``) and, last, the summary. The summary has
+  ``"complete": False`` when training stopped early (SIGTERM): rerun to
+  resume.
+  """
+  from jaxfid.core.files import atomic_write
+  emit = emit or (lambda record: None)
+  for name, value in (("--iterations", iterations),
+                      ("--steps-per-iteration", steps_per_iteration),
+                      ("--top-k", top_k), ("--token-top-k", token_top_k)):
+    if value is not None and value < 1:
+      raise InputError(name, f"must be at least 1, got {value}")
+  for name, path in (("--corpus", corpus), ("--queries", queries)):
+    if not os.path.isfile(path):
+      raise InputError(path, f"no such file ({name})")
+  num_queries = check_queries(queries)
+  run = GinRun(tuple(gin_files), tuple(gin_bindings), tuple(gin_search_paths))
+  settings = read_trainer_settings(run)
+  check_settings(settings, steps_per_iteration)
+  n_context = settings["n_context"]
+  top_k = top_k or n_context
+  if top_k < n_context:
+    raise InputError("--top-k", f"{top_k} is below N_CONTEXT {n_context}: "
+                     "training would get fewer close documents than it reads")
+  token_top_k = token_top_k or settings["token_top_k"]
+  model_dir = settings["model_dir"]
+  work_dir = work_dir or os.path.join(model_dir, DEFAULT_WORK_DIR)
+  warmup = settings["retrieval_warmup_steps"]
+  claim_work_dir(work_dir, {
+      "model_dir": os.path.abspath(model_dir),
+      "train_data": os.path.abspath(settings["train_data"]),
+      "corpus": os.path.abspath(corpus), "queries": os.path.abspath(queries),
+      "retrieval_warmup_steps": warmup,
+      "steps_per_iteration": steps_per_iteration, "top_k": top_k,
+      "token_top_k": token_top_k})
+  plan = plan_iterations(settings["train_data"], work_dir, iterations,
+                         steps_per_iteration, warmup)
+  final_step = plan[-1].end_step
+
+  t0 = time.time()
+  skipped, complete, noted = 0, True, False
+  for it in plan:
+    if it.finished():
+      with open(it.record) as f:
+        record = json.load(f)
+      skipped += 1
+      emit({**record, "skipped": True})
+      continue
+    t_round = time.time()
+    if resume_step(it, model_dir) < it.end_step:
+      if not noted and settings["train_steps"] != final_step:
+        print(f"note: TRAIN_STEPS ({settings['train_steps']}) is not used: "
+              "`reatt iterate` trains to RETRIEVAL_WARMUP_STEPS + iterations "
+              f"x steps = {final_step}", file=sys.stderr)
+      noted = True
+      if train_round(run, it, steps_per_iteration) < it.end_step:
+        complete = False  # the trainer saved and stopped (SIGTERM)
+        break
+    refresh_round(it, model_dir=model_dir, corpus=corpus, queries=queries,
+                  top_k=top_k, token_top_k=token_top_k,
+                  index_batch_size=settings["index_batch_size"],
+                  progress=progress)
+    record = iteration_record(it, model_dir=model_dir, top_k=top_k,
+                              n_context=n_context,
+                              seconds=time.time() - t_round)
+    with atomic_write(it.record) as f:
+      json.dump(record, f)
+    emit({**record, "skipped": False})
+  summary = {"complete": complete, "iterations": iterations,
+             "skipped": skipped, "step": latest_step(model_dir),
+             "final_step": final_step, "queries": num_queries,
+             "model_dir": model_dir, "work_dir": work_dir,
+             "index": plan[-1].index_dir, "train_file": plan[-1].train_file,
+             "minutes": round((time.time() - t0) / 60, 2)}
+  emit(summary)
+  return summary

@@ -1,0 +1,544 @@
+"""Retrieval as Attention (ReAtt; Jiang et al., EMNLP 2022) on the jaxfid T5.
+
+Einsum letters: B questions, P passages per question, N = B*P passage rows,
+L tokens per row, Q question-token positions, S document-token positions,
+H heads, E head width, D d_model, T target length.
+
+Layout. A ReAtt batch is a FiD batch: every row is
+``question: Q title: T context: P`` ([B, P, L]), plus ``question_length``
+[B], the number of tokens of the ``question: Q`` prefix (it may also be
+derived from the tokens, see :func:`question_lengths_from_tokens`). The
+encoder is split at layer ``bi_encoder_layers`` (B in the paper; called
+``n`` below to avoid clashing with the batch letter):
+
+* layers ``[0, n)`` are the bi-encoder: a block-diagonal mask over each row
+  lets question tokens attend only to question tokens and document tokens
+  only to document tokens (the original code's ``attention_mask=separate``).
+  T5's position bias is relative, so a document's states do not depend on
+  where its block starts: they equal those of the document encoded alone,
+  which is what the token index stores;
+* layers ``[n, num_layers)`` are FiD's cross-encoder over the whole row, and the
+  decoder fuses all rows of a question, exactly as FiD. With ``n = 0`` the
+  model *is* FiD (a test checks this), and T5 checkpoints load unchanged.
+
+Retrieval attention (the only new parameter is ``reatt/head_weights`` [H],
+zeros at init). From the bi-encoder output, layer ``n``'s pre-attention norm
+and query/key projections give question-token queries and document-token
+keys; per head, ``r_h(q, d) = mean_i max_j q_i . k_j`` over real tokens
+(avg-max, no position bias, as the original's index and inference path); the
+relevance is ``r = sum_h softmax(w / tau)_h r_h``.
+
+Loss. ``QA + kl_weight * KL(P_tgt || P_ret)``: ``P_ret`` is the softmax of
+``r`` over the sampled documents of each question — its own K close
+documents plus, with in-batch negatives, every other question's close
+documents in the (global, under jit) batch; ``P_tgt`` is the last decoder
+layer's cross-attention at the first decoder position, softmax over all
+tokens of the question's rows, summed per row, averaged over heads, under a
+stop-gradient; documents of other questions get target 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid.t5 import layers
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.layers import NEG_INF, fold
+from jaxfid.t5.model import FiDModel, cross_entropy, shift_right
+from jaxfid.t5.network import T5, Encoder, StackOutput
+
+Array = jax.Array
+PARAMS_KEY = "reatt"            # params = T5 params + {"reatt": {...}}
+HEAD_WEIGHTS = "head_weights"
+HEAD_AXIS = "reatt_heads"       # not in the sharding rules: replicated
+
+
+@dataclasses.dataclass(frozen=True)
+class ReAttConfig:
+  """ReAtt's switches on top of the T5 config.
+
+  Attributes:
+    bi_encoder_layers: encoder layers run as a bi-encoder (B in the paper;
+      12 for T5-large); retrieval attention uses layer ``bi_encoder_layers``.
+    head_temperature: tau of the head selector ``softmax(w / tau)``.
+    in_batch_negatives: score every question against every document of the
+      batch (other questions' documents get target 0); otherwise only its
+      own close documents.
+    separator_ids: token ids of ``title:``, used to find the question prefix
+      when a batch carries no ``question_length`` (prediction on FiD inputs).
+    relevance_chunk: documents per chunk when scoring in-batch relevance
+      (bounds memory at scale: [B, H, Q, chunk, S] at a time); 0 = one go.
+    query_maxlength: question tokens that take part in retrieval (the
+      first ones of the row; the index truncates queries alike); 0 = the
+      whole row.
+  """
+  bi_encoder_layers: int = 12
+  head_temperature: float = 0.001
+  in_batch_negatives: bool = True
+  separator_ids: tuple[int, ...] = (2233, 10)
+  relevance_chunk: int = 0
+  query_maxlength: int = 0
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["separator_ids"] = list(self.separator_ids)
+    return d
+
+  @classmethod
+  def from_dict(cls, fields: dict) -> "ReAttConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: v for k, v in fields.items() if k in names}
+    if "separator_ids" in kw:
+      kw["separator_ids"] = tuple(int(i) for i in kw["separator_ids"])
+    return cls(**kw)
+
+  def replace(self, **changes) -> "ReAttConfig":
+    return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------ the bi-encoder
+
+
+def question_lengths_from_tokens(tokens: Array, separator_ids: Sequence[int]
+                                 ) -> Array:
+  """int32 [...]: index of the first ``separator_ids`` run in each row.
+
+  Rows without it (a question alone, or a question filling the row) are all
+  question: the length is the row's number of real tokens. A question that
+  itself contains ``title:`` is cut there — batches built for training carry
+  the exact ``question_length`` instead.
+  """
+  sep = jnp.asarray(separator_ids, jnp.int32)
+  m = sep.shape[0]
+  length = tokens.shape[-1]
+  real = jnp.sum(tokens != 0, axis=-1).astype(jnp.int32)
+  if m == 0 or length < m:
+    return real
+  hits = jnp.ones(tokens.shape[:-1] + (length - m + 1,), bool)
+  for j in range(m):
+    hits = hits & (tokens[..., j:length - m + 1 + j] == sep[j])
+  first = jnp.argmax(hits, axis=-1)
+  return jnp.where(jnp.any(hits, axis=-1), first, real).astype(jnp.int32)
+
+
+def block_mask(valid: Array, question_length: Array) -> Array:
+  """bool [N, 1, L, L]: question and document blocks attend within themselves."""
+  pos = jnp.arange(valid.shape[-1])
+  seg = pos[None, :] >= question_length[:, None]                  # [N, L]
+  same = seg[:, :, None] == seg[:, None, :]                       # [N, L, L]
+  return (same & valid[:, None, :])[:, None]                      # [N, 1, L, L]
+
+
+def _remat(fn, policy_name: str):
+  if policy_name == "none":
+    return fn
+  return nnx.remat(fn, policy=layers.remat_policy(policy_name))
+
+
+def bi_encode(encoder: Encoder, x: Array, valid: Array, question_length: Array,
+              num_layers: int, *, dropout_rng: Array | None = None) -> Array:
+  """Layers ``[0, num_layers)`` on embedded rows ``x`` [N, L, D] with the block mask.
+
+  Per-layer dropout keys are ``fold(dropout_rng, i)``, as ``Encoder.__call__``
+  draws them, so the split encoder equals the plain one when nothing is split.
+  """
+  length = x.shape[1]
+  bias = encoder.relpos_bias(length, length)                      # [1, H, L, L]
+  mask = block_mask(valid, question_length)                       # [N, 1, L, L]
+
+  def run(layer, h, rng):
+    out, _ = layer(h, mask=mask, bias=bias, dropout_rng=rng)
+    return out
+
+  run = _remat(run, encoder.config.remat)
+  for i in range(num_layers):
+    x = run(encoder.layer(i), x, fold(dropout_rng, i))
+  return x
+
+
+def retrieval_queries(encoder: Encoder, hidden: Array, layer: int) -> Array:
+  """Layer ``layer``'s query vectors [N, L, H, E] of bi-encoder states."""
+  lyr = encoder.layer(layer)
+  return lyr.attention.project_q(lyr.pre_attention_layer_norm(hidden))
+
+
+def retrieval_keys(encoder: Encoder, hidden: Array, layer: int) -> Array:
+  """Layer ``layer``'s key vectors [N, L, H, E] of bi-encoder states."""
+  lyr = encoder.layer(layer)
+  keys, _ = lyr.attention.project_kv(lyr.pre_attention_layer_norm(hidden))
+  return keys
+
+
+# ---------------------------------------------------------------- relevance
+
+
+def _max_over_doc_tokens(q: Array, k: Array, k_mask: Array) -> Array:
+  """float32 [B, H, Q, N]: max over each document's real tokens of q . k."""
+  s = jnp.einsum("bqhe,nshe->bhqns", q, k,
+                 preferred_element_type=jnp.float32)              # [B, H, Q, N, S]
+  s = jnp.where(k_mask[None, None, None], s, NEG_INF)
+  best = jnp.max(s, axis=-1)                                      # [B, H, Q, N]
+  return jnp.where(jnp.any(k_mask, -1)[None, None, None], best, 0.0)
+
+
+def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
+                      chunk: int = 0) -> Array:
+  """Per-head avg-max relevance float32 [B, H, N] of B queries and N documents.
+
+  Args:
+    q: query-token vectors [B, Q, H, E]; q_mask: bool [B, Q].
+    k: document-token vectors [N, S, H, E]; k_mask: bool [N, S].
+    chunk: score ``chunk`` documents at a time (``lax.map``, recomputed in
+      the backward pass) to bound memory; 0 scores all at once.
+
+  ``r_h(q, d) = mean_{i in q} max_{j in d} q_i^h . k_j^h``, padding excluded
+  from both; a document without tokens scores 0 (callers mask it out).
+  """
+  n = k.shape[0]
+  if chunk and chunk < n:
+    pad = (-n) % chunk
+    kp = jnp.pad(k, ((0, pad),) + ((0, 0),) * 3)
+    mp = jnp.pad(k_mask, ((0, pad), (0, 0)))
+    kc = kp.reshape(-1, chunk, *k.shape[1:])                      # [C, chunk, S, H, E]
+    mc = mp.reshape(-1, chunk, k.shape[1])                        # [C, chunk, S]
+    fn = jax.checkpoint(lambda args: _max_over_doc_tokens(q, *args))
+    best = jax.lax.map(fn, (kc, mc))                              # [C, B, H, Q, chunk]
+    best = jnp.moveaxis(best, 0, 3).reshape(*best.shape[1:4], -1)[..., :n]
+  else:
+    best = _max_over_doc_tokens(q, k, k_mask)                     # [B, H, Q, N]
+  qm = q_mask[:, None, :, None]
+  total = jnp.sum(jnp.where(qm, best, 0.0), axis=2)               # [B, H, N]
+  count = jnp.maximum(jnp.sum(q_mask, axis=1), 1)[:, None, None]
+  return total / count
+
+
+def head_probabilities(head_weights: Array, temperature: float) -> Array:
+  """The head selector ``softmax(w / tau)`` [H]."""
+  return jax.nn.softmax(head_weights.astype(jnp.float32) / temperature)
+
+
+def target_distribution(cross_logits: Array, encoder_mask: Array,
+                        num_passages: int) -> Array:
+  """P_tgt [B, P] from one decoder layer's cross-attention logits.
+
+  Args:
+    cross_logits: float32 [B, H, T, P*L] pre-softmax (masked = float32 min).
+    encoder_mask: bool [B, P*L].
+  The first decoder position's softmax over all P*L tokens, summed per row,
+  averaged over heads.
+  """
+  first = cross_logits[:, :, 0, :]                                # [B, H, P*L]
+  probs = jax.nn.softmax(first, axis=-1)
+  probs = jnp.where(encoder_mask[:, None, :], probs, 0.0)
+  b, h, _ = probs.shape
+  per_row = probs.reshape(b, h, num_passages, -1).sum(-1)         # [B, H, P]
+  return jnp.mean(per_row, axis=1)                                # [B, P]
+
+
+def in_batch_targets(target: Array) -> Array:
+  """[B, P] own-document targets -> [B, B*P]: other questions' documents get 0."""
+  b, p = target.shape
+  return (jnp.eye(b, dtype=target.dtype)[:, :, None]
+          * target[:, None, :]).reshape(b, b * p)
+
+
+def kl_to_target(target: Array, scores: Array, valid: Array) -> Array:
+  """KL(target || softmax(scores over valid)) per row [B]; target rows sum to 1."""
+  logp = jax.nn.log_softmax(jnp.where(valid, scores, NEG_INF), axis=-1)
+  t_log_t = target * jnp.log(jnp.where(target > 0, target, 1.0))
+  return jnp.sum(jnp.where(target > 0, t_log_t - target * logp, 0.0), axis=-1)
+
+
+@dataclasses.dataclass
+class SplitEncoding:
+  """The split encoder's outputs for B questions of P rows."""
+  hidden: Array                 # [B, P*L, D] cross-encoder output
+  mask: Array                   # bool [B, P*L]
+  queries: Array | None = None  # [B, Q, H, E] question-token queries
+  query_mask: Array | None = None  # bool [B, Q]
+  keys: Array | None = None     # [B*P, L, H, E] document-token keys
+  key_mask: Array | None = None  # bool [B*P, L]
+
+
+# -------------------------------------------------------------------- model
+
+
+def add_head_weights(t5_params: dict, num_heads: int) -> dict:
+  """ReAtt params from T5 params: ``reatt/head_weights`` zeros [H] added."""
+  if PARAMS_KEY in t5_params:
+    return t5_params
+  return {**t5_params,
+          PARAMS_KEY: {HEAD_WEIGHTS: jnp.zeros((num_heads,), jnp.float32)}}
+
+
+class ReAttModel(FiDModel):
+  """FiD's model with the split encoder, retrieval attention and the KL loss.
+
+  ``params`` is the T5 parameter dict plus ``{"reatt": {"head_weights": [H]}}``;
+  the T5 part keeps T5X names, so any T5 checkpoint initialises it.
+  Prediction (``predict``, ``logits``, ``passage_scores``) takes FiD inputs:
+  the question prefix of each row is found from the ``title:`` tokens.
+  """
+
+  def __init__(self, config: T5Config, reatt: ReAttConfig = ReAttConfig()):
+    if not 0 <= reatt.bi_encoder_layers < config.num_layers:
+      raise ValueError(f"bi_encoder_layers must be in [0, {config.num_layers})"
+                       f" for a {config.num_layers}-layer encoder, got "
+                       f"{reatt.bi_encoder_layers}")
+    if reatt.head_temperature <= 0:
+      raise ValueError("head_temperature must be positive")
+    super().__init__(config)
+    self.reatt = reatt
+
+  # ---- parameters -------------------------------------------------------
+
+  def init_params(self, seed: int = 0) -> dict:
+    return add_head_weights(super().init_params(seed), self.config.num_heads)
+
+  def abstract_params(self) -> dict:
+    params = super().abstract_params()
+    params[PARAMS_KEY] = {HEAD_WEIGHTS: jax.ShapeDtypeStruct(
+        (self.config.num_heads,), jnp.float32)}
+    return params
+
+  def param_axes(self) -> dict:
+    axes = super().param_axes()
+    axes[PARAMS_KEY] = {HEAD_WEIGHTS: (HEAD_AXIS,)}
+    return axes
+
+  def network(self, params: dict) -> T5:
+    return super().network({k: v for k, v in params.items() if k != PARAMS_KEY})
+
+  def head_probabilities(self, params: dict) -> Array:
+    return head_probabilities(params[PARAMS_KEY][HEAD_WEIGHTS],
+                              self.reatt.head_temperature)
+
+  # ---- the split encoder ------------------------------------------------
+
+  def row_question_lengths(self, tokens: Array,
+                           question_length: Array | None = None) -> Array:
+    """int32 [B, P]: the question prefix length of every row."""
+    if question_length is None:
+      return question_lengths_from_tokens(tokens, self.reatt.separator_ids)
+    qlen = jnp.minimum(question_length.astype(jnp.int32), tokens.shape[-1])
+    return jnp.broadcast_to(qlen[:, None], tokens.shape[:2])
+
+  def encode(self, net: T5, tokens: Array, passage_mask: Array | None = None,
+             question_length: Array | None = None, *,
+             dropout_rng: Array | None = None, extras: Any = None,
+             with_retrieval: bool = False) -> SplitEncoding:
+    """Encode [B, P, L] rows: bi-encoder, then cross-encoder (FiD layout).
+
+    Dropout keys follow ``T5.encode`` (embedding ``fold(rng, 0)``, layers
+    ``fold(fold(rng, 1), i)``); with ``with_retrieval`` also returns layer
+    ``n``'s question queries (from each question's first row) and every
+    row's document keys.
+    """
+    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
+    b, p, l = tokens.shape
+    n = self.reatt.bi_encoder_layers
+    valid = tokens != 0                                           # [B, P, L]
+    if passage_mask is not None:
+      valid = valid & passage_mask[:, :, None]
+    qlen = self.row_question_lengths(tokens, question_length)     # [B, P]
+    flat_valid = valid.reshape(b * p, l)
+    flat_qlen = qlen.reshape(b * p)
+    x = net.embed(tokens.reshape(b * p, l), fold(dropout_rng, 0))  # [N, L, D]
+    enc_rng = fold(dropout_rng, 1)
+    h = bi_encode(net.encoder, x, flat_valid, flat_qlen, n,
+                  dropout_rng=enc_rng)                            # [N, L, D]
+    out: StackOutput = net.encoder(h, flat_valid, start=n,
+                                   dropout_rng=enc_rng, extras=extras)
+    enc = SplitEncoding(hidden=out.hidden.reshape(b, p * l, -1),
+                        mask=flat_valid.reshape(b, p * l))
+    if with_retrieval:
+      pos = jnp.arange(l)
+      lq = min(self.reatt.query_maxlength or l, l)
+      first = h.reshape(b, p, l, -1)[:, 0, :lq]                   # [B, Q, D]
+      enc.queries = retrieval_queries(net.encoder, first, n)      # [B, Q, H, E]
+      enc.query_mask = ((pos[None, :] < qlen[:, :1]) & valid[:, 0])[:, :lq]
+      enc.keys = retrieval_keys(net.encoder, h, n)
+      enc.key_mask = (pos[None, :] >= flat_qlen[:, None]) & flat_valid
+    return enc
+
+  def retrieval_scores(self, params: dict, enc: SplitEncoding,
+                       num_passages: int, in_batch: bool
+                       ) -> tuple[Array, Array]:
+    """Head-mixed relevance and validity: [B, B*P] (in-batch) or [B, P]."""
+    probs = self.head_probabilities(params)                       # [H]
+    b = enc.queries.shape[0]
+    doc_valid = jnp.any(enc.key_mask, axis=-1)                    # [B*P]
+    if in_batch:
+      per_head = avg_max_relevance(enc.queries, enc.query_mask, enc.keys,
+                                   enc.key_mask,
+                                   chunk=self.reatt.relevance_chunk)  # [B, H, B*P]
+      valid = jnp.broadcast_to(doc_valid[None], (b, doc_valid.shape[0]))
+    else:
+      keys = enc.keys.reshape(b, num_passages, *enc.keys.shape[1:])
+      kmask = enc.key_mask.reshape(b, num_passages, -1)
+      per_head = jax.vmap(
+          lambda q, qm, k, km: avg_max_relevance(q[None], qm[None], k, km)[0]
+      )(enc.queries, enc.query_mask, keys, kmask)                 # [B, H, P]
+      valid = doc_valid.reshape(b, num_passages)
+    return jnp.einsum("bhn,h->bn", per_head, probs), valid
+
+  # ---- training ---------------------------------------------------------
+
+  def loss(self, params, batch: dict, dropout_rng: Array | None = None,
+           extras: Any = None, normalizer: Array | None = None,
+           kl_weight: float = 0.0) -> tuple[Array, dict]:
+    """``QA + KL`` and metrics.
+
+    The KL term is ``sum_b batch["kl_weight"][b] * KL_b`` when the batch
+    carries per-question weights (the trainer puts ``alpha / global batch``
+    there, 0 during the QA-only warm-up, so microbatches add up), else
+    ``kl_weight * mean_b KL_b``.
+    """
+    targets = batch["decoder_target_tokens"]
+    inputs = batch.get("decoder_input_tokens")
+    inputs = shift_right(targets) if inputs is None else inputs
+    tokens = batch["encoder_input_tokens"]
+    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
+    b, p, _ = tokens.shape
+    net = self.network(params)
+    enc = self.encode(net, tokens, batch.get("passage_mask"),
+                      batch.get("question_length"),
+                      dropout_rng=fold(dropout_rng, 0), extras=extras,
+                      with_retrieval=True)
+    logits, dec = net.decode(enc.hidden, enc.mask, inputs,
+                             dropout_rng=fold(dropout_rng, 1), extras=extras,
+                             output_attention_logits=True)
+    qa_loss, n, acc = cross_entropy(logits, targets, normalizer)
+    target = jax.lax.stop_gradient(target_distribution(
+        dec.cross_attention_logits[-1], enc.mask, p))             # [B, P]
+    in_batch = self.reatt.in_batch_negatives
+    scores, valid = self.retrieval_scores(params, enc, p, in_batch)
+    if in_batch:  # other questions' documents: target 0
+      target = in_batch_targets(target)
+    kl_rows = kl_to_target(target, scores, valid)                 # [B]
+    if "kl_weight" in batch:
+      kl_term = jnp.sum(batch["kl_weight"].astype(jnp.float32) * kl_rows)
+    else:
+      kl_term = kl_weight * jnp.mean(kl_rows)
+    masked = jnp.where(valid, scores, -jnp.inf)
+    top = jnp.argmax(masked, axis=-1)
+    agree = (top == jnp.argmax(target, axis=-1)).astype(jnp.float32)
+    own = (top // p == jnp.arange(b)) if in_batch else jnp.ones((b,), bool)
+    probs = self.head_probabilities(params)
+    metrics = {"loss": qa_loss + kl_term, "qa_loss": qa_loss,
+               "kl_loss": jnp.mean(kl_rows), "num_target_tokens": n,
+               "token_accuracy": acc,
+               "retrieval_accuracy": jnp.mean(agree),
+               "retrieval_own_accuracy": jnp.mean(own.astype(jnp.float32)),
+               "head_max_prob": jnp.max(probs),
+               "retrieval_head": jnp.argmax(probs).astype(jnp.float32)}
+    return qa_loss + kl_term, metrics
+
+  # ---- inference --------------------------------------------------------
+
+  def logits(self, params, encoder_input_tokens: Array,
+             decoder_input_tokens: Array, *, passage_mask: Array | None = None,
+             dropout_rng: Array | None = None, extras: Any = None,
+             question_length: Array | None = None) -> Array:
+    net = self.network(params)
+    enc = self.encode(net, encoder_input_tokens, passage_mask, question_length,
+                      dropout_rng=fold(dropout_rng, 0), extras=extras)
+    logits, _ = net.decode(enc.hidden, enc.mask, decoder_input_tokens,
+                           dropout_rng=fold(dropout_rng, 1), extras=extras)
+    return logits
+
+  def _encode_and_cache(self, params, encoder_input_tokens, passage_mask,
+                        max_decode_len, extras):
+    net = self.network(params)
+    enc = self.encode(net, encoder_input_tokens, passage_mask, extras=extras)
+    return net, net.init_cache(enc.hidden, enc.mask, max_decode_len, extras)
+
+  def relevance(self, params, encoder_input_tokens: Array, *,
+                passage_mask: Array | None = None,
+                question_length: Array | None = None) -> Array:
+    """Retrieval relevance r(q, d) of each question's own rows [B, P]."""
+    tokens = (encoder_input_tokens[:, None, :]
+              if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
+    enc = self.encode(self.network(params), tokens, passage_mask,
+                      question_length, with_retrieval=True)
+    scores, valid = self.retrieval_scores(params, enc, tokens.shape[1], False)
+    return jnp.where(valid, scores, -jnp.inf)
+
+  def passage_scores(self, params, encoder_input_tokens: Array, *,
+                     passage_mask: Array | None = None,
+                     mode: str = "probs") -> Array:
+    """Cross-attention passage scores [B, P], as ``fid.passage_scores``."""
+    tokens = (encoder_input_tokens[:, None, :]
+              if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
+    b, p, l = tokens.shape
+    net = self.network(params)
+    enc = self.encode(net, tokens, passage_mask)
+    _, dec = net.decode(enc.hidden, enc.mask, jnp.zeros((b, 1), jnp.int32),
+                        output_attention_logits=True)
+    logits = jnp.stack([c[:, :, 0, :] for c in dec.cross_attention_logits],
+                       1).reshape(b, -1, self.config.num_heads, p, l)  # [B, layers, H, P, L]
+    mask = enc.mask.reshape(b, 1, 1, p, l)
+    if mode == "probs":
+      w = jax.nn.softmax(logits.reshape(*logits.shape[:3], p * l), axis=-1)
+      per = jnp.sum(jnp.where(mask, w.reshape(logits.shape), 0.0), axis=-1)
+    elif mode == "logits":
+      count = jnp.maximum(jnp.sum(mask, axis=-1), 1)
+      per = jnp.sum(jnp.where(mask, logits, 0.0), axis=-1) / count
+    else:
+      raise ValueError(f"mode must be 'probs' or 'logits', got {mode!r}")
+    return jnp.mean(per, axis=(1, 2))                             # [B, P]
+
+
+# ------------------------------------------------------------ run configs
+
+
+def run_config_fields(reatt: ReAttConfig) -> dict:
+  """What a ReAtt MODEL_DIR's jaxfid_config.json adds to FiD's fields."""
+  return {"method": "reatt", "reatt": reatt.to_dict()}
+
+
+def model_from_run_config(run: dict, config: T5Config) -> ReAttModel:
+  """The model of a ReAtt run config (``method == "reatt"``)."""
+  return ReAttModel(config, ReAttConfig.from_dict(run.get("reatt", {})))
+
+
+def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
+               ) -> tuple[ReAttModel, dict, str | None]:
+  """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
+  from jaxfid.core.errors import InputError
+  from jaxfid.checkpoints import model_dir as checkpointing
+  path = os.fspath(path)
+  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
+  if not os.path.exists(config_file):
+    raise InputError(path, f"not a jaxfid MODEL_DIR (no {checkpointing.CONFIG_FILE})")
+  try:
+    run = checkpointing.read_run_config(path)
+  except json.JSONDecodeError as e:
+    raise InputError(config_file, f"bad JSON: {e.msg}", where=e.lineno) from None
+  if run.get("method") != "reatt":
+    raise InputError(config_file, f"not a ReAtt model (method "
+                     f"{run.get('method')!r})")
+  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
+  if dtype:
+    config = config.replace(dtype=dtype)
+  model = model_from_run_config(run, config)
+  try:
+    params, _, _ = checkpointing.restore_params(path, model.abstract_params(),
+                                                which)
+  except FileNotFoundError as e:
+    raise InputError(path, str(e).split(": ", 1)[-1]) from None
+  spiece = os.path.join(path, "spiece.model")
+  return model, params, spiece if os.path.exists(spiece) else None
+
+
+__all__ = ["ReAttConfig", "ReAttModel", "avg_max_relevance", "bi_encode",
+           "block_mask", "head_probabilities", "in_batch_targets", "kl_to_target",
+           "question_lengths_from_tokens", "retrieval_keys",
+           "retrieval_queries", "target_distribution", "load_reatt",
+           "model_from_run_config", "run_config_fields", "add_head_weights"]

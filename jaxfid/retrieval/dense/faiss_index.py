@@ -1,0 +1,237 @@
+"""FAISS indexes over embedding shards, from factory strings, searched as one.
+
+* **Flat** (the default, ``"Flat"``): exact inner product (or L2). Nothing is
+  written for it: an exact index holds exactly the vectors of the embedding
+  shards, so it is filled from them when the index is opened (a memory copy)
+  instead of storing every vector twice.
+* **Any other factory string** (``"IVF4096,PQ64"``, ``"HNSW32"``,
+  ``"OPQ64,IVF65536_HNSW32,PQ64"`` ...): ``faiss.index_factory(d, factory,
+  metric)``, trained (when the type needs it) on ``train_size`` random rows,
+  filled shard by shard and written to ``faiss_00000.index``.
+* **Sharded** (``index_shards > 1``): the rows are cut into that many
+  contiguous ranges, one sub-index each (trained ones share one training);
+  :class:`ShardedIndex` searches every part and merges the top-k, so the
+  result equals one index over all rows for exact indexes.
+
+Scores are "higher is better" everywhere: inner products, or *negated*
+squared L2 distances for ``metric="l2"``. Equal scores are ordered by row,
+so results do not depend on how the rows were sharded.
+
+Search-time knobs (``jaxfid retrieve --search-option nprobe=64``):
+``nprobe`` (IVF lists visited), ``ef_search`` (HNSW), or any other name
+FAISS's ``ParameterSpace`` knows (``k_factor``, ``ht``, ...).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
+
+DEFAULT_FACTORY = "Flat"
+METRICS = ("ip", "l2")
+DEFAULT_TRAIN_SIZE = 262_144
+ADD_CHUNK = 65_536
+_OPTION_NAMES = {"ef_search": "efSearch"}
+
+
+def _faiss():
+  import faiss  # pylint: disable=g-import-not-at-top
+  return faiss
+
+
+def faiss_metric(metric: str) -> int:
+  faiss = _faiss()
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+  return faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+
+
+def is_flat(factory: str) -> bool:
+  return factory.replace(" ", "") == "Flat"
+
+
+def make_index(dim: int, factory: str = DEFAULT_FACTORY, metric: str = "ip"):
+  """An empty FAISS index; a bad factory string is an InputError."""
+  faiss = _faiss()
+  try:
+    return faiss.index_factory(int(dim), factory, faiss_metric(metric))
+  except RuntimeError as e:
+    reason = str(e).strip().splitlines()[-1] if str(e).strip() else "invalid"
+    raise InputError("--faiss-factory", f"FAISS cannot build {factory!r} "
+                     f"for dimension {dim}: {reason}") from None
+
+
+def split_rows(num_rows: int, parts: int) -> list[tuple[int, int]]:
+  """``parts`` contiguous, near-equal (start, end) ranges covering the rows."""
+  if parts < 1:
+    raise ValueError(f"index_shards must be positive, got {parts}")
+  bounds = np.linspace(0, num_rows, parts + 1).round().astype(np.int64)
+  return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def index_file(k: int) -> str:
+  return f"faiss_{k:05d}.index"
+
+
+def _add_rows(index, store: EmbeddingStore, start: int, end: int,
+              bar=None) -> None:
+  for block in store.blocks(start, end, ADD_CHUNK):
+    index.add(block)
+    if bar is not None:
+      bar.update(len(block))
+
+
+def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
+                      factory: str = DEFAULT_FACTORY, metric: str = "ip",
+                      index_shards: int = 1,
+                      train_size: int = DEFAULT_TRAIN_SIZE, seed: int = 0,
+                      progress: bool | None = None) -> dict:
+  """Builds (and, unless flat, writes) the FAISS index of ``store``'s rows.
+
+  Returns:
+    The ``faiss`` entry of ``meta.json``: factory, metric, and the parts
+    (``{"start", "end", "file"}``; ``file`` is None for flat indexes).
+  """
+  from tqdm.auto import tqdm
+  directory = Path(directory)
+  ranges = split_rows(len(store), index_shards)
+  template = make_index(store.dim, factory, metric)
+  info = {"factory": factory, "metric": metric, "dim": store.dim,
+          "num_rows": len(store), "parts": []}
+  if is_flat(factory):
+    info["parts"] = [{"start": a, "end": b, "file": None} for a, b in ranges]
+    return info
+  if not template.is_trained:
+    sample = store.sample(min(train_size, len(store)), seed)
+    try:
+      template.train(sample)
+    except RuntimeError as e:
+      raise InputError("--faiss-factory", f"training {factory!r} on "
+                       f"{len(sample)} vectors failed: "
+                       f"{str(e).strip().splitlines()[-1]}") from None
+    info["train_size"] = int(len(sample))
+  faiss = _faiss()
+  disable = None if progress is None else not progress
+  with tqdm(total=len(store), desc="adding to faiss", unit=" vectors",
+            disable=disable) as bar:
+    for k, (a, b) in enumerate(ranges):
+      index = faiss.clone_index(template)
+      _add_rows(index, store, a, b, bar)
+      path = directory / index_file(k)
+      tmp = directory / f".{index_file(k)}.tmp"
+      faiss.write_index(index, str(tmp))
+      os.replace(tmp, path)
+      info["parts"].append({"start": a, "end": b, "file": index_file(k)})
+      del index
+  return info
+
+
+def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray],
+               k: int) -> tuple[np.ndarray, np.ndarray]:
+  """Merges per-part results ([Q, k_i] each, row -1 = none) into the top k.
+
+  Higher scores first; equal scores by ascending row. Missing results are
+  row -1 with score -inf, at the end.
+  """
+  s = np.concatenate([np.asarray(x, np.float32) for x in scores], axis=1)
+  r = np.concatenate([np.asarray(x, np.int64) for x in rows], axis=1)
+  s = np.where(r < 0, -np.inf, s)
+  r = np.where(r < 0, np.iinfo(np.int64).max, r)
+  by_row = np.argsort(r, axis=1, kind="stable")
+  s = np.take_along_axis(s, by_row, axis=1)
+  r = np.take_along_axis(r, by_row, axis=1)
+  by_score = np.argsort(-s, axis=1, kind="stable")[:, :k]
+  s = np.take_along_axis(s, by_score, axis=1)
+  r = np.take_along_axis(r, by_score, axis=1)
+  r = np.where(r == np.iinfo(np.int64).max, -1, r)
+  return s, r
+
+
+class ShardedIndex:
+  """One or more FAISS indexes over contiguous row ranges, searched as one."""
+
+  def __init__(self, parts: Sequence[tuple[object, int]], metric: str = "ip"):
+    self.parts = list(parts)
+    self.metric = metric
+
+  @classmethod
+  def load(cls, directory: str | os.PathLike, info: dict,
+           store: EmbeddingStore | None = None,
+           mmap: bool = False) -> "ShardedIndex":
+    """Opens the index described by ``info`` (see :func:`build_faiss_index`).
+
+    Flat parts are filled from ``store``; ``mmap`` maps written indexes
+    instead of reading them (for indexes larger than memory; FAISS supports
+    it for flat codes and inverted lists).
+    """
+    faiss = _faiss()
+    directory = Path(directory)
+    parts = []
+    for part in info["parts"]:
+      if part.get("file") is None:
+        if store is None:
+          raise ValueError("a flat index needs the embedding store")
+        index = make_index(int(info["dim"]), DEFAULT_FACTORY, info["metric"])
+        _add_rows(index, store, int(part["start"]), int(part["end"]))
+      else:
+        path = directory / part["file"]
+        if not path.is_file():
+          raise InputError(path, "FAISS index file missing")
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+        try:
+          index = faiss.read_index(str(path), flags)
+        except RuntimeError as e:
+          raise InputError(path, f"cannot read FAISS index: "
+                           f"{str(e).strip().splitlines()[-1]}") from None
+        expected = int(part["end"]) - int(part["start"])
+        if index.ntotal != expected:
+          raise InputError(path, f"holds {index.ntotal} vectors, expected "
+                           f"{expected}")
+      parts.append((index, int(part["start"])))
+    return cls(parts, info["metric"])
+
+  @property
+  def ntotal(self) -> int:
+    return sum(index.ntotal for index, _ in self.parts)
+
+  def set_options(self, source, **options) -> None:
+    """Sets search parameters (nprobe, ef_search, ...) on every part."""
+    faiss = _faiss()
+    space = faiss.ParameterSpace()
+    for name, value in options.items():
+      faiss_name = _OPTION_NAMES.get(name, name)
+      try:
+        number = float(value)
+      except (TypeError, ValueError):
+        raise InputError(source, f"search option {name} needs a number, got "
+                         f"{value!r}") from None
+      for index, _ in self.parts:
+        try:
+          space.set_index_parameter(index, faiss_name, number)
+        except RuntimeError:
+          raise InputError(source, f"search option {name} does not apply to "
+                           "this FAISS index") from None
+
+  def search(self, queries: np.ndarray, k: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(scores float32 [Q, k], rows int64 [Q, k]); row -1 where none."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    all_scores, all_rows = [], []
+    for index, start in self.parts:
+      kk = min(k, index.ntotal)
+      if kk == 0:
+        continue
+      d, i = index.search(queries, kk)
+      if self.metric == "l2":
+        d = -d
+      all_scores.append(d)
+      all_rows.append(np.where(i >= 0, i + start, -1))
+    if not all_scores:
+      return (np.full((len(queries), 0), -np.inf, np.float32),
+              np.full((len(queries), 0), -1, np.int64))
+    return merge_topk(all_scores, all_rows, k)

@@ -1,0 +1,143 @@
+"""Reading queries: TSV, JSONL (BEIR / generic) and QA sets (NQ-open style).
+
+Accepted files (optionally gzipped):
+
+* **TSV** (``.tsv``, ``.txt``, or any file whose first line is not JSON):
+  ``id<TAB>text`` per line; a first line that is a header (``id``/``qid``/
+  ``query_id``/``_id`` then ``text``/``query``/``question``) is skipped.
+* **JSONL** (``.jsonl``, or lines starting with ``{``): an id under ``id``,
+  ``_id`` or ``qid`` and the text under ``question``, ``text`` or ``query``
+  (BEIR's ``queries.jsonl``). QA sets carry ``answer`` or ``answers`` (a string
+  or a list of strings), as NQ-open does; they are kept for answer recall and
+  the FiD output.
+* **JSON** (``.json`` holding a list): FiD data, the same keys per element.
+
+Records without an id are numbered by their position (``"0"``, ``"1"``, ...),
+so NQ-open's dev set gets ids that :mod:`jaxfid.evaluation.retrieval` reproduces
+when it reads the same file. Duplicate ids, records without text, bad JSON and
+TSV lines without a tab raise :class:`InputError` with the file and line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator, NamedTuple
+
+from jaxfid.core.errors import InputError
+from jaxfid.retrieval.store.corpus import (
+    check_id, iter_json_lines, iter_lines, read_json_document)
+
+_ID_KEYS = ("id", "_id", "qid")
+_TEXT_KEYS = ("question", "text", "query")
+_HEADER_IDS = {"id", "qid", "query_id", "query-id", "_id"}
+_HEADER_TEXTS = {"text", "query", "question"}
+
+
+class Query(NamedTuple):
+  """One query; ``answers`` is None when the file has no answers."""
+  id: str
+  text: str
+  answers: tuple[str, ...] | None = None
+
+
+def _suffix(path) -> str:
+  name = os.path.basename(str(path)).lower()
+  if name.endswith(".gz"):
+    name = name[:-3]
+  return os.path.splitext(name)[1]
+
+
+def _first_char(path) -> str:
+  for _, line in iter_lines(path):
+    if line.strip():
+      return line.lstrip()[0]
+  return ""
+
+
+def _answers(path, record: dict, where) -> tuple[str, ...] | None:
+  if "answers" in record:
+    value = record["answers"]
+  elif "answer" in record:
+    value = record["answer"]
+  else:
+    return None
+  if isinstance(value, str):
+    value = [value]
+  if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+    raise InputError(path, "answers must be a string or a list of strings",
+                     where=where)
+  return tuple(value)
+
+
+def _from_record(path, record, where, position: int) -> Query:
+  if not isinstance(record, dict):
+    raise InputError(path, f"expected a JSON object, got "
+                     f"{type(record).__name__}", where=where)
+  qid = next((record[k] for k in _ID_KEYS if k in record), None)
+  qid = str(position) if qid is None else check_id(path, qid, where,
+                                                   what="query id")
+  text = next((record[k] for k in _TEXT_KEYS if k in record), None)
+  if not isinstance(text, str):
+    raise InputError(path, "missing query text ('question', 'text' or "
+                     "'query')", where=where)
+  return Query(qid, text, _answers(path, record, where))
+
+
+def _read_jsonl(path) -> Iterator[tuple[int, Query]]:
+  position = 0
+  for lineno, record in iter_json_lines(path):
+    yield lineno, _from_record(path, record, lineno, position)
+    position += 1
+
+
+def _read_json_list(path) -> Iterator[tuple[str, Query]]:
+  records = read_json_document(path)
+  if not isinstance(records, list):
+    raise InputError(path, "expected a JSON list of questions")
+  for i, record in enumerate(records):
+    yield f"element {i}", _from_record(path, record, f"element {i}", i)
+
+
+def _read_tsv(path) -> Iterator[tuple[int, Query]]:
+  for lineno, line in iter_lines(path):
+    if not line.strip():
+      continue
+    fields = line.split("\t")
+    if len(fields) != 2:
+      raise InputError(path, "expected 2 tab-separated columns (id, text), "
+                       f"found {len(fields)}", where=lineno)
+    qid, text = fields
+    if (lineno == 1 and qid.strip().lower() in _HEADER_IDS
+        and text.strip().lower() in _HEADER_TEXTS):
+      continue
+    yield lineno, Query(check_id(path, qid.strip(), lineno, "query id"), text)
+
+
+def iter_queries(path: str | os.PathLike) -> Iterator[tuple[int | str, Query]]:
+  """Yields (line number or element, Query); formats: see the module doc."""
+  suffix = _suffix(path)
+  if suffix == ".json":
+    if _first_char(path) == "[":
+      return _read_json_list(path)
+    return _read_jsonl(path)
+  if suffix == ".jsonl":
+    return _read_jsonl(path)
+  if suffix in (".tsv", ".txt"):
+    return _read_tsv(path)
+  return _read_jsonl(path) if _first_char(path) == "{" else _read_tsv(path)
+
+
+def read_queries(path: str | os.PathLike) -> list[Query]:
+  """All queries of a file, checked for duplicate ids.
+
+  Raises:
+    InputError: on a malformed record or a repeated id.
+  """
+  seen: dict[str, int | str] = {}
+  queries = []
+  for where, query in iter_queries(path):
+    if query.id in seen:
+      raise InputError(path, f"duplicate query id {query.id!r} (first seen "
+                       f"at {seen[query.id]})", where=where)
+    seen[query.id] = where
+    queries.append(query)
+  return queries

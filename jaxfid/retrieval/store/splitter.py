@@ -1,0 +1,77 @@
+"""Splitting documents into passages, and writing DPR passage TSV files.
+
+DPR and FiD retrieve from Wikipedia cut into disjoint blocks of 100 words
+(``psgs_w100.tsv``): the text of each article is split on whitespace into
+consecutive, non-overlapping chunks of ``words`` words (the last one shorter),
+rejoined with single spaces, and every chunk keeps the article's title, which
+does not count towards the 100 words. :func:`split_into_passages` does the
+same. A document with no words yields no passage.
+
+Passage ids are ``{doc_id}_{k}`` (k = 0, 1, ... within the document), which
+keeps the source document recoverable (BEIR qrels name documents); with
+``sequential_ids=True`` they are ``1, 2, 3, ...`` over the whole corpus, as in
+DPR's file. Either way they are unique when the document ids are.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+from typing import Iterable, Iterator
+
+from jaxfid.core.files import atomic_write
+from jaxfid.retrieval.store.corpus import Passage
+
+DPR_TSV_HEADER = ("id", "text", "title")
+
+
+def split_document(doc: Passage, words: int = 100) -> list[tuple[str, str]]:
+  """Splits a document into (title, text) chunks of at most ``words`` words."""
+  if words < 1:
+    raise ValueError(f"words must be positive, got {words}")
+  tokens = doc.text.split()
+  return [(doc.title, " ".join(tokens[i:i + words]))
+          for i in range(0, len(tokens), words)]
+
+
+def split_into_passages(docs: Iterable[Passage], words: int = 100,
+                        sequential_ids: bool = False) -> Iterator[Passage]:
+  """Yields the passages of every document, in order.
+
+  Args:
+    docs: documents (``Passage`` tuples: id, title, text).
+    words: passage length in whitespace-separated words.
+    sequential_ids: number passages 1, 2, ... (DPR) instead of
+      ``{doc_id}_{k}``.
+  """
+  counter = 0
+  for doc in docs:
+    for k, (title, text) in enumerate(split_document(doc, words)):
+      counter += 1
+      pid = str(counter) if sequential_ids else f"{doc.id}_{k}"
+      yield Passage(pid, title, text)
+
+
+def write_dpr_tsv(path: str | os.PathLike,
+                  passages: Iterable[Passage]) -> int:
+  """Writes passages as a DPR TSV file (``id text title``); returns the count.
+
+  A name ending in ``.gz`` is gzipped. The file appears only when complete
+  (written to a temporary file first).
+  """
+  count = 0
+  with atomic_write(path, "wb") as raw:
+    compressed = (gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+                  if str(path).endswith(".gz") else None)
+    f = io.TextIOWrapper(compressed or raw, encoding="utf-8", newline="")
+    writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+    writer.writerow(DPR_TSV_HEADER)
+    for p in passages:
+      writer.writerow((p.id, p.text, p.title))
+      count += 1
+    f.flush()
+    f.detach()  # the files below are closed by their owners
+    if compressed is not None:
+      compressed.close()
+  return count

@@ -1,0 +1,172 @@
+"""The FiD/T5 model: the network plus loss, decoding and scoring (t5x ``models.py``).
+
+``FiDModel`` holds the static half of the network (its NNX graph definition
+and config); every method is a pure function of ``params`` (an ``nnx.State``)
+and arrays, so the trainer can ``jax.jit`` it with shardings. Plain T5 is the
+P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``.
+
+Batches are dicts of int32 arrays:
+  encoder_input_tokens  [B, P, L] or [B, L]   0 = padding
+  decoder_input_tokens  [B, T]                targets shifted right, start id 0
+  decoder_target_tokens [B, T]                ends with EOS (1), 0 = padding
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid.t5 import decoding
+from jaxfid.t5 import passages as fid
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.network import T5
+
+Array = jax.Array
+EOS_ID = 1
+START_ID = 0
+
+
+def shift_right(targets: Array) -> Array:
+  """Decoder inputs from targets: prepend the start id 0, drop the last."""
+  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
+
+
+def cross_entropy(logits: Array, targets: Array,
+                  normalizer: Array | None = None) -> tuple[Array, Array, Array]:
+  """Token cross-entropy over non-padding targets (EOS included).
+
+  Returns (loss, number of target tokens, token accuracy). The loss is the
+  mean over this batch's target tokens, or the sum divided by ``normalizer``
+  (the whole batch's token count, when this is one microbatch of it).
+  """
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [B, T, V]
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  weights = (targets > 0).astype(jnp.float32)
+  n = jnp.sum(weights)
+  denom = n if normalizer is None else normalizer
+  loss = jnp.sum(nll * weights) / jnp.maximum(denom, 1.0)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  acc = jnp.sum(correct * weights) / jnp.maximum(n, 1.0)
+  return loss, n, acc
+
+
+class FiDModel:
+  """Loss, decoding and passage scoring over a T5 network's parameters.
+
+  ``params`` everywhere is a nested dict of float32 arrays keyed by the T5X
+  parameter names (``nnx.to_pure_dict`` of the network's state), so it
+  checkpoints, shards and converts without NNX in the way.
+  """
+
+  def __init__(self, config: T5Config):
+    self.config = config
+    net = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    self.graphdef, self._abstract_state = nnx.split(net)
+
+  @classmethod
+  def create(cls, config: T5Config, seed: int = 0) -> tuple["FiDModel", dict]:
+    """A model and freshly initialised float32 parameters."""
+    model = cls(config)
+    return model, model.init_params(seed)
+
+  def init_params(self, seed: int = 0) -> dict:
+    return nnx.to_pure_dict(nnx.state(T5(self.config, rngs=nnx.Rngs(seed))))
+
+  def abstract_params(self) -> dict:
+    """Shape-only parameters (``jax.ShapeDtypeStruct`` leaves)."""
+    return nnx.to_pure_dict(self._abstract_state)
+
+  def param_axes(self) -> dict:
+    """Logical axis names of every parameter, same tree as the params."""
+    return nnx.to_pure_dict(jax.tree.map(
+        lambda v: v.get_metadata("logical_axes"), self._abstract_state,
+        is_leaf=lambda v: isinstance(v, nnx.Variable)))
+
+  def network(self, params: dict) -> T5:
+    state = jax.tree.map(lambda x: x, self._abstract_state)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state)
+
+  # ---- training ---------------------------------------------------------
+
+  def logits(self, params, encoder_input_tokens: Array,
+             decoder_input_tokens: Array, *, passage_mask: Array | None = None,
+             dropout_rng: Array | None = None, extras: Any = None) -> Array:
+    """float32 [B, T, V]; deterministic unless ``dropout_rng`` is given."""
+    logits, _ = fid.fid_forward(self.network(params), encoder_input_tokens,
+                                decoder_input_tokens, passage_mask=passage_mask,
+                                dropout_rng=dropout_rng, extras=extras)
+    return logits
+
+  def loss(self, params, batch: dict, dropout_rng: Array | None = None,
+           extras: Any = None, normalizer: Array | None = None
+           ) -> tuple[Array, dict]:
+    """Mean cross-entropy per target token (see ``cross_entropy``); metrics as aux."""
+    targets = batch["decoder_target_tokens"]
+    inputs = batch.get("decoder_input_tokens")
+    inputs = shift_right(targets) if inputs is None else inputs
+    logits = self.logits(params, batch["encoder_input_tokens"], inputs,
+                         passage_mask=batch.get("passage_mask"),
+                         dropout_rng=dropout_rng, extras=extras)
+    loss, n, acc = cross_entropy(logits, targets, normalizer)
+    return loss, {"loss": loss, "num_target_tokens": n, "token_accuracy": acc}
+
+  # ---- inference --------------------------------------------------------
+
+  def _encode_and_cache(self, params, encoder_input_tokens, passage_mask,
+                        max_decode_len, extras):
+    net = self.network(params)
+    enc = fid.encode_passages(net, encoder_input_tokens,
+                              passage_mask=passage_mask, extras=extras)
+    cache = net.init_cache(enc.hidden, enc.mask, max_decode_len, extras)
+    return net, cache
+
+  def predict(self, params, encoder_input_tokens: Array, *,
+              max_decode_len: int, num_beams: int = 1, alpha: float = 0.6,
+              length_penalty_style: str = "t5x", early_stopping: Any = True,
+              passage_mask: Array | None = None, extras: Any = None) -> Array:
+    """Greedy (``num_beams=1``) or beam search; int32 [B, max_decode_len].
+
+    At most ``max_decode_len`` new tokens; generation stops at EOS (kept in
+    the output) and pads with 0 after it. Cross-attention keys/values are
+    computed once per input; the self-attention keys/values are cached.
+    """
+    b = encoder_input_tokens.shape[0]
+    net, cache = self._encode_and_cache(params, encoder_input_tokens,
+                                        passage_mask, max_decode_len, extras)
+
+    def tokens_to_logits(state):
+      return net.decode_step(state.cur_token, state.cache, state.cur_index,
+                             extras)
+
+    if num_beams == 1:
+      tokens, _ = decoding.greedy_decode(
+          tokens_to_logits, cache, batch_size=b, max_decode_len=max_decode_len,
+          eos_id=EOS_ID, start_id=START_ID)
+      return tokens
+    tokens, _ = decoding.beam_search(
+        tokens_to_logits, cache, batch_size=b, num_beams=num_beams,
+        max_decode_len=max_decode_len, alpha=alpha,
+        length_penalty_style=length_penalty_style,
+        early_stopping=early_stopping, eos_id=EOS_ID, start_id=START_ID)
+    return tokens[:, 0]
+
+  def passage_scores(self, params, encoder_input_tokens: Array, *,
+                     passage_mask: Array | None = None,
+                     mode: str = "probs") -> Array:
+    """Cross-attention passage scores float32 [B, P] (see ``fid.passage_scores``)."""
+    return fid.passage_scores(self.network(params), encoder_input_tokens,
+                              passage_mask=passage_mask, mode=mode)
+
+  @functools.cached_property
+  def jit_logits(self):
+    return jax.jit(lambda p, e, d: self.logits(p, e, d))
+
+  @functools.cached_property
+  def jit_predict(self):
+    return jax.jit(self.predict, static_argnames=(
+        "max_decode_len", "num_beams", "alpha", "length_penalty_style",
+        "early_stopping"))

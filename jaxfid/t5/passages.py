@@ -1,0 +1,97 @@
+"""Fusion-in-Decoder on the T5 network (Izacard & Grave, 2020).
+
+Einsum letters: B questions, P passages per question, L tokens per passage,
+D d_model, H heads, T target length.
+
+Each passage (``question: .. title: .. context: ..``) is encoded alone: tokens
+``[B, P, L]`` are flattened to ``[B*P, L]`` for the encoder, and its output is
+concatenated to ``[B, P*L, D]`` so the decoder's cross-attention runs one
+softmax over every token of every passage. Padding passages are masked in the
+cross-attention, so they change nothing. FiD needs no parameters beyond T5's:
+these are functions over a :class:`~jaxfid.t5.network.T5`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxfid.t5.layers import fold
+from jaxfid.t5.network import T5, StackOutput
+
+Array = jax.Array
+
+
+def as_passages(tokens: Array) -> Array:
+  """Accept [B, L] (plain T5, one passage) or [B, P, L]; return [B, P, L]."""
+  return tokens[:, None, :] if tokens.ndim == 2 else tokens
+
+
+def encode_passages(net: T5, tokens: Array, *, passage_mask: Array | None = None,
+                    dropout_rng: Array | None = None, extras: Any = None,
+                    **stack_kwargs) -> StackOutput:
+  """Encode [B, P, L] passages independently -> hidden [B, P*L, D], mask [B, P*L].
+
+  Args:
+    passage_mask: optional bool [B, P]; False masks a whole passage (padding
+      passages are also all-zero tokens, which masks them anyway).
+  """
+  tokens = as_passages(tokens)
+  b, p, l = tokens.shape
+  mask = tokens != 0                              # [B, P, L]
+  if passage_mask is not None:
+    mask = mask & passage_mask[:, :, None]
+  out = net.encode(tokens.reshape(b * p, l), mask=mask.reshape(b * p, l),  # [B*P, L]
+                   dropout_rng=dropout_rng, extras=extras, **stack_kwargs)
+  hidden = out.hidden.reshape(b, p * l, -1)       # [B, P*L, D]
+  return out.replace(hidden=hidden, mask=mask.reshape(b, p * l))  # mask [B, P*L]
+
+
+def fid_forward(net: T5, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                *, passage_mask: Array | None = None,
+                dropout_rng: Array | None = None, extras: Any = None,
+                output_attention_logits: bool = False):
+  """Teacher-forced FiD: -> (logits float32 [B, T, V], decoder StackOutput)."""
+  enc = encode_passages(net, encoder_input_tokens, passage_mask=passage_mask,
+                        dropout_rng=fold(dropout_rng, 0), extras=extras)
+  return net.decode(enc.hidden, enc.mask, decoder_input_tokens,
+                    dropout_rng=fold(dropout_rng, 1), extras=extras,
+                    output_attention_logits=output_attention_logits)
+
+
+def passage_scores(net: T5, encoder_input_tokens: Array, *,
+                   passage_mask: Array | None = None,
+                   mode: str = "probs") -> Array:
+  """Cross-attention passage relevance, float32 [B, P] (FiD-KD / Atlas / ReAtt).
+
+  Computed at the first decoder position (input = the start token): for each
+  decoder layer with cross-attention and each head, the attention over all
+  P*L encoder tokens; padding tokens excluded; summed over each passage's
+  tokens; averaged over heads and layers.
+
+  Args:
+    mode: 'probs' — post-softmax attention (each layer/head distributes 1 over
+      the passages, so scores sum to 1); 'logits' — the original FiD code's
+      pre-softmax logits, averaged over the passage's real tokens.
+  """
+  tokens = as_passages(encoder_input_tokens)
+  b, p, l = tokens.shape
+  start = jnp.zeros((b, 1), jnp.int32)
+  _, dec = fid_forward(net, tokens, start, passage_mask=passage_mask,
+                       output_attention_logits=True)
+  logits = jnp.stack([c[:, :, 0, :] for c in dec.cross_attention_logits], 1)  # [B, layers, H, P*L]
+  mask = (tokens != 0)
+  if passage_mask is not None:
+    mask = mask & passage_mask[:, :, None]
+  mask = mask.reshape(b, 1, 1, p, l)                                          # [B, 1, 1, P, L]
+  if mode == "probs":
+    weights = jax.nn.softmax(logits, axis=-1).reshape(*logits.shape[:3], p, l)  # [B, layers, H, P, L]
+    per_passage = jnp.sum(jnp.where(mask, weights, 0.0), axis=-1)               # [B, layers, H, P]
+  elif mode == "logits":
+    lg = logits.reshape(*logits.shape[:3], p, l)                                # [B, layers, H, P, L]
+    n_tokens = jnp.maximum(jnp.sum(mask, axis=-1), 1)                           # [B, 1, 1, P]
+    per_passage = jnp.sum(jnp.where(mask, lg, 0.0), axis=-1) / n_tokens         # [B, layers, H, P]
+  else:
+    raise ValueError(f"mode must be 'probs' or 'logits', got {mode!r}")
+  return jnp.mean(per_passage, axis=(1, 2))                                     # [B, P]
