@@ -55,7 +55,7 @@ def test_memory_mode_counts_parameters_and_remat(capsys):
   none = _run(capsys, ["bench", "memory", "--gin.REMAT='none'"] + TINY)
   cfg = config_lib.preset("tiny")
   n_params = sum(x.size for x in jax.tree.leaves(
-      bench.FiDModel(cfg).abstract_params()))
+      bench.EncoderDecoderModel(cfg).abstract_params()))
   for r in (full, none):
     assert r["params_gb"] == pytest.approx(4 * n_params / 1e9)
     assert r["optimizer_gb"] == pytest.approx(2 * r["params_gb"])

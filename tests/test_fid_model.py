@@ -9,7 +9,7 @@ import pytest
 
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel, shift_right
+from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.training.step import make_train_step
 
 CONFIG = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=48, num_heads=4,
@@ -20,7 +20,7 @@ CONFIG = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=48, num_heads=4,
 
 @pytest.fixture(scope="module")
 def model_params():
-  return FiDModel.create(CONFIG, seed=3)
+  return EncoderDecoderModel.create(CONFIG, seed=3)
 
 
 def _passages(b=2, p=3, l=10, seed=0):
@@ -118,7 +118,7 @@ def test_remat_gives_same_loss_and_gradients():
            "decoder_target_tokens": jnp.asarray(_targets())}
   results = []
   for remat in ("none", "full", "dots"):
-    model, params = FiDModel.create(CONFIG.replace(remat=remat), seed=0)
+    model, params = EncoderDecoderModel.create(CONFIG.replace(remat=remat), seed=0)
     loss, grads = jax.value_and_grad(
         lambda p: model.loss(p, batch)[0])(params)
     results.append((float(loss), grads))
@@ -129,7 +129,7 @@ def test_remat_gives_same_loss_and_gradients():
 
 
 def test_gradient_accumulation_equals_full_batch():
-  model, params = FiDModel.create(CONFIG, seed=0)
+  model, params = EncoderDecoderModel.create(CONFIG, seed=0)
   batch = {"encoder_input_tokens": jnp.asarray(_passages(b=4)),
            "decoder_target_tokens": jnp.asarray(_targets(b=4))}
   opt = optax.sgd(1.0)
@@ -145,7 +145,7 @@ def test_gradient_accumulation_equals_full_batch():
 
 
 def test_loss_goes_down_on_a_tiny_set():
-  model, params = FiDModel.create(CONFIG.replace(dropout_rate=0.1), seed=0)
+  model, params = EncoderDecoderModel.create(CONFIG.replace(dropout_rate=0.1), seed=0)
   batch = {"encoder_input_tokens": jnp.asarray(_passages(b=4)),
            "decoder_target_tokens": jnp.asarray(_targets(b=4))}
   opt = optax.adam(3e-3)
@@ -161,7 +161,7 @@ def test_loss_goes_down_on_a_tiny_set():
 
 
 def test_non_finite_loss_leaves_parameters_untouched():
-  model, params = FiDModel.create(CONFIG, seed=0)
+  model, params = EncoderDecoderModel.create(CONFIG, seed=0)
   batch = {"encoder_input_tokens": jnp.asarray(_passages()),
            "decoder_target_tokens": jnp.asarray(_targets())}
   opt = optax.adam(1e-3)

@@ -30,7 +30,7 @@ from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.fid.fido_uptrain import fido_params_from_dense
 from jaxfid.checkpoints.load import load_checkpoint
-from jaxfid.t5.model import FiDModel, shift_right
+from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.t5.network import abstract_t5, count_params
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import launch
@@ -56,7 +56,7 @@ def _decoder_layers(params):
 
 
 def test_param_tree_has_cross_attention_only_every_kth_layer():
-  layers = _decoder_layers(FiDModel(FIDO).abstract_params())
+  layers = _decoder_layers(EncoderDecoderModel(FIDO).abstract_params())
   assert sorted(layers) == [f"layers_{i}" for i in range(4)]
   for i in (0, 2):
     assert "encoder_decoder_attention" not in layers[f"layers_{i}"]
@@ -95,7 +95,7 @@ def test_param_count_drops_by_the_expected_amount(name, period, mq):
 def test_eval_shape_of_the_initialiser_agrees():
   fido = config_lib.preset("t5_small", cross_attention_period=3,
                            multi_query_cross_attention=True)
-  shapes = jax.eval_shape(FiDModel(fido).init_params)
+  shapes = jax.eval_shape(EncoderDecoderModel(fido).init_params)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   assert n == count_params(abstract_t5(fido.replace(
       cross_attention_period=1, multi_query_cross_attention=False))) - (
@@ -115,7 +115,7 @@ def test_t5_base_fido_numbers():
                                  DENSE.replace(multi_query_cross_attention=True)],
                          ids=["lsa2_mq", "lsa3", "mq"])
 def test_cached_decoding_equals_teacher_forced_argmax(cfg):
-  model, params = FiDModel.create(cfg, seed=4)
+  model, params = EncoderDecoderModel.create(cfg, seed=4)
   tokens = jnp.asarray(_tokens())
   steps = 6
 
@@ -191,9 +191,9 @@ def test_fido_tiny_gin_trains_and_restores(tmp_path):
 
 
 def test_uptrain_tree_matches_the_fido_model():
-  _, dense = FiDModel.create(DENSE, seed=1)
+  _, dense = EncoderDecoderModel.create(DENSE, seed=1)
   fido = fido_params_from_dense(dense, DENSE, FIDO)
-  want = FiDModel(FIDO).abstract_params()
+  want = EncoderDecoderModel(FIDO).abstract_params()
   assert (jax.tree.structure(fido) == jax.tree.structure(want))
   for a, b in zip(jax.tree.leaves(fido), jax.tree.leaves(want)):
     assert a.shape == b.shape and a.dtype == jnp.float32
@@ -209,7 +209,7 @@ def test_uptrain_tree_matches_the_fido_model():
 
 def test_uptrain_is_exact_when_heads_agree_and_dropped_layers_are_silent():
   """Where the conversion loses nothing, the FiDO model computes the same logits."""
-  model, dense = FiDModel.create(DENSE, seed=2)
+  model, dense = EncoderDecoderModel.create(DENSE, seed=2)
   dense = jax.tree.map(np.array, dense)
   for i in range(4):
     cross = dense["decoder"][f"layers_{i}"]["encoder_decoder_attention"]
@@ -223,17 +223,17 @@ def test_uptrain_is_exact_when_heads_agree_and_dropped_layers_are_silent():
   tokens = _tokens()
   dec = shift_right(jnp.asarray(np.array([[5, 9, 3, 1], [7, 2, 1, 0]], np.int32)))
   want = model.logits(dense, tokens, dec)
-  got = FiDModel(FIDO).logits(fido_params, tokens, dec)
+  got = EncoderDecoderModel(FIDO).logits(fido_params, tokens, dec)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_uptrain_refuses_mismatched_configs():
-  _, dense = FiDModel.create(DENSE, seed=1)
+  _, dense = EncoderDecoderModel.create(DENSE, seed=1)
   with pytest.raises(ValueError, match="d_model"):
     fido_params_from_dense(dense, DENSE, FIDO.replace(d_model=64))
   with pytest.raises(ValueError, match="dense_config"):
     fido_params_from_dense(dense, FIDO, FIDO)
-  _, other = FiDModel.create(DENSE.replace(d_ff=64), seed=1)
+  _, other = EncoderDecoderModel.create(DENSE.replace(d_ff=64), seed=1)
   with pytest.raises(InputError, match="shape"):
     fido_params_from_dense(other, DENSE, FIDO)
 
@@ -250,7 +250,7 @@ def _model_dir(path, cfg: T5Config, params) -> str:
 
 def _load_for_run(path: str, cfg: T5Config):
   """What the trainer does with INIT_CHECKPOINT: (params, param shardings)."""
-  model = FiDModel(cfg)
+  model = EncoderDecoderModel(cfg)
   mesh = shd.parse_mesh("data=2,fsdp=2,model=2")
   sh = trainer.make_shardings(mesh, model, optax.adam(1e-3))
   with jax.set_mesh(mesh):
@@ -265,7 +265,7 @@ def _assert_trees_equal(got, want):
 
 def test_init_checkpoint_dense_model_dir_is_uptrained_for_a_fido_run(
     tmp_path, capsys):
-  _, dense = FiDModel.create(DENSE, seed=3)
+  _, dense = EncoderDecoderModel.create(DENSE, seed=3)
   # Run-only fields (dropout, dtype) may differ without blocking anything.
   path = _model_dir(tmp_path / "dense", DENSE.replace(dropout_rate=0.1), dense)
   capsys.readouterr()
@@ -283,7 +283,7 @@ def test_init_checkpoint_dense_model_dir_is_uptrained_for_a_fido_run(
 @pytest.mark.parametrize("cfg", [FIDO, DENSE], ids=["fido", "dense"])
 def test_init_checkpoint_of_the_runs_own_layout_loads_unchanged(
     cfg, tmp_path, capsys):
-  _, params = FiDModel.create(cfg, seed=5)
+  _, params = EncoderDecoderModel.create(cfg, seed=5)
   path = _model_dir(tmp_path / "same", cfg, params)
   capsys.readouterr()
   got, _ = _load_for_run(path, cfg)
@@ -303,7 +303,7 @@ def test_init_checkpoint_of_the_runs_own_layout_loads_unchanged(
 ], ids=["dense_d_model", "fido_period", "mq_only_into_lsa", "fido_into_dense"])
 def test_init_checkpoint_mismatches_are_refused(source, run, needles, tmp_path,
                                                 capsys):
-  _, params = FiDModel.create(source, seed=6)
+  _, params = EncoderDecoderModel.create(source, seed=6)
   path = _model_dir(tmp_path / "other", source, params)
   with pytest.raises(InputError) as e:
     _load_for_run(path, run)

@@ -16,7 +16,7 @@ import pytest
 
 from jaxfid.commands import gin_flags
 from jaxfid.t5 import config as config_lib
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.t5.network import abstract_t5, count_params
 from jaxfid.training import launch
 
@@ -86,7 +86,7 @@ def test_model_file_switches_the_model(model_file):
   assert {k: getattr(cfg, k) for k in arch} == {k: getattr(want, k) for k in arch}
   assert count_params(abstract_t5(cfg)) == count_params(abstract_t5(want))
   # It builds: abstract parameters with a logical axis name per dimension.
-  model = FiDModel(cfg)
+  model = EncoderDecoderModel(cfg)
   axes = model.param_axes()
   import jax
   for shape, names in zip(jax.tree.leaves(model.abstract_params()),

@@ -12,7 +12,7 @@ import pytest
 from jaxfid.fid import examples as fid_format
 from jaxfid.fid.examples import FidExample, Passage
 from jaxfid.reatt import model as reatt
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.training.step import make_train_step
 from reatt_world import make_world, tiny_model
@@ -96,7 +96,7 @@ def test_without_bi_encoder_layers_it_is_fid(world):
   model = tiny_model(bi_encoder_layers=0, dropout_rate=0.1)
   params = model.init_params(0)
   batch = _batch(world[:2])
-  fid = FiDModel(model.config)
+  fid = EncoderDecoderModel(model.config)
   t5 = {k: v for k, v in params.items() if k != reatt.PARAMS_KEY}
   dec = np.tile(np.arange(1, 5, dtype=np.int32), (2, 1))
   key = jax.random.key(1)

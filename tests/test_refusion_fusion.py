@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxfid.t5.config import preset
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.refusion import fusion as F
 from jaxfid.refusion.model import ReFusionModel
 
@@ -112,7 +112,7 @@ def test_no_neighbours_or_original_choice_equals_plain_t5(structure):
                           structure=None if structure is None else (structure,) * n)
   model = ReFusionModel(CFG, fusion)
   params = model.init_params(0)
-  plain = FiDModel(CFG)
+  plain = EncoderDecoderModel(CFG)
   plain_params = plain.init_params(0)
   # The backbone is initialised exactly as the plain T5 (same seed).
   flat_plain = jax.tree_util.tree_leaves_with_path(plain_params)

@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec
 
 from jaxfid.core import sharding as shd
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import optim
 from jaxfid.training.step import make_train_step
@@ -35,7 +35,7 @@ def _batches(n=3, b=8, p=2, l=8, t=4):
 
 
 def _train(mesh_spec: str, steps=3, accumulation_steps=1, config=CONFIG):
-  model = FiDModel(config)
+  model = EncoderDecoderModel(config)
   opt, _ = optim.make_optimizer(1e-2, optimizer="adamw", weight_decay=0.01)
   mesh = shd.parse_mesh(mesh_spec)
   sh = make_shardings(mesh, model, opt)
@@ -92,7 +92,7 @@ def test_checkpoint_restores_under_another_mesh(tmp_path):
   _, params, state, _ = _train("data=4,model=2", steps=1)
   ckpts = checkpointing.RunCheckpoints(str(tmp_path), keep=1)
   ckpts.save(1, state)
-  model = FiDModel(CONFIG)
+  model = EncoderDecoderModel(CONFIG)
   opt, _ = optim.make_optimizer(1e-2, optimizer="adamw", weight_decay=0.01)
   mesh = shd.parse_mesh("data=2,model=4")
   sh = make_shardings(mesh, model, opt)
@@ -115,7 +115,7 @@ def test_checkpoint_restores_under_another_mesh(tmp_path):
 def test_every_parameter_has_logical_axes():
   for name in ("t5_base", "t5_1_1_xl"):
     from jaxfid.t5.config import preset
-    model = FiDModel(preset(name).replace(cross_attention_period=2,
+    model = EncoderDecoderModel(preset(name).replace(cross_attention_period=2,
                                           multi_query_cross_attention=True))
     shapes = jax.tree.leaves(model.abstract_params())
     axes = jax.tree.leaves(model.param_axes(),

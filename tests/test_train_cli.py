@@ -243,23 +243,26 @@ def test_init_checkpoint_starts_from_pretrained_weights(data, tmp_path, capsys):
 def _nan_at_step_4(monkeypatch):
   """Make the 4th step report a non-finite loss (the step function's own
   guard, tested in test_fid_model, then leaves the state untouched)."""
+  import jax
   import jax.numpy as jnp
 
-  from jaxfid.fid import trainer as trainer_lib
-  real_compile = trainer_lib.compile_train_step
+  from jaxfid.fid import task as fid_task
+  real_make = fid_task.make_train_step
 
-  def compile_train_step(*args, **kwargs):
-    real = real_compile(*args, **kwargs)
+  def make_train_step(*args, **kwargs):
+    real = real_make(*args, **kwargs)
 
     def step(state, batch):
-      if int(state["step"]) == 3:
-        nan = jnp.asarray(float("nan"))
-        return state, {"loss": nan, "token_accuracy": nan, "grad_norm": nan,
-                       "finite": jnp.asarray(0.0)}
-      return real(state, batch)
+      new, metrics = real(state, batch)
+      bad = state["step"] == 3
+      nan = jnp.asarray(float("nan"))
+      metrics = dict(metrics, loss=jnp.where(bad, nan, metrics["loss"]),
+                     finite=jnp.where(bad, 0.0, metrics["finite"]))
+      return jax.tree.map(lambda n, o: jnp.where(bad, o, n), new,
+                          state), metrics
     return step
 
-  monkeypatch.setattr(trainer_lib, "compile_train_step", compile_train_step)
+  monkeypatch.setattr(fid_task, "make_train_step", make_train_step)
 
 
 def test_non_finite_loss_stops_naming_the_step_without_a_checkpoint(

@@ -16,10 +16,10 @@ import numpy as np
 from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
 from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 
 
-def params_from_flat(model: FiDModel, flat: dict[str, np.ndarray],
+def params_from_flat(model: EncoderDecoderModel, flat: dict[str, np.ndarray],
                      source: str) -> dict:
   """Check names and shapes against the model; float32 nested params."""
   expected = flatten(model.abstract_params())
@@ -40,7 +40,7 @@ def params_from_flat(model: FiDModel, flat: dict[str, np.ndarray],
 
 
 def load_checkpoint(path: str, *, dtype: str | None = None,
-                    which: str = "auto") -> tuple[FiDModel, dict, str | None]:
+                    which: str = "auto") -> tuple[EncoderDecoderModel, dict, str | None]:
   """(model, params, spiece path or None) from any supported checkpoint.
 
   Args:
@@ -60,7 +60,7 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
     config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
     if dtype:
       config = config.replace(dtype=dtype)
-    model = FiDModel(config)
+    model = EncoderDecoderModel(config)
     try:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       target = jax.tree.map(
@@ -75,14 +75,14 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
   config = T5Config.from_dict(fields).replace(dropout_rate=0.0)
   if dtype:
     config = config.replace(dtype=dtype)
-  model = FiDModel(config)
+  model = EncoderDecoderModel(config)
   return model, params_from_flat(model, flat, path), spiece
 
 
 class LoadedT5:
   """A loaded, deterministic T5: ``logits = model(encoder_input_tokens=..., decoder_input_tokens=...)``."""
 
-  def __init__(self, model: FiDModel, params: dict, tokenizer=None):
+  def __init__(self, model: EncoderDecoderModel, params: dict, tokenizer=None):
     self.model = model
     self.params = params
     self.config = model.config

@@ -11,7 +11,7 @@ Parameters are one nested dict (so they checkpoint, shard and restore like
 every jaxfid model):
 
 * ``token_embedder``, ``encoder``, ``decoder``: the parameters of a
-  :class:`~jaxfid.t5.model.FiDModel` whose config has no decoder layers
+  :class:`~jaxfid.t5.model.EncoderDecoderModel` whose config has no decoder layers
   and a tied output (:func:`encoder_config`), i.e. the encoder plus a
   two-array decoder stub. A dual encoder's ``MODEL_DIR`` therefore also
   loads with :func:`jaxfid.checkpoints.load.load_checkpoint` (shared towers, no
@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfid.core import sharding as shd
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 
 Array = jax.Array
 POOLINGS = ("mean", "first")
@@ -120,7 +120,7 @@ class DualEncoder:
   def __init__(self, config: T5Config, settings: DualEncoderConfig):
     self.config = encoder_config(config)
     self.settings = settings
-    self.model = FiDModel(self.config)
+    self.model = EncoderDecoderModel(self.config)
 
   @property
   def dim(self) -> int:

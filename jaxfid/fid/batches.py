@@ -1,25 +1,26 @@
 """Deterministic, resumable FiD batches: the batch of step ``s`` is a pure function of (seed, s).
 
-* Order: epoch ``e`` visits the examples in ``permutation(seed, e)``; the
-  global batch of step ``s`` (0-based) takes positions ``[s*B, (s+1)*B)`` of
-  the concatenation of epochs. No iterator state to checkpoint: resuming at
-  step ``s`` gives exactly the batches an uninterrupted run would have seen.
+* Order: :func:`jaxfid.training.sampling.stream_indices` (epochs of
+  ``permutation(seed, e)``; step ``s`` takes positions ``[s*B, (s+1)*B)``).
+  No iterator state to checkpoint: resuming at step ``s`` gives exactly the
+  batches an uninterrupted run would have seen.
 * Targets: a random answer per step and example from ``rng(seed, s, i)``
   (``target`` when the example has one).
-* Hosts: process ``k`` of ``n`` builds rows ``[k*B/n, (k+1)*B/n)`` of each
-  global batch (its shard); the trainer assembles the global array.
+* Hosts: each process builds only the rows of the global batch that its
+  devices hold (``rows``, given by the loop); the loop assembles the global
+  array.
 * A background thread prepares the next batches while the device trains.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 from typing import Sequence
 
 import numpy as np
 
 from jaxfid.fid import examples as fid_format
 from jaxfid.fid.examples import FidExample
+from jaxfid.training.sampling import stream_indices
 
 
 class FidBatcher:
@@ -28,12 +29,17 @@ class FidBatcher:
   def __init__(self, examples: Sequence[FidExample], tokenizer, *,
                batch_size: int, n_context: int, text_maxlength: int,
                answer_maxlength: int, seed: int = 0, dataset: str = "nq",
-               process_index: int = 0, process_count: int = 1,
+               mixture: Sequence[tuple[int, float, str]] | None = None,
                cache_limit_bytes: int = 2 << 30):
-    if batch_size % process_count:
-      raise ValueError(f"batch size {batch_size} is not divisible by the "
-                       f"{process_count} processes")
+    """``mixture``: consecutive parts of ``examples`` as (count, rate,
+    dataset), sampled by rate (see :meth:`indices`); default one part."""
     self.examples = list(examples)
+    self.mixture = list(mixture or [(len(self.examples), 1.0, dataset)])
+    if sum(c for c, _, _ in self.mixture) != len(self.examples):
+      raise ValueError("mixture counts must add up to the examples")
+    self._offsets = np.cumsum([0] + [c for c, _, _ in self.mixture])
+    rates = np.asarray([r if c else 0.0 for c, r, _ in self.mixture], float)
+    self._rates = rates / rates.sum()
     self.tokenizer = tokenizer
     self.batch_size = batch_size
     self.n_context = n_context
@@ -41,8 +47,6 @@ class FidBatcher:
     self.answer_maxlength = answer_maxlength
     self.seed = seed
     self.dataset = dataset
-    self.local_rows = slice(process_index * batch_size // process_count,
-                            (process_index + 1) * batch_size // process_count)
     # Encoded passages are cached (int16 holds the 32128-token vocabulary)
     # when they fit the budget; otherwise re-tokenised per step.
     per_example = n_context * text_maxlength * 2
@@ -51,15 +55,29 @@ class FidBatcher:
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     self._pending: dict[int, concurrent.futures.Future] = {}
 
-  @functools.lru_cache(maxsize=64)
-  def _epoch_order(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
-
   def indices(self, step: int) -> np.ndarray:
-    """Global example indices of the batch of 0-based ``step``."""
-    n = len(self.examples)
-    positions = np.arange(step * self.batch_size, (step + 1) * self.batch_size)
-    return np.array([self._epoch_order(int(p // n))[p % n] for p in positions])
+    """Global example indices of the batch of 0-based ``step``.
+
+    One part: the epoch stream. A mixture: row j of step s comes from part
+    c drawn by rate from ``rng(seed, s, j)``, at position ``s*B + j`` of
+    part c's own epoch stream (a pure function of the step, as seqio
+    samples mixtures from repeated, shuffled tasks).
+    """
+    start = step * self.batch_size
+    if len(self.mixture) == 1:
+      return stream_indices(len(self.examples), self.seed, start,
+                            self.batch_size)
+    out = np.empty(self.batch_size, np.int64)
+    for j in range(self.batch_size):
+      c = int(np.random.default_rng([self.seed, step, j, 7]).choice(
+          len(self._rates), p=self._rates))
+      out[j] = self._offsets[c] + stream_indices(
+          self.mixture[c][0], self.seed + c, start + j, 1)[0]
+    return out
+
+  def dataset_of(self, index: int) -> str:
+    part = int(np.searchsorted(self._offsets, index, side="right")) - 1
+    return self.mixture[part][2]
 
   def _passages(self, i: int) -> tuple[np.ndarray, np.ndarray]:
     if self._cache is not None and i in self._cache:
@@ -71,31 +89,35 @@ class FidBatcher:
       self._cache[i] = (tokens.astype(np.int16), mask)
     return tokens, mask
 
-  def _build(self, step: int) -> dict[str, np.ndarray]:
-    rows = self.indices(step)[self.local_rows]
-    offset = self.local_rows.start
+  def _build(self, step: int, rows: slice) -> dict[str, np.ndarray]:
+    offset = rows.start or 0
     enc, pmask, targets = [], [], []
-    for j, i in enumerate(rows):
+    for j, i in enumerate(self.indices(step)[rows]):
       tokens, mask = self._passages(int(i))
       enc.append(tokens)
       pmask.append(mask)
       rng = np.random.default_rng([self.seed, step, offset + j])
-      text = fid_format.choose_target(self.examples[i], rng, self.dataset)
+      text = fid_format.choose_target(self.examples[i], rng,
+                                      self.dataset_of(int(i)))
       targets.append(fid_format.encode_target(self.tokenizer, text,
                                               self.answer_maxlength))
     return {"encoder_input_tokens": np.stack(enc).astype(np.int32),
             "passage_mask": np.stack(pmask),
             "decoder_target_tokens": np.stack(targets).astype(np.int32)}
 
-  def batch(self, step: int, prefetch: int = 2) -> dict[str, np.ndarray]:
-    """The host-local batch of 0-based ``step``; prefetches the next ones."""
-    future = self._pending.pop(step, None)
-    result = future.result() if future is not None else self._build(step)
+  def batch(self, step: int, rows: slice | None = None, prefetch: int = 2
+            ) -> dict[str, np.ndarray]:
+    """Rows ``rows`` (default: all) of the batch of 0-based ``step``;
+    prefetches the same rows of the next steps."""
+    rows = rows or slice(0, self.batch_size)
+    key = (rows.start, rows.stop)
+    future = self._pending.pop((step, key), None)
+    result = future.result() if future is not None else self._build(step, rows)
     for s in range(step + 1, step + 1 + prefetch):
-      if s not in self._pending:
-        self._pending[s] = self._pool.submit(self._build, s)
-    for s in [s for s in self._pending if s < step]:
-      self._pending.pop(s).cancel()
+      if (s, key) not in self._pending:
+        self._pending[(s, key)] = self._pool.submit(self._build, s, rows)
+    for k in [k for k in self._pending if k[0] < step]:
+      self._pending.pop(k).cancel()
     return result
 
   def close(self) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from jaxfid.t5 import decoding
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ def memory_estimate(cfg: T5Config, shape: Shape, *, accumulation_steps: int = 1,
   except ImportError as e:  # private helper behind print_saved_residuals
     raise RuntimeError(f"this JAX ({jax.__version__}) has no saved_residuals "
                        f"helper: {e}") from None
-  model = FiDModel(cfg)
+  model = EncoderDecoderModel(cfg)
   params = model.abstract_params()
   param_bytes = sum(_nbytes(x) for x in jax.tree.leaves(params))
 
@@ -178,7 +178,7 @@ def bench_train(cfg: T5Config, shape: Shape, *, steps: int, learning_rate=1e-4,
   import optax
 
   from jaxfid.training.step import make_train_step
-  model = FiDModel(cfg)
+  model = EncoderDecoderModel(cfg)
   opt = optax.adam(learning_rate)
   params = jax.jit(lambda: model.init_params(seed))()
   state = {"step": jnp.zeros((), jnp.int32), "params": params,
@@ -198,7 +198,7 @@ def bench_train(cfg: T5Config, shape: Shape, *, steps: int, learning_rate=1e-4,
 
 def bench_decode(cfg: T5Config, shape: Shape, *, steps: int, seed: int = 0) -> dict:
   """Time greedy decoding of exactly ``answer_maxlength`` tokens (no early EOS)."""
-  model = FiDModel(cfg)
+  model = EncoderDecoderModel(cfg)
   params = jax.jit(lambda: model.init_params(seed))()
 
   def generate(params, tokens):

@@ -24,18 +24,15 @@ rematerialisation) never count as differences.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from jaxfid.checkpoints.names import flatten
 from jaxfid.t5.config import T5Config
 from jaxfid.checkpoints.load import params_from_flat
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 
 # The FiDO switches: the T5Config fields an uptraining may change.
 FIDO_FIELDS = ("cross_attention_period", "multi_query_cross_attention")
-_RUN_ONLY = {"dropout_rate": 0.0, "dtype": "float32", "remat": "none"}
 _CROSS = ("encoder_decoder_attention", "pre_cross_attention_layer_norm")
 
 
@@ -45,14 +42,8 @@ def is_dense(cfg: T5Config) -> bool:
 
 
 def differing_fields(a: T5Config, b: T5Config) -> list[str]:
-  """T5Config fields (in declaration order) in which ``a`` and ``b`` differ.
-
-  Run-only fields (dropout_rate, dtype, remat) are ignored: they do not
-  change the parameters.
-  """
-  a, b = a.replace(**_RUN_ONLY), b.replace(**_RUN_ONLY)
-  return [f.name for f in dataclasses.fields(T5Config)
-          if getattr(a, f.name) != getattr(b, f.name)]
+  """T5Config fields in which ``a`` and ``b`` differ (run-only ones ignored)."""
+  return a.architecture_differences(b)
 
 
 def can_uptrain(source: T5Config, target: T5Config) -> bool:
@@ -106,7 +97,7 @@ def fido_params_from_dense(dense_params: dict, dense_config: T5Config,
           if f not in FIDO_FIELDS]
   if diff:
     raise ValueError(f"dense and FiDO configs differ in {', '.join(diff)}")
-  flat = flatten(params_from_flat(FiDModel(dense_config),
+  flat = flatten(params_from_flat(EncoderDecoderModel(dense_config),
                                   flatten(dense_params), source))
   h, e = fido_config.num_heads, fido_config.d_kv
   out = {}
@@ -121,4 +112,4 @@ def fido_params_from_dense(dense_params: dict, dense_config: T5Config,
         kernel = np.asarray(value, np.float32)           # [D, H*E]
         value = kernel.reshape(kernel.shape[0], h, e).mean(axis=1)  # [D, E]
     out[name] = np.asarray(value, np.float32)
-  return params_from_flat(FiDModel(fido_config), out, source)
+  return params_from_flat(EncoderDecoderModel(fido_config), out, source)

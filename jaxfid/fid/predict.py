@@ -114,3 +114,39 @@ def write_predictions(path: str, examples: Sequence[FidExample],
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+class QaEvaluator:
+  """EM/F1 of generated answers on a fixed set of examples, during training.
+
+  ``evaluate(model_dir, step, params)`` writes per-example predictions to
+  ``MODEL_DIR/eval/predictions_<step>.jsonl`` (process 0) and returns
+  ``eval_em``, ``eval_f1``, ``eval_examples``.
+  """
+
+  def __init__(self, model, tokenizer, examples: Sequence[FidExample], *,
+               n_context: int, text_maxlength: int, answer_maxlength: int,
+               num_beams: int = 1, batch_size: int = 8,
+               progress: bool = True):
+    self.model, self.tokenizer = model, tokenizer
+    self.examples = list(examples)
+    self.n_context, self.text_maxlength = n_context, text_maxlength
+    self.answer_maxlength, self.batch_size = answer_maxlength, batch_size
+    self.progress = progress
+    self.predict_fn = make_predict_fn(model, max_decode_len=answer_maxlength,
+                                      num_beams=num_beams)
+
+  def __call__(self, model_dir: str, step: int, params, put_batch) -> dict:
+    preds = generate(
+        self.model, params, self.tokenizer, self.examples,
+        n_context=self.n_context, text_maxlength=self.text_maxlength,
+        answer_maxlength=self.answer_maxlength, batch_size=self.batch_size,
+        predict_fn=self.predict_fn, progress=self.progress,
+        put_batch=put_batch)
+    scores = score(self.examples, preds)
+    if jax.process_index() == 0:
+      write_predictions(os.path.join(model_dir, "eval",
+                                     f"predictions_{step}.jsonl"),
+                        self.examples, preds, scores)
+    return {"eval_em": scores["em"], "eval_f1": scores["f1"],
+            "eval_examples": len(self.examples)}

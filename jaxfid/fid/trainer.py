@@ -34,7 +34,7 @@ from jaxfid.core import sharding as shd
 from jaxfid.fid import examples as fid_format, batches as pipeline
 from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.model import FiDModel
+from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import optim
 from jaxfid.training import loop as loop_lib
@@ -54,7 +54,7 @@ class Shardings:
   replicated: NamedSharding
 
 
-def make_shardings(mesh, model: FiDModel, optimizer) -> Shardings:
+def make_shardings(mesh, model: EncoderDecoderModel, optimizer) -> Shardings:
   """Parameter, optimizer-state and batch shardings from the logical axes."""
   is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)
   specs = jax.tree.map(lambda axes: shd.logical_to_mesh(axes, mesh=mesh),
@@ -134,7 +134,7 @@ def global_batch(host_batch: dict, sharding: NamedSharding, batch_size: int) -> 
   return jax.tree.map(put, host_batch)
 
 
-def load_initial_params(path: str, model: FiDModel, shardings) -> dict:
+def load_initial_params(path: str, model: EncoderDecoderModel, shardings) -> dict:
   """INIT_CHECKPOINT's parameters for ``model``, placed with ``shardings``.
 
   A checkpoint of the run's architecture loads as it is. A dense T5 (any
@@ -270,7 +270,7 @@ def train(*, model_dir: str, train_data: str, eval_data: str | None = None,
   tokenizer = load_tokenizer(spiece_dir)
 
   # 2. Model, optimizer, mesh and shardings.
-  model = FiDModel(model_config)
+  model = EncoderDecoderModel(model_config)
   opt, lr_schedule = optim.make_optimizer(
       learning_rate, optimizer=optimizer, schedule=schedule,
       warmup_steps=warmup_steps, total_steps=train_steps,

@@ -50,7 +50,7 @@ from flax import nnx
 from jaxfid.t5 import layers
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import NEG_INF, fold
-from jaxfid.t5.model import FiDModel, cross_entropy, shift_right
+from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
 from jaxfid.t5.network import T5, Encoder, StackOutput
 
 Array = jax.Array
@@ -277,7 +277,7 @@ def add_head_weights(t5_params: dict, num_heads: int) -> dict:
           PARAMS_KEY: {HEAD_WEIGHTS: jnp.zeros((num_heads,), jnp.float32)}}
 
 
-class ReAttModel(FiDModel):
+class ReAttModel(EncoderDecoderModel):
   """FiD's model with the split encoder, retrieval attention and the KL loss.
 
   ``params`` is the T5 parameter dict plus ``{"reatt": {"head_weights": [H]}}``;

@@ -6,8 +6,8 @@ D d_model, V vocabulary.
 
 The network is the plain jaxfid T5 with chosen projections wrapped by
 :class:`~jaxfid.refusion.fusion.FusedProjection`; everything else —
-parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.FiDModel`'s
-(with one passage per example). Batches add to FiDModel's:
+parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.EncoderDecoderModel`'s
+(with one passage per example). Batches add to EncoderDecoderModel's:
 
   neighbours      float32 [B, S, K, R]  the neighbours' stored vectors (zeros
                                         where missing)
@@ -27,7 +27,7 @@ from flax import nnx
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
-from jaxfid.t5.model import FiDModel, shift_right
+from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.t5.network import T5
 from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion.fusion import FusionConfig
@@ -50,8 +50,8 @@ def is_arch_path(path: tuple) -> bool:
   return str(getattr(path[-1], "key", path[-1])) == ARCH_PARAM
 
 
-class ReFusionModel(FiDModel):
-  """FiDModel's loss and sharding over a T5 with fusion modules."""
+class ReFusionModel(EncoderDecoderModel):
+  """EncoderDecoderModel's loss and sharding over a T5 with fusion modules."""
 
   def __init__(self, config: T5Config, fusion: FusionConfig):
     self.config = config

@@ -232,7 +232,7 @@ def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
   from jaxfid.checkpoints import names
   from jaxfid.checkpoints.hf import write_hf
   from jaxfid.t5.config import T5Config
-  from jaxfid.t5.model import FiDModel
+  from jaxfid.t5.model import EncoderDecoderModel
   from jaxfid.core.tokenization import bundled_vocab_path
   config = T5Config(vocab_size=32128, d_model=d_model,
                     d_kv=max(d_model // num_heads, 1), d_ff=2 * d_model,
@@ -241,7 +241,7 @@ def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
                     tie_word_embeddings=True, dropout_rate=0.0,
                     dtype="float32")
   flat = {k: np.asarray(v) for k, v in
-          names.flatten(FiDModel(config).init_params(seed)).items()}
+          names.flatten(EncoderDecoderModel(config).init_params(seed)).items()}
   key = "encoder/encoder_norm/scale"
   flat[key] = np.full_like(flat[key], vector_scale)
   return write_hf(directory, config, flat, bundled_vocab_path(),

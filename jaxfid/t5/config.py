@@ -11,6 +11,8 @@ import dataclasses
 import jax.numpy as jnp
 
 FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
+# Fields a run sets for itself: they change no parameter.
+RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,12 @@ class T5Config:
 
   def replace(self, **changes) -> "T5Config":
     return dataclasses.replace(self, **changes)
+
+  def architecture_differences(self, other: "T5Config") -> list[str]:
+    """Fields (in declaration order, run-only ones left out) that differ."""
+    return [f.name for f in dataclasses.fields(self)
+            if f.name not in RUN_ONLY_FIELDS
+            and getattr(self, f.name) != getattr(other, f.name)]
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -1,6 +1,6 @@
 """The FiD/T5 model: the network plus loss, decoding and scoring (t5x ``models.py``).
 
-``FiDModel`` holds the static half of the network (its NNX graph definition
+``EncoderDecoderModel`` holds the static half of the network (its NNX graph definition
 and config); every method is a pure function of ``params`` (an ``nnx.State``)
 and arrays, so the trainer can ``jax.jit`` it with shardings. Plain T5 is the
 P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``.
@@ -53,7 +53,7 @@ def cross_entropy(logits: Array, targets: Array,
   return loss, n, acc
 
 
-class FiDModel:
+class EncoderDecoderModel:
   """Loss, decoding and passage scoring over a T5 network's parameters.
 
   ``params`` everywhere is a nested dict of float32 arrays keyed by the T5X
@@ -67,7 +67,7 @@ class FiDModel:
     self.graphdef, self._abstract_state = nnx.split(net)
 
   @classmethod
-  def create(cls, config: T5Config, seed: int = 0) -> tuple["FiDModel", dict]:
+  def create(cls, config: T5Config, seed: int = 0) -> tuple["EncoderDecoderModel", dict]:
     """A model and freshly initialised float32 parameters."""
     model = cls(config)
     return model, model.init_params(seed)

@@ -1,24 +1,47 @@
-"""The bookkeeping every trainer's step loop shares.
+"""The one training loop, top to bottom, for every method.
 
-FiD, ReAtt, the dual encoder and ReFusion each run their own loop (their
-batches, phases and evaluations differ); what they share lives here: the
-progress bar, fetching the step's metrics, the non-finite-loss policy and
-the throughput since the last log line.
+gin configures :func:`train` (``gin/training.gin``, included by every
+method's gin file): the run's macros (``MODEL_DIR``, ``TRAIN_STEPS``,
+``BATCH_SIZE``, ``LEARNING_RATE``, ...) and the method's task object
+(``METHOD = @FidTask()``, ...; see :mod:`jaxfid.training.task`). Nothing
+below the top level reads gin.
+
+Guarantees, the same for every method:
+  * every batch and dropout mask is a function of (seed, step), and the
+    latest checkpoint holds the whole train state: rerunning the same
+    command resumes and continues step for step as if never stopped;
+  * SIGTERM (preemption) finishes the current step, writes a checkpoint and
+    exits cleanly; SIGKILL loses at most the steps since the last checkpoint;
+  * a non-finite loss never reaches the parameters: the step's update is
+    dropped and the run stops naming the step (``on_nan='stop'``) or goes on
+    (``'skip'``);
+  * gradient accumulation is exact (microbatch losses are sums over the whole
+    batch's normalizer); batches are sharded over the mesh's data axes and
+    each process supplies only its rows;
+  * metrics go to ``MODEL_DIR/metrics.jsonl`` and TensorBoard; a resumed run
+    drops the lines the interrupted one wrote after its checkpoint.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 
 import jax
 from tqdm import tqdm
 
+from jaxfid.checkpoints.model_dir import RunCheckpoints, write_run_config
+from jaxfid.core.errors import InputError
+from jaxfid.training import state as state_lib
+from jaxfid.training.metrics_log import MetricsLog
+from jaxfid.training.task import Context, OptimizerSettings, Settings, Task
+
+ON_NAN_CHOICES = ("stop", "skip")
+
 
 class NonFiniteLoss(FloatingPointError):
   """A step's loss or gradient was not finite (its update was not applied)."""
-
-
-ON_NAN_CHOICES = ("stop", "skip")
 
 
 class StepLoop:
@@ -32,7 +55,8 @@ class StepLoop:
   def __init__(self, *, total: int, start: int, desc: str, progress: bool,
                on_nan: str):
     if on_nan not in ON_NAN_CHOICES:
-      raise ValueError(f"on_nan must be 'stop' or 'skip', got {on_nan!r}")
+      raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
+                       f"{on_nan!r}")
     self.on_nan = on_nan
     self.bar = tqdm(total=total, initial=start, desc=desc,
                     disable=not progress, file=sys.stderr)
@@ -62,7 +86,178 @@ class StepLoop:
     self._since, self._t_last = 0, time.time()
 
   def show(self, **values) -> None:
-    self.bar.set_postfix(**values)
+    if values:
+      self.bar.set_postfix(**values)
 
   def close(self) -> None:
     self.bar.close()
+
+
+def _phase_of(phases, step: int) -> int:
+  """Index of the phase that produced a checkpoint of ``step`` (> 0)."""
+  begin = 0
+  for i, phase in enumerate(phases):
+    if begin < step <= phase.end:
+      return i
+    begin = phase.end
+  raise InputError("TRAIN_STEPS", f"the latest checkpoint is of step {step}, "
+                   f"beyond this run's {phases[-1].end} steps")
+
+
+def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
+          learning_rate: float = 1e-4, optimizer: str = "adam",
+          schedule: str = "constant", warmup_steps: int = 0,
+          weight_decay: float = 0.0, clip_norm: float | None = 1.0,
+          accumulation_steps: int = 1, eval_every: int = 500,
+          checkpoint_every: int = 500, log_every: int = 10,
+          keep_checkpoints: int = 2, seed: int = 0, mesh: str = "",
+          init_checkpoint: str | None = None, on_nan: str = "stop",
+          progress: bool = True) -> dict:
+  """Train ``task`` into ``model_dir``; returns the last record."""
+  settings = Settings(
+      model_dir=model_dir, train_steps=train_steps, batch_size=batch_size,
+      seed=seed, accumulation_steps=accumulation_steps, eval_every=eval_every,
+      checkpoint_every=checkpoint_every, log_every=log_every,
+      keep_checkpoints=keep_checkpoints, init_checkpoint=init_checkpoint,
+      progress=progress,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  opt_settings = OptimizerSettings(
+      learning_rate=learning_rate, optimizer=optimizer, schedule=schedule,
+      warmup_steps=warmup_steps, weight_decay=weight_decay,
+      clip_norm=clip_norm)
+  if on_nan not in ON_NAN_CHOICES:
+    raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
+                     f"{on_nan!r}")
+
+  # 1. Data and model: the task reads and checks everything before any work.
+  task.prepare(settings)
+  device_mesh = state_lib.checked_mesh(mesh, batch_size, accumulation_steps)
+  place = state_lib.placement(device_mesh, task.model.param_axes())
+  phases = task.phases(settings, opt_settings)
+  final_step = phases[-1].end
+  abstract_params = task.model.abstract_params()
+  abstract_states = [jax.eval_shape(p.make_state, abstract_params, 0)
+                     for p in phases]
+  state_shardings = [place.state(a, abstract_params) for a in abstract_states]
+
+  # 2. Run directory: config, vocabulary, checkpoints.
+  os.makedirs(model_dir, exist_ok=True)
+  write_run_config(model_dir, task.run_config())
+  spiece = os.path.join(model_dir, "spiece.model")
+  if task.vocabulary and not os.path.exists(spiece) and (
+      jax.process_index() == 0):
+    shutil.copyfile(task.vocabulary, spiece)
+  ckpts = RunCheckpoints(model_dir, keep=keep_checkpoints)
+  latest = ckpts.latest_step()
+  log = MetricsLog(model_dir, resume_step=latest or 0)
+  ctx = Context(settings=settings, placement=place, log=log, checkpoints=ckpts,
+                save=lambda s, st: ckpts.save(s, st, force=True))
+  if latest == final_step:
+    done = task.completed(ctx, final_step)
+    if done is not None:
+      log.close()
+      ckpts.close()
+      task.close()
+      state_lib.say(f"{model_dir} is complete (step {final_step}); nothing "
+                    "to do")
+      return done
+
+  last: dict = {}
+  t0 = time.time()
+  with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
+    # 3. Init or restore.
+    initial = None
+
+    def initial_params():
+      nonlocal initial
+      if initial is None:
+        if init_checkpoint:
+          initial = jax.device_put(task.initial_params(init_checkpoint),
+                                   place.params)
+        else:
+          initial = jax.jit(lambda: task.model.init_params(seed),
+                            out_shardings=place.params)()
+      return initial
+
+    if latest:
+      index = _phase_of(phases, latest)
+      state = state_lib.restore_state(ckpts, latest, abstract_states[index],
+                                      state_shardings[index])
+      state_lib.say(f"resumed from step {latest} in {model_dir}")
+    else:
+      index = 0
+      state = state_lib.fresh_state(phases[0].make_state, initial_params(), 0,
+                                    state_shardings[0])
+    step = latest or 0
+    task.start(ctx, step, state)
+    loop = StepLoop(total=final_step, start=step, desc=task.description,
+                    progress=progress, on_nan=on_nan)
+    rows = place.batch_rows(batch_size)
+    preempted = False
+    try:
+      # 4. The phases and their steps.
+      for i in range(index, len(phases)):
+        phase, begin = phases[i], phases[i - 1].end if i else 0
+        if i != index:  # a new phase: fresh optimizer states
+          params = (initial_params() if phase.fresh_params == "initial"
+                    else state["params"])
+          state = state_lib.fresh_state(phase.make_state, params, step,
+                                        state_shardings[i])
+        step_fn = jax.jit(phase.step,
+                          in_shardings=(state_shardings[i], place.batch),
+                          out_shardings=(state_shardings[i], place.replicated),
+                          donate_argnums=0)
+        loop.restart_clock()
+        while step < phase.end:
+          host = task.batch(step, rows, state["params"])
+          state, metrics = step_fn(state, place.global_batch(host, rows,
+                                                             batch_size))
+          step += 1
+          metrics = loop.finished_step(step, metrics)
+          if step % log_every == 0 or step == phase.end:
+            last = task.log_fields(metrics)
+            last["learning_rate"] = float(phase.learning_rate(step - 1))
+            last[task.throughput_name] = loop.rate(batch_size)
+            log.write(step, last)
+            loop.show(**task.progress_fields(last))
+          if task.evaluates() and (step % eval_every == 0
+                                   or step == phase.end):
+            result = task.evaluate(ctx, step, state["params"])
+            log.write(step, result)
+            if task.best_metric and ckpts.maybe_save_best(
+                step, state["params"], result[task.best_metric],
+                name=task.best_metric):
+              result["best"] = True
+            last.update(result)
+            loop.show(**task.progress_fields(last))
+          if step % checkpoint_every == 0 or step == phase.end:
+            ckpts.save(step, state, force=step == phase.end)
+          if preemption.requested:
+            ckpts.save(step, state, force=True)
+            state_lib.say(f"SIGTERM: saved step {step} to {model_dir}; "
+                          "exiting")
+            preempted = True
+            break
+          task.after_step(ctx, step, state)
+        if preempted:
+          break
+        record = task.phase_end(ctx, phase, state)
+        if record:
+          log.write(step, record)
+          last.update(record)
+      # 5. The end: the task's final evaluation (ReFusion's test set).
+      if not preempted:
+        record = task.finish(ctx, step, state)
+        if record:
+          log.write(step, record)
+          last.update(record)
+    finally:
+      loop.close()
+      task.close()
+      log.close()
+      ckpts.close()
+  last["step"] = step
+  last["train_time_s"] = time.time() - t0
+  if preempted:
+    last["preempted"] = True
+  return last

@@ -2,22 +2,24 @@
 
 FiD's options: Adam or AdamW, a 'fixed' (constant) or 'linear' schedule with
 warmup, gradient clipping by global norm (1.0), weight decay for AdamW.
+ReAtt's separate training runs are one schedule restarted at phase
+boundaries (``restarts``), with warm-up as a share of each phase
+(``warmup_fraction``).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import optax
 
+from jaxfid.core.errors import InputError
 
-def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
-                           warmup_steps: int = 0, total_steps: int = 1,
-                           final_ratio: float = 0.0) -> optax.Schedule:
-  """Linear warmup from 0, then constant or linear decay to ``final_ratio``.
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "linear")
 
-  The step passed to the schedule counts optimizer updates from 0 (the first
-  update uses ``schedule(0)``), as in FiD's ``WarmupLinearScheduler``.
-  """
-  if schedule not in ("constant", "linear"):
-    raise ValueError(f"schedule must be 'constant' or 'linear', got {schedule!r}")
+
+def _one_schedule(learning_rate: float, schedule: str, warmup_steps: int,
+                  total_steps: int, final_ratio: float) -> optax.Schedule:
   if schedule == "constant":
     after = optax.constant_schedule(learning_rate)
   else:
@@ -29,21 +31,49 @@ def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
   return optax.join_schedules([warm, after], [warmup_steps])
 
 
-def make_optimizer(learning_rate: float, *, optimizer: str = "adam",
-                   schedule: str = "constant", warmup_steps: int = 0,
-                   total_steps: int = 1, weight_decay: float = 0.0,
-                   clip_norm: float | None = 1.0, b1: float = 0.9,
-                   b2: float = 0.999, eps: float = 1e-8
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimizer and its schedule. ``optimizer``: 'adam' or 'adamw'."""
-  lr = learning_rate_schedule(learning_rate, schedule=schedule,
-                              warmup_steps=warmup_steps, total_steps=total_steps)
+def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
+                           warmup_steps: int = 0, total_steps: int = 1,
+                           final_ratio: float = 0.0,
+                           restarts: Sequence[int] = (),
+                           warmup_fraction: float | None = None
+                           ) -> optax.Schedule:
+  """Linear warmup from 0, then constant or linear decay to ``final_ratio``.
+
+  The step passed to the schedule counts optimizer updates from 0 (the first
+  update uses ``schedule(0)``), as in FiD's ``WarmupLinearScheduler``. With
+  ``restarts`` the schedule starts over at each of those steps (each part
+  decays over its own length); ``warmup_fraction`` sets each part's warm-up
+  as a share of its length instead of ``warmup_steps``.
+  """
+  if schedule not in SCHEDULES:
+    raise InputError("SCHEDULE", f"must be one of {SCHEDULES}, got "
+                     f"{schedule!r}")
+  edges = [0, *restarts, total_steps]
+  parts = []
+  for a, b in zip(edges[:-1], edges[1:]):
+    length = max(b - a, 1)
+    warm = (int(round(warmup_fraction * length)) if warmup_fraction is not None
+            else warmup_steps)
+    parts.append(_one_schedule(learning_rate, schedule, warm, length,
+                               final_ratio))
+  if len(parts) == 1:
+    return parts[0]
+  return optax.join_schedules(parts, list(edges[1:-1]))
+
+
+def make_optimizer(schedule: optax.Schedule, *, optimizer: str = "adam",
+                   weight_decay: float = 0.0, clip_norm: float | None = 1.0,
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+                   ) -> optax.GradientTransformation:
+  """Adam or AdamW over ``schedule``, after clipping by global norm."""
   if optimizer == "adam":
-    opt = optax.adam(lr, b1=b1, b2=b2, eps=eps)
+    opt = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
   elif optimizer == "adamw":
-    opt = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
+                      weight_decay=weight_decay)
   else:
-    raise ValueError(f"optimizer must be 'adam' or 'adamw', got {optimizer!r}")
+    raise InputError("OPTIMIZER", f"must be one of {OPTIMIZERS}, got "
+                     f"{optimizer!r}")
   if clip_norm:
     opt = optax.chain(optax.clip_by_global_norm(clip_norm), opt)
-  return opt, lr
+  return opt

@@ -30,11 +30,20 @@ def _split_microbatches(batch: dict, n: int) -> dict:
   return jax.tree.map(cut, batch)
 
 
+def target_tokens(batch: dict) -> jax.Array:
+  """The default normalizer: the global batch's target tokens (not padding)."""
+  return jnp.sum(batch["decoder_target_tokens"] > 0).astype(jnp.float32)
+
+
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    *, seed: int, accumulation_steps: int = 1):
+                    *, seed: int, accumulation_steps: int = 1,
+                    normalizer: Callable[[dict], jax.Array] = target_tokens):
   """``train_step(state, batch) -> (state, metrics)``.
 
-  ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``.
+  ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``
+  must return its loss summed over the (micro)batch and divided by
+  ``normalizer`` (the whole batch's count, e.g. of target tokens), so that
+  microbatch losses and gradients add up to the full batch's.
   """
   base_key = jax.random.key(seed)
 
@@ -46,16 +55,16 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   def train_step(state, batch):
     params = state["params"]
     rng = jax.random.fold_in(base_key, state["step"])
-    normalizer = jnp.sum(batch["decoder_target_tokens"] > 0).astype(jnp.float32)
+    norm = normalizer(batch)
     if accumulation_steps == 1:
-      loss, metrics, grads = grads_of(params, batch, rng, normalizer)
+      loss, metrics, grads = grads_of(params, batch, rng, norm)
     else:
       micro = _split_microbatches(batch, accumulation_steps)
 
       def body(carry, xs):
         i, mb = xs
         loss, metrics, grads = grads_of(params, mb, jax.random.fold_in(rng, i),
-                                        normalizer)
+                                        norm)
         acc_loss, acc_metrics, acc_grads = carry
         return (acc_loss + loss,
                 jax.tree.map(jnp.add, acc_metrics, metrics),
@@ -63,7 +72,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
       first_metrics = jax.eval_shape(
           lambda: grads_of(params, jax.tree.map(lambda x: x[0], micro), rng,
-                           normalizer)[1])
+                           norm)[1])
       init = (jnp.zeros((), jnp.float32),
               jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first_metrics),
               jax.tree.map(jnp.zeros_like, params))

@@ -1,0 +1,218 @@
+"""The FiD reader's training task (Izacard & Grave 2020) for the one loop.
+
+gin: ``gin/fid/*.gin`` bind ``METHOD = @FidTask()`` and its macros
+(``TRAIN_DATA``, ``EVAL_DATA``, ``MIXTURE_OR_TASK_NAME``, ``N_CONTEXT``,
+``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``, ``DATASET``, ...); the run's macros
+are the trainer's (``gin/training.gin``).
+
+Data comes from FiD files (``TRAIN_DATA``/``EVAL_DATA``) or from a seqio
+task or mixture (``MIXTURE_OR_TASK_NAME``: its ``train`` split trains, its
+``validation`` split evaluates), read through the same Python preprocessing
+(:mod:`jaxfid.fid.examples`). Two-phase training (the paper's): with
+``first_phase_n_context`` set, steps before the last ``final_phase_steps``
+use that many passages, the rest ``n_context``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core.errors import InputError
+from jaxfid.core.registry import Registry
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid import fido_uptrain
+from jaxfid.fid.batches import FidBatcher
+from jaxfid.fid.examples import FidExample, read_fid_examples
+from jaxfid.fid.predict import QaEvaluator
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import EncoderDecoderModel
+from jaxfid.training import state as state_lib
+from jaxfid.training.step import make_train_step
+from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
+                                  Task, train_state)
+
+
+class Component(NamedTuple):
+  """One task of a seqio mixture, read into FiD examples."""
+  task: str
+  rate: float
+  dataset: str            # 'nq', 'trivia_qa', ... (target casing)
+  examples: list[FidExample]
+
+
+# name -> fn(mixture_or_task_name, split) -> [Component, ...]; the ``tasks``
+# package registers "seqio" when imported.
+EXAMPLE_SOURCES: Registry = Registry(
+    "example source", hint="MIXTURE_OR_TASK_NAME needs the seqio tasks: "
+    "`import tasks` (installed with jaxfid[seqio])")
+SEQIO = "seqio"
+
+
+def read_mixture(name: str, split: str) -> list[Component]:
+  """The components of seqio mixture or task ``name`` (split ``split``)."""
+  components = EXAMPLE_SOURCES.get(SEQIO, "MIXTURE_OR_TASK_NAME")(name, split)
+  if not any(c.examples for c in components):
+    raise InputError("MIXTURE_OR_TASK_NAME", f"{name!r} has no examples in "
+                     f"split {split!r}")
+  return components
+
+
+def initial_fid_params(path: str, config: T5Config) -> dict:
+  """INIT_CHECKPOINT's parameters for a FiD run of ``config``.
+
+  A checkpoint of the run's architecture loads as it is. A dense T5 (any
+  format :func:`~jaxfid.checkpoints.load.load_checkpoint` reads) into a FiDO
+  run that differs only in the FiDO switches is converted (FiDO's
+  uptraining; one line on stderr says so). Anything else raises InputError
+  naming the fields that differ.
+  """
+  other, params, _ = load_checkpoint(path)
+  if fido_uptrain.can_uptrain(other.config, config):
+    params = fido_uptrain.fido_params_from_dense(params, other.config, config,
+                                                 source=path)
+    state_lib.say(f"INIT_CHECKPOINT {path}: dense T5 converted to FiDO "
+                  f"({fido_uptrain.describe(config)})")
+    return params
+  diff = config.architecture_differences(other.config)
+  if fido_uptrain.is_dense(other.config):  # FiDO switches alone would convert
+    diff = [f for f in diff if f not in fido_uptrain.FIDO_FIELDS] or diff
+  if not set(diff) <= set(fido_uptrain.FIDO_FIELDS):
+    hint = "list the matching gin/models file"
+  elif fido_uptrain.is_dense(config):
+    hint = "a FiDO checkpoint cannot start a dense run"
+  else:
+    hint = "only a dense T5 checkpoint is converted to FiDO"
+  state_lib.check_init_config(path, config, other.config, fields=diff,
+                              hint=hint)
+  return params
+
+
+class FidTask(Task):
+  """Train a FiD reader (see the module docstring)."""
+  name = "fid"
+  best_metric = "eval_em"
+
+  def __init__(self, *, model_config: T5Config = T5Config(),
+               train_data: str | None = None, eval_data: str | None = None,
+               mixture_or_task_name: str | None = None, dataset: str = "nq",
+               n_context: int = 100, text_maxlength: int = 250,
+               answer_maxlength: int = 20, eval_batch_size: int = 8,
+               eval_max_examples: int | None = None, eval_beams: int = 1,
+               first_phase_n_context: int | None = None,
+               final_phase_steps: int = 1000):
+    self.model_config = model_config
+    self.train_data, self.eval_data = train_data, eval_data
+    self.mixture_or_task_name = mixture_or_task_name
+    self.dataset = dataset
+    self.n_context, self.text_maxlength = n_context, text_maxlength
+    self.answer_maxlength = answer_maxlength
+    self.eval_batch_size, self.eval_max_examples = (eval_batch_size,
+                                                    eval_max_examples)
+    self.eval_beams = eval_beams
+    self.first_phase_n_context = first_phase_n_context
+    self.final_phase_steps = final_phase_steps
+    self._batchers: dict[int, FidBatcher] = {}
+
+  # ---- data ---------------------------------------------------------------
+
+  def read_data(self) -> tuple[list[Component], list[FidExample]]:
+    """(training components, evaluation examples), checked."""
+    if self.mixture_or_task_name:
+      if self.train_data:
+        raise InputError("TRAIN_DATA", "set TRAIN_DATA or "
+                         "MIXTURE_OR_TASK_NAME, not both")
+      train = read_mixture(self.mixture_or_task_name, "train")
+      evals = [] if self.eval_data else [
+          e for c in read_mixture(self.mixture_or_task_name, "validation")
+          for e in c.examples]
+    elif self.train_data:
+      train = [Component(self.train_data, 1.0, self.dataset,
+                         read_fid_examples(self.train_data,
+                                           require_answers=True,
+                                           n_context=self.n_context))]
+      evals = []
+    else:
+      raise InputError("TRAIN_DATA", "required (or MIXTURE_OR_TASK_NAME)")
+    if self.eval_data:
+      evals = read_fid_examples(self.eval_data, require_answers=True,
+                                n_context=self.n_context)
+    if self.eval_max_examples:
+      evals = evals[:self.eval_max_examples]
+    return train, evals
+
+  def prepare(self, settings: Settings) -> None:
+    self.settings = settings
+    self.components, self.eval_examples = self.read_data()
+    self.tokenizer = load_tokenizer(settings.init_checkpoint)
+    self.vocabulary = self.tokenizer.path
+    self.model = self.make_model()
+    self.evaluator = QaEvaluator(
+        self.model, self.tokenizer, self.eval_examples,
+        n_context=self.n_context, text_maxlength=self.text_maxlength,
+        answer_maxlength=self.answer_maxlength, num_beams=self.eval_beams,
+        batch_size=self.eval_batch_size, progress=settings.progress)
+
+  def make_model(self) -> EncoderDecoderModel:
+    return EncoderDecoderModel(self.model_config)
+
+  def run_config(self) -> dict:
+    return {"method": self.name, "model": self.model_config.to_dict(),
+            "n_context": self.n_context, "text_maxlength": self.text_maxlength,
+            "answer_maxlength": self.answer_maxlength,
+            "dataset": self.dataset}
+
+  def n_context_at(self, step: int) -> int:
+    if (self.first_phase_n_context and
+        step < self.settings.train_steps - self.final_phase_steps):
+      return self.first_phase_n_context
+    return self.n_context
+
+  def batcher(self, n_context: int) -> FidBatcher:
+    if n_context not in self._batchers:
+      self._batchers[n_context] = FidBatcher(
+          [e for c in self.components for e in c.examples], self.tokenizer,
+          batch_size=self.settings.batch_size, n_context=n_context,
+          text_maxlength=self.text_maxlength,
+          answer_maxlength=self.answer_maxlength, seed=self.settings.seed,
+          mixture=[(len(c.examples), c.rate, c.dataset)
+                   for c in self.components])
+    return self._batchers[n_context]
+
+  def batch(self, step: int, rows: slice, params) -> dict:
+    return self.batcher(self.n_context_at(step)).batch(step, rows)
+
+  # ---- the step -------------------------------------------------------------
+
+  def phases(self, settings: Settings, optimizer: OptimizerSettings
+             ) -> list[Phase]:
+    schedule = optimizer.schedule_fn(settings.train_steps)
+    tx = optimizer.make(schedule)
+    loss = lambda p, b, rng, norm: self.model.loss(p, b, rng, normalizer=norm)
+    return [Phase("train", settings.train_steps,
+                  make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
+                  step=make_train_step(
+                      loss, tx, seed=settings.seed,
+                      accumulation_steps=settings.accumulation_steps),
+                  learning_rate=schedule)]
+
+  def initial_params(self, path: str) -> dict:
+    return initial_fid_params(path, self.model_config)
+
+  # ---- evaluation -------------------------------------------------------------
+
+  def evaluates(self) -> bool:
+    return bool(self.eval_examples)
+
+  def evaluate(self, ctx: Context, step: int, params) -> dict:
+    return self.evaluator(ctx.settings.model_dir, step, params,
+                          ctx.placement.replicate)
+
+  def progress_fields(self, record: dict) -> dict:
+    out = super().progress_fields(record)
+    if "eval_em" in record:
+      out["em"] = f"{record['eval_em']:.3f}"
+    return out
+
+  def close(self) -> None:
+    for b in self._batchers.values():
+      b.close()

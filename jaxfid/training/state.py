@@ -1,0 +1,194 @@
+"""A run's device state: mesh, shardings, global batches, init or restore.
+
+Everything here is method-agnostic; the loop (:mod:`jaxfid.training.loop`)
+calls it for every method. The train state is a dict pytree
+``{"step", "params", "opt_state", ...}`` (a method may add optimizer states
+of its own, e.g. ReFusion's architecture optimizer).
+
+Shardings come from the logical axis names the model puts on its parameters
+(:mod:`jaxfid.core.sharding`): a parameter is sharded by its own axes, an
+optimizer-state leaf like the parameter it mirrors (found by its parameter
+path inside the state's key path, with the same shape), anything else (step
+counters, masked groups' placeholders) is replicated. One rule for every
+optimizer, optax's ``multi_transform`` included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxfid.checkpoints.model_dir import RunCheckpoints
+from jaxfid.core import sharding as shd
+from jaxfid.core.errors import InputError
+
+
+def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1
+                 ) -> Mesh:
+  """The device mesh of a ``MESH`` spec, checked against the batch size.
+
+  Raises InputError (MESH, BATCH_SIZE) for a bad spec or a batch that does
+  not split over the data-parallel devices (times the microbatches).
+  """
+  try:
+    device_mesh = shd.parse_mesh(mesh)
+  except ValueError as e:
+    raise InputError("MESH", str(e)) from None
+  data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
+  if batch_size % (data_parallel * accumulation_steps):
+    raise InputError("BATCH_SIZE", f"{batch_size} is not divisible by the "
+                     f"data-parallel size {data_parallel} (MESH {mesh!r}, "
+                     f"{len(device_mesh.devices.flat)} devices) times "
+                     f"ACCUMULATION_STEPS {accumulation_steps}")
+  return device_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a run's arrays live: parameters, batches, replicated values."""
+  mesh: Mesh
+  params: Any                 # NamedSharding per parameter (the params tree)
+  batch: NamedSharding        # leading (batch) axis over data and fsdp
+  replicated: NamedSharding
+
+  def state(self, abstract_state: Any, abstract_params: Any) -> Any:
+    """Shardings of a train state (see the module docstring)."""
+    return state_shardings(abstract_state, abstract_params, self.params,
+                           self.replicated)
+
+  def batch_rows(self, batch_size: int) -> slice:
+    """The rows of a global batch this process supplies (contiguous)."""
+    index_map = self.batch.addressable_devices_indices_map((batch_size,))
+    starts = sorted({(i[0].start or 0, i[0].stop if i[0].stop is not None
+                      else batch_size) for i in index_map.values()})
+    lo, hi = starts[0][0], max(stop for _, stop in starts)
+    covered = sum(stop - start for start, stop in starts)
+    if covered != hi - lo:
+      raise InputError("MESH", "this process's devices hold rows of the batch "
+                       "that are not contiguous; reorder the mesh")
+    return slice(lo, hi)
+
+  def global_batch(self, host_batch: Any, rows: slice, batch_size: int) -> Any:
+    """Global arrays from this process's rows (one process: a device_put).
+
+    Every leaf's leading axis is the batch axis or a multiple of it (e.g. a
+    dual encoder's B*(1+H) passages), split over devices the same way.
+    """
+    local = rows.stop - rows.start
+
+    def put(x):
+      x = np.asarray(x)
+      shape = (x.shape[0] * batch_size // local, *x.shape[1:])
+      return jax.make_array_from_process_local_data(self.batch, x, shape)
+    return jax.tree.map(put, host_batch)
+
+  def replicate(self, tree: Any) -> Any:
+    return jax.device_put(tree, self.replicated)
+
+
+def placement(mesh: Mesh, param_axes: Any) -> Placement:
+  """The placement of a model whose parameters carry ``param_axes``."""
+  is_axes = lambda x: isinstance(x, tuple) and all(
+      isinstance(a, (str, type(None))) for a in x)
+  params = jax.tree.map(
+      lambda axes: NamedSharding(mesh, shd.logical_to_mesh(axes, mesh=mesh)),
+      param_axes, is_leaf=is_axes)
+  batch = NamedSharding(mesh, shd.logical_to_mesh((shd.BATCH,), mesh=mesh))
+  return Placement(mesh, params, batch, NamedSharding(mesh, PartitionSpec()))
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+               for k in path)
+
+
+def state_shardings(abstract_state: Any, abstract_params: Any,
+                    param_shardings: Any, replicated: NamedSharding) -> Any:
+  """A sharding for every leaf of ``abstract_state`` (module docstring)."""
+  by_path, shapes = {}, {}
+  jax.tree_util.tree_map_with_path(
+      lambda p, s: by_path.setdefault(_names(p), s), param_shardings)
+  jax.tree_util.tree_map_with_path(
+      lambda p, a: shapes.setdefault(_names(p), tuple(a.shape)),
+      abstract_params)
+
+  def pick(path, leaf):
+    names = _names(path)
+    for i in range(len(names)):
+      tail = names[i:]
+      if tail in by_path and shapes[tail] == tuple(leaf.shape):
+        return by_path[tail]
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(pick, abstract_state)
+
+
+def abstract_with(abstract: Any, shardings: Any) -> Any:
+  """``ShapeDtypeStruct`` leaves carrying the given shardings (for restores)."""
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(
+      s.shape, s.dtype, sharding=sh), abstract, shardings)
+
+
+def restore_state(ckpts: RunCheckpoints, step: int, abstract_state: Any,
+                  shardings: Any) -> Any:
+  """The checkpoint of ``step``, placed with ``shardings`` (any mesh)."""
+  return ckpts.restore(abstract_with(abstract_state, shardings), step)
+
+
+def fresh_state(make_state: Callable[[Any, int], Any], params: Any, step: int,
+                shardings: Any) -> Any:
+  """``make_state(params, step)`` computed sharded (params may be host)."""
+  return jax.jit(lambda p: make_state(p, jnp.asarray(step, jnp.int32)),
+                 out_shardings=shardings)(params)
+
+
+class Preemption:
+  """Turns SIGTERM into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handler)
+    except ValueError:  # not the main thread
+      self._previous = None
+    return self
+
+  def _handler(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def check_init_config(path: str, run_config, other_config, *, fields=None,
+                      hint: str = "list the matching gin/models file") -> None:
+  """INIT_CHECKPOINT's model must be the run's: one line naming what differs.
+
+  ``fields``: only these T5Config fields count (e.g. a dual encoder's
+  encoder fields); run-only fields (dropout, dtype, remat) never do.
+  """
+  diff = run_config.architecture_differences(other_config)
+  if fields is not None:
+    diff = [n for n in diff if n in fields]
+  if diff:
+    values = ", ".join(f"{n} (checkpoint {getattr(other_config, n)}, run "
+                       f"{getattr(run_config, n)})" for n in diff)
+    raise InputError(path, f"INIT_CHECKPOINT's model differs from the run's "
+                     f"in {values}; {hint}")
+
+
+def say(message: str) -> None:
+  """One line on stderr from process 0."""
+  if jax.process_index() == 0:
+    print(message, file=sys.stderr)

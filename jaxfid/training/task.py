@@ -1,0 +1,180 @@
+"""What a method gives the one training loop: a :class:`Task`.
+
+The loop (:func:`jaxfid.training.loop.train`) owns everything every method
+needs the same way — the mesh, shardings, init or restore, step-for-step
+resume, SIGTERM checkpoints, the non-finite-loss policy, gradient
+accumulation, multi-host batches, metrics.jsonl + TensorBoard, the progress
+bar. A task owns what differs: its model, its data and batches, its loss and
+train step (one per :class:`Phase`), its evaluation, and events between
+steps (ReAtt's index refresh, ReFusion's searched structure).
+
+The order of calls::
+
+  task.prepare(settings)            read and check all data; build the model
+  task.run_config()                 -> jaxfid_config.json (with "method")
+  task.phases(settings, optimizer)  -> [Phase, ...] covering [0, final step)
+  task.initial_params(path)         INIT_CHECKPOINT (only on a fresh start)
+  task.start(ctx, step, state)      after init or restore
+  loop: task.batch(step, rows, params) -> step -> metrics
+        task.log_fields(metrics); task.evaluate(ctx, step, params)
+        task.after_step(ctx, step, state)
+  task.finish(ctx, step, state)     -> the final record (e.g. test scores)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+import optax
+
+from jaxfid.training import optim
+
+State = dict  # {"step", "params", "opt_state", ...}
+
+
+def train_state(params, step, **opt_states) -> State:
+  """A train state: ``{"step": int32 step, "params": params, **opt_states}``."""
+  return {"step": jnp.asarray(step, jnp.int32), "params": params,
+          **opt_states}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The run settings every method shares (the trainer gin's macros)."""
+  model_dir: str
+  train_steps: int
+  batch_size: int
+  seed: int = 0
+  accumulation_steps: int = 1
+  eval_every: int = 500
+  checkpoint_every: int = 500
+  log_every: int = 10
+  keep_checkpoints: int = 2
+  init_checkpoint: str | None = None
+  progress: bool = True
+  process_index: int = 0
+  process_count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """The optimizer macros (OPTIMIZER, SCHEDULE, LEARNING_RATE, ...)."""
+  learning_rate: float = 1e-4
+  optimizer: str = "adam"
+  schedule: str = "constant"
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  clip_norm: float | None = 1.0
+
+  def schedule_fn(self, total_steps: int, restarts: Sequence[int] = (),
+                  warmup_fraction: float | None = None) -> optax.Schedule:
+    return optim.learning_rate_schedule(
+        self.learning_rate, schedule=self.schedule,
+        warmup_steps=self.warmup_steps, total_steps=total_steps,
+        restarts=restarts, warmup_fraction=warmup_fraction)
+
+  def make(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+    return optim.make_optimizer(schedule, optimizer=self.optimizer,
+                                weight_decay=self.weight_decay,
+                                clip_norm=self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps ``[previous phase's end, end)`` trained by one step function.
+
+  Attributes:
+    name: shown in logs ('train', 'search', 'retrain').
+    end: the step count at which the phase is complete.
+    make_state: ``(params, step) -> State`` with fresh optimizer states
+      (pure; the loop jits it with the state's shardings).
+    step: ``(state, batch) -> (state, metrics)`` (pure; jitted, state
+      donated). ``metrics`` must hold ``loss`` and ``finite``.
+    learning_rate: the schedule's value at a 0-based step, for the log.
+    fresh_params: where a fresh state's parameters come from when the phase
+      starts: 'carry' (the previous phase's) or 'initial' (the run's initial
+      parameters again, e.g. ReFusion's retraining of a searched structure).
+  """
+  name: str
+  end: int
+  make_state: Callable[[Any, Any], State]
+  step: Callable[[State, Any], tuple[State, dict]]
+  learning_rate: Callable[[int], Any]
+  fresh_params: str = "carry"
+
+
+@dataclasses.dataclass
+class Context:
+  """What the loop lends a task while it runs."""
+  settings: Settings
+  placement: Any        # jaxfid.training.state.Placement
+  log: Any              # jaxfid.training.metrics_log.MetricsLog
+  checkpoints: Any      # jaxfid.checkpoints.model_dir.RunCheckpoints
+  save: Callable[[int, State], None]   # force a checkpoint of a state
+
+
+class Task:
+  """Base class of a method's training task (see the module docstring).
+
+  Subclasses set ``name`` (the run config's ``method``) and ``model``, and
+  implement :meth:`prepare`, :meth:`phases` and :meth:`batch`; the rest has
+  defaults.
+  """
+  name: str = "task"
+  description: str = "train"      # the progress bar's label
+  throughput_name: str = "examples_per_sec"
+  best_metric: str | None = None  # an evaluate() key to keep the best of
+  model: Any = None
+  vocabulary: str | None = None   # spiece.model to copy into MODEL_DIR
+
+  def prepare(self, settings: Settings) -> None:
+    raise NotImplementedError
+
+  def run_config(self) -> dict:
+    return {"method": self.name, "model": self.model.config.to_dict()}
+
+  def phases(self, settings: Settings, optimizer: OptimizerSettings
+             ) -> list[Phase]:
+    raise NotImplementedError
+
+  def initial_params(self, path: str):
+    """INIT_CHECKPOINT's parameters for this run's model (host arrays)."""
+    raise NotImplementedError
+
+  def batch(self, step: int, rows: slice, params) -> Any:
+    """The rows ``rows`` of the global batch of 0-based ``step``."""
+    raise NotImplementedError
+
+  def log_fields(self, metrics: dict) -> dict:
+    return {k: float(metrics[k]) for k in ("loss", "token_accuracy",
+                                           "grad_norm") if k in metrics}
+
+  def progress_fields(self, record: dict) -> dict:
+    return {"loss": f"{record['loss']:.4f}"} if "loss" in record else {}
+
+  def evaluates(self) -> bool:
+    return False
+
+  def evaluate(self, ctx: Context, step: int, params) -> dict:
+    return {}
+
+  def completed(self, ctx: Context, final_step: int) -> dict | None:
+    """The final record of a run that already finished, else None."""
+    return None
+
+  def start(self, ctx: Context, step: int, state: State) -> None:
+    """After init or restore, before the first step of this process."""
+
+  def phase_end(self, ctx: Context, phase: Phase, state: State) -> dict:
+    """When ``phase`` is complete (also on a resume exactly at its end)."""
+    return {}
+
+  def after_step(self, ctx: Context, step: int, state: State) -> None:
+    """After the step's log, evaluation and checkpoint."""
+
+  def finish(self, ctx: Context, step: int, state: State) -> dict:
+    return {}
+
+  def close(self) -> None:
+    pass
