@@ -53,7 +53,7 @@ def train_and_score(gin_file: str, model_dir: str, paths: dict,
       f"CHECKPOINT_EVERY = {args.steps}", "LOG_EVERY = 50",
       f"LEARNING_RATE = {args.learning_rate}", "WARMUP_STEPS = 100",
       "DROPOUT_RATE = 0.0", "MESH = 'data=1'",
-      "trainer.train.progress = False"])
+      "loop.train.progress = False"])
   try:
     last = gin.get_configurable(launch.run)()
   finally:

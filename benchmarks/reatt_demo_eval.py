@@ -119,7 +119,7 @@ def gin_args(model_dir: str, train_data: str, args: argparse.Namespace,
           f"--gin.RETRIEVAL_WARMUP_STEPS={args.retrieval_warmup_steps}",
           "--gin.DROPOUT_RATE=0.0", f"--gin.SEED={args.seed}",
           "--gin.MESH='data=1'", f"--gin.CHECKPOINT_EVERY={max(steps, 1)}",
-          "--gin.LOG_EVERY=50", "--gin.reatt_trainer.train.progress=False"]
+          "--gin.LOG_EVERY=50", "--gin.loop.train.progress=False"]
 
 
 def train(out: str, paths: dict, train_data: str, args) -> dict:

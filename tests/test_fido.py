@@ -6,7 +6,7 @@ among the query heads there (``multi_query_cross_attention``). Checked: the
 parameter tree and counts, cached greedy decoding against the teacher-forced
 argmax, the gin files (``gin/fid/fido_*.gin``), the dense -> FiDO
 parameter conversion (``jaxfid.fid.fido_uptrain``), and uptraining through
-INIT_CHECKPOINT (``trainer.load_initial_params`` and ``jaxfid train``).
+INIT_CHECKPOINT (``fid.task.initial_fid_params`` and ``jaxfid train``).
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.t5.network import abstract_t5, count_params
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import launch
-from jaxfid.fid import trainer
+from jaxfid.fid.task import initial_fid_params
+from jaxfid.training import state as state_lib
 
 DENSE = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_heads=4,
                  num_layers=2, num_decoder_layers=4,
@@ -141,7 +142,7 @@ def _cfg_from_gin(files, bindings=()):
   gin_flags.parse_gin(files, ["MODEL_DIR = 'x'", "TRAIN_DATA = 'x'", *bindings])
   try:
     return gin.query_parameter(
-        "trainer.train.model_config").scoped_configurable_fn()
+        "%METHOD").scoped_configurable_fn().model_config
   finally:
     gin.clear_config()
 
@@ -174,7 +175,7 @@ def test_fido_tiny_gin_trains_and_restores(tmp_path):
       f"TRAIN_DATA = '{data}'", "TRAIN_STEPS = 1",
       "BATCH_SIZE = 2", "N_CONTEXT = 2", "TEXT_MAXLENGTH = 12",
       "ANSWER_MAXLENGTH = 3", "CHECKPOINT_EVERY = 1",
-      "MESH = 'data=2'", "trainer.train.progress = False"]
+      "MESH = 'data=2'", "loop.train.progress = False"]
   gin_flags.parse_gin(["gin/fid/fido_tiny.gin"], bindings)
   try:
     result = gin.get_configurable(launch.run)()
@@ -252,9 +253,10 @@ def _load_for_run(path: str, cfg: T5Config):
   """What the trainer does with INIT_CHECKPOINT: (params, param shardings)."""
   model = EncoderDecoderModel(cfg)
   mesh = shd.parse_mesh("data=2,fsdp=2,model=2")
-  sh = trainer.make_shardings(mesh, model, optax.adam(1e-3))
+  place = state_lib.placement(mesh, model.param_axes())
   with jax.set_mesh(mesh):
-    return trainer.load_initial_params(path, model, sh.params), sh.params
+    return (jax.device_put(initial_fid_params(path, cfg), place.params),
+            place.params)
 
 
 def _assert_trees_equal(got, want):
@@ -337,7 +339,7 @@ def test_jaxfid_train_uptrains_a_dense_hf_checkpoint(tmp_path, capsys):
             "--gin.BATCH_SIZE=2", "--gin.N_CONTEXT=1",
             "--gin.TEXT_MAXLENGTH=12", "--gin.ANSWER_MAXLENGTH=3",
             "--gin.LEARNING_RATE=0.0", "--gin.LOG_EVERY=1",
-            "--gin.MESH='data=2'", "--gin.trainer.train.progress=False"]
+            "--gin.MESH='data=2'", "--gin.loop.train.progress=False"]
 
   capsys.readouterr()
   assert main(train_args(hf_dir, model_dir)) == 0

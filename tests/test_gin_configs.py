@@ -46,7 +46,7 @@ def _run_bindings(data, model_dir):
           "BATCH_SIZE = 2", "N_CONTEXT = 2", "TEXT_MAXLENGTH = 12",
           "ANSWER_MAXLENGTH = 3", "EVAL_EVERY = 1", "CHECKPOINT_EVERY = 1",
           "DTYPE = 'float32'", "INIT_CHECKPOINT = None", "MESH = 'data=2'",
-          "trainer.train.progress = False"]
+          "loop.train.progress = False"]
 
 
 def _train_one_step(files, bindings):
@@ -76,7 +76,7 @@ def test_model_file_switches_the_model(model_file):
   gin_flags.parse_gin(["gin/fid/base.gin", model_file],
                       ["MODEL_DIR = 'x'", "TRAIN_DATA = 'x'"])
   try:
-    cfg = gin.query_parameter("trainer.train.model_config").scoped_configurable_fn()
+    cfg = gin.query_parameter("%METHOD").scoped_configurable_fn().model_config
   finally:
     gin.clear_config()
   name = os.path.basename(model_file)[:-len(".gin")]

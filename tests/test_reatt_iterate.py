@@ -19,7 +19,10 @@ from jaxfid.cli import main
 from jaxfid.fid import examples as fid_format
 from jaxfid.core.errors import InputError
 from jaxfid.reatt import token_index
-from jaxfid.reatt import iterate as reatt_iterate, trainer as reatt_trainer
+from jaxfid.commands import reatt as reatt_commands
+from jaxfid.reatt import iterate as reatt_iterate
+from jaxfid.reatt.refresh import phase_boundaries
+from jaxfid.training import optim
 from reatt_world import make_world, write_corpus, write_examples
 
 WARMUP, STEPS = 1, 2
@@ -49,7 +52,7 @@ def _bindings(model_dir, data) -> list[str]:
           "RESTART_SCHEDULE = True", "INDEX_BATCH_SIZE = 8",
           "config.T5Config.num_decoder_layers = 1",
           "config.T5Config.d_model = 32", "config.T5Config.d_ff = 64",
-          "reatt_trainer.train.progress = False"]
+          "loop.train.progress = False"]
 
 
 def _argv(model_dir, data, iterations=2, extra=()) -> list[str]:
@@ -66,7 +69,7 @@ def _argv(model_dir, data, iterations=2, extra=()) -> list[str]:
 def run(data, tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("reatt_iterate_run") / "out"
   records = []
-  summary = reatt_iterate.run_iterations(
+  summary = reatt_commands.iterate_gin_run(
       ["gin/reatt/tiny.gin"], _bindings(model_dir, data),
       corpus=str(data / "corpus.jsonl"), queries=str(data / "queries.jsonl"),
       iterations=2, steps_per_iteration=STEPS, token_top_k=100000,
@@ -133,10 +136,10 @@ def test_close_documents_come_from_the_rounds_token_index(run, data):
 def test_rounds_follow_the_in_trainer_loops_schedule(run):
   model_dir, _, _ = run
   # The uninterrupted gin loop: 5 steps, phases [0,1), [1,3), [3,5).
-  full = reatt_trainer.learning_rate_schedule(
+  full = optim.learning_rate_schedule(
       1e-3, schedule="linear", warmup_steps=0, warmup_fraction=0.5,
       total_steps=WARMUP + 2 * STEPS,
-      restarts=[WARMUP, *reatt_trainer.phase_boundaries(
+      restarts=[WARMUP, *phase_boundaries(
           WARMUP + 2 * STEPS, WARMUP, STEPS)])
   logged = {m["step"]: m["learning_rate"] for m in _metrics(model_dir)}
   assert logged == pytest.approx({s: float(full(s - 1)) for s in range(1, 6)})
@@ -191,7 +194,7 @@ def test_bad_files_and_runs_are_one_line_errors(run, data, tmp_path, capsys):
       argv[argv.index("--queries") + 2:]
   assert "has no answers" in _error(bad, capsys)
   fid = [a if not a.startswith("--gin_file") else "--gin_file=gin/fid/tiny.gin"
-         for a in argv if "reatt_trainer" not in a and "RETRIEVAL" not in a
+         for a in argv if "loop.train" not in a and "RETRIEVAL" not in a
          and "SCHEDULE" not in a and "WARMUP_FRACTION" not in a
          and "INDEX_BATCH" not in a]
   assert "not a ReAtt run" in _error(fid, capsys)
@@ -205,7 +208,7 @@ def test_bad_files_and_runs_are_one_line_errors(run, data, tmp_path, capsys):
   fresh = _argv(model_dir, data, extra=["--work-dir", str(tmp_path / "w")])
   assert "past the end of iteration 0" in _error(fresh, capsys)
   with pytest.raises(InputError, match="no such file"):
-    reatt_iterate.run_iterations(
+    reatt_commands.iterate_gin_run(
         ["gin/reatt/tiny.gin"], _bindings(tmp_path / "m", data),
         corpus=str(tmp_path / "missing.jsonl"),
         queries=str(data / "queries.jsonl"), iterations=1,

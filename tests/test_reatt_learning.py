@@ -16,7 +16,7 @@ import optax
 
 from jaxfid.reatt import token_index
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.reatt.trainer import ReAttBatcher
+from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.training.step import make_train_step
 from reatt_world import make_world, tiny_model, write_corpus
 

@@ -18,7 +18,10 @@ from jaxfid.reatt import model as reatt
 from jaxfid.reatt import token_index
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.reatt import trainer as reatt_trainer
+from jaxfid.reatt import task as reatt_task
+from jaxfid.reatt.batches import ReAttBatcher
+from jaxfid.reatt.refresh import phase_boundaries, refresh_close_documents
+from jaxfid.training import optim
 from reatt_world import make_world, tiny_model, write_corpus, write_examples
 
 
@@ -44,7 +47,7 @@ def _args(model_dir, data, steps):
           f"--gin.RETRIEVAL_CORPUS='{data / 'corpus.jsonl'}'",
           "--gin.config.T5Config.num_decoder_layers=1",
           "--gin.config.T5Config.d_model=32", "--gin.config.T5Config.d_ff=64",
-          "--gin.reatt_trainer.train.progress=False"]
+          "--gin.loop.train.progress=False"]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_refresh_uses_the_current_model(data, tmp_path):
   docs, examples = make_world(num_keys=24, n_context=3)
   model = tiny_model(bi_encoder_layers=1)
   params = model.init_params(0)
-  new = reatt_trainer.refresh_close_documents(
+  new = refresh_close_documents(
       model, params, Tokenizer(), examples[:5], str(data / "corpus.jsonl"),
       str(tmp_path / "index"), n_context=3, doc_maxlength=16,
       query_maxlength=16, token_top_k=10000)
@@ -103,7 +106,7 @@ def test_refresh_uses_the_current_model(data, tmp_path):
     assert [p.id for p in e.ctxs] == searcher.store.ids([r for r, _ in h])
     assert [p.score for p in e.ctxs] == pytest.approx([s for _, s in h])
   # The batches are built from the refreshed documents.
-  batcher = reatt_trainer.ReAttBatcher(
+  batcher = ReAttBatcher(
       new, Tokenizer(), batch_size=5, n_context=3, text_maxlength=16,
       answer_maxlength=4, kl_weight=8.0, retrieval_warmup_steps=0)
   batch = batcher.batch(0)
@@ -141,14 +144,13 @@ def test_large_gin_has_the_paper_recipe():
   gin_flags.parse_gin(["gin/reatt/large.gin"],
                       ["MODEL_DIR = 'x'", "TRAIN_DATA = 'x'"])
   try:
-    q = lambda name: gin.query_parameter(
-        f"reatt_trainer.train.{name}").scoped_configurable_fn()
-    values = {n: q(n) for n in (
-        "bi_encoder_layers", "kl_weight", "head_temperature", "n_context",
-        "batch_size", "learning_rate", "optimizer", "schedule",
-        "warmup_fraction", "retrieval_warmup_steps", "iteration_steps",
-        "train_steps", "in_batch_negatives", "restart_schedule")}
-    cfg = q("model_config")
+    values = {n.lower(): gin_flags.macro_value(n) for n in (
+        "BI_ENCODER_LAYERS", "KL_WEIGHT", "HEAD_TEMPERATURE", "N_CONTEXT",
+        "BATCH_SIZE", "LEARNING_RATE", "OPTIMIZER", "SCHEDULE",
+        "WARMUP_FRACTION", "RETRIEVAL_WARMUP_STEPS", "ITERATION_STEPS",
+        "TRAIN_STEPS", "IN_BATCH_NEGATIVES", "RESTART_SCHEDULE")}
+    method = gin.query_parameter("%METHOD").scoped_configurable_fn()
+    cfg = method.reader.model_config
   finally:
     gin.clear_config()
   assert values == {
@@ -160,8 +162,8 @@ def test_large_gin_has_the_paper_recipe():
       "restart_schedule": True}
   assert (cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.feed_forward_proj) == (
       1024, 24, 16, "gated-gelu")
-  assert reatt_trainer.phase_boundaries(35000, 3000, 8000) == [11000, 19000, 27000]
-  lr = reatt_trainer.learning_rate_schedule(
+  assert phase_boundaries(35000, 3000, 8000) == [11000, 19000, 27000]
+  lr = optim.learning_rate_schedule(
       5e-5, schedule="linear", warmup_steps=0, warmup_fraction=0.1,
       total_steps=35000, restarts=[3000, 11000, 19000, 27000])
   assert float(lr(0)) == 0.0 and float(lr(300)) == pytest.approx(5e-5)
@@ -181,15 +183,15 @@ def test_init_checkpoint_from_a_t5_or_a_reatt_model_dir(tmp_path):
   params = model.init_params(3)
   t5 = {k: v for k, v in params.items() if k != reatt.PARAMS_KEY}
   _save(tmp_path / "fid", {"method": "fid", "model": model.config.to_dict()}, t5)
-  got = reatt_trainer.initial_params(str(tmp_path / "fid"), model, None)
+  got = reatt_task.initial_reatt_params(str(tmp_path / "fid"), model)
   np.testing.assert_array_equal(got["reatt"]["head_weights"], np.zeros(4))
   np.testing.assert_array_equal(got["encoder"]["layers_0"]["mlp"]["wo"]["kernel"],
                                 t5["encoder"]["layers_0"]["mlp"]["wo"]["kernel"])
   params["reatt"]["head_weights"] = jnp.array([0.0, 1.0, 0.0, 0.0])
   _save(tmp_path / "reatt", {**reatt.run_config_fields(model.reatt),
                              "model": model.config.to_dict()}, params)
-  got = reatt_trainer.initial_params(str(tmp_path / "reatt"), model, None)
+  got = reatt_task.initial_reatt_params(str(tmp_path / "reatt"), model)
   np.testing.assert_array_equal(got["reatt"]["head_weights"], [0, 1, 0, 0])
   other = reatt.ReAttModel(model.config.replace(d_ff=32), model.reatt)
   with pytest.raises(InputError, match="d_ff"):
-    reatt_trainer.initial_params(str(tmp_path / "reatt"), other, None)
+    reatt_task.initial_reatt_params(str(tmp_path / "reatt"), other)

@@ -13,7 +13,8 @@ from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import optim
 from jaxfid.training.step import make_train_step
-from jaxfid.fid.trainer import global_batch, make_shardings
+from jaxfid.training import state as state_lib
+from jaxfid.training.task import train_state
 
 CONFIG = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_heads=4,
                   num_layers=2, num_decoder_layers=2,
@@ -34,26 +35,35 @@ def _batches(n=3, b=8, p=2, l=8, t=4):
   return out
 
 
+def _optimizer():
+  return optim.make_optimizer(1e-2, optimizer="adamw", weight_decay=0.01)
+
+
+def _state_shardings(model, opt, place):
+  make_state = lambda p, s: train_state(p, s, opt_state=opt.init(p))
+  abstract = jax.eval_shape(make_state, model.abstract_params(), 0)
+  return make_state, abstract, place.state(abstract, model.abstract_params())
+
+
 def _train(mesh_spec: str, steps=3, accumulation_steps=1, config=CONFIG):
   model = EncoderDecoderModel(config)
-  opt, _ = optim.make_optimizer(1e-2, optimizer="adamw", weight_decay=0.01)
+  opt = _optimizer()
   mesh = shd.parse_mesh(mesh_spec)
-  sh = make_shardings(mesh, model, opt)
+  place = state_lib.placement(mesh, model.param_axes())
+  make_state, _, state_sh = _state_shardings(model, opt, place)
   with jax.set_mesh(mesh):
-    params = jax.jit(lambda: model.init_params(0), out_shardings=sh.params)()
-    state = jax.jit(lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,
-                               "opt_state": opt.init(p)},
-                    out_shardings=sh.state)(params)
+    params = jax.jit(lambda: model.init_params(0), out_shardings=place.params)()
+    state = state_lib.fresh_state(make_state, params, 0, state_sh)
     loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
     step = jax.jit(make_train_step(loss_fn, opt, seed=0,
                                    accumulation_steps=accumulation_steps),
-                   in_shardings=(sh.state, sh.batch),
-                   out_shardings=(sh.state, sh.replicated))
+                   in_shardings=(state_sh, place.batch),
+                   out_shardings=(state_sh, place.replicated))
     losses = []
     for batch in _batches(steps):
-      state, metrics = step(state, global_batch(batch, sh.batch, 8))
+      state, metrics = step(state, place.global_batch(batch, slice(0, 8), 8))
       losses.append(float(metrics["loss"]))
-  return losses, jax.device_get(state["params"]), state, sh
+  return losses, jax.device_get(state["params"]), state, place
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +103,10 @@ def test_checkpoint_restores_under_another_mesh(tmp_path):
   ckpts = checkpointing.RunCheckpoints(str(tmp_path), keep=1)
   ckpts.save(1, state)
   model = EncoderDecoderModel(CONFIG)
-  opt, _ = optim.make_optimizer(1e-2, optimizer="adamw", weight_decay=0.01)
   mesh = shd.parse_mesh("data=2,model=4")
-  sh = make_shardings(mesh, model, opt)
-  abstract = jax.eval_shape(lambda: {
-      "step": jnp.zeros((), jnp.int32), "params": model.abstract_params(),
-      "opt_state": opt.init(model.abstract_params())})
-  abstract = jax.tree.map(
-      lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-      abstract, sh.state)
-  restored = ckpts.restore(abstract, 1)
+  place = state_lib.placement(mesh, model.param_axes())
+  _, abstract, state_sh = _state_shardings(model, _optimizer(), place)
+  restored = state_lib.restore_state(ckpts, 1, abstract, state_sh)
   ckpts.close()
   kernel = restored["params"]["encoder"]["layers_1"]["attention"]["query"]["kernel"]
   assert kernel.sharding.mesh.shape["model"] == 4

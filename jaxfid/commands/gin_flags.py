@@ -7,6 +7,7 @@ jaxfid source tree (so ``gin/fid/tiny.gin`` works from anywhere).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -69,3 +70,57 @@ def parse_gin(gin_files: list[str], bindings: list[str],
     raise InputError(where, f"gin: {' '.join(str(e).split())}") from None
   finally:
     root.setLevel(level)
+
+
+def gin_literal(value) -> str:
+  """``value`` as a gin literal (strings quoted, None, numbers, booleans)."""
+  return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class GinRun:
+  """A user's gin files and ``--gin.NAME=VALUE`` bindings, to run again.
+
+  Commands that run training several times (``jaxfid reatt iterate``)
+  re-parse the run for each call with macros overridden (later bindings
+  win); parsing clears any other configuration.
+  """
+  files: tuple[str, ...]
+  bindings: tuple[str, ...] = ()
+  search_paths: tuple[str, ...] = ()
+
+  def parse(self, macros: dict | None = None) -> None:
+    extra = [f"{k} = {gin_literal(v)}" for k, v in (macros or {}).items()]
+    parse_gin(list(self.files), [*self.bindings, *extra],
+              list(self.search_paths))
+
+  def macros(self, names) -> dict:
+    """The values the run's gin gives the macros ``names`` (None if unset)."""
+    self.parse()
+    try:
+      return {name: macro_value(name) for name in names}
+    finally:
+      gin.clear_config()
+
+  def train(self, macros: dict | None = None) -> dict:
+    """Runs ``launch.run`` (the trainer) with ``macros`` overridden."""
+    from jaxfid.training import launch
+    self.parse(macros)
+    try:
+      return gin.get_configurable(launch.run)()
+    finally:
+      gin.clear_config()
+
+
+def macro_value(name: str):
+  """A parsed gin macro's value (None when unbound; the class or function a
+  configurable reference such as ``METHOD = @FidTask()`` calls)."""
+  try:
+    value = gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
+  if isinstance(value, gin.config.ConfigurableReference):
+    return value.configurable.wrapped
+  if value is gin.REQUIRED:
+    return None
+  return value

@@ -23,6 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands.gin_flags import GinRun
+from jaxfid.core.errors import InputError
+from jaxfid.reatt import iterate as reatt_iterate
+from jaxfid.reatt.task import ReAttTask
+
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser("reatt", help="ReAtt utilities (adaptation data, iterative training)")
@@ -68,14 +73,39 @@ def _add_iterate(sub) -> None:
   p.set_defaults(func=run_iterate, accepts_gin_bindings=True)
 
 
+def read_iterate_settings(run) -> dict:
+  """The ReAtt run's settings that ``iterate`` needs (gin macros)."""
+  values = run.macros(["METHOD", *reatt_iterate.SETTINGS])
+  method = values["METHOD"]
+  if method is not ReAttTask:
+    raise InputError(run.files[-1] if run.files else "--gin_file",
+                     f"not a ReAtt run: METHOD is "
+                     f"{getattr(method, '__name__', 'unbound')}; use "
+                     "gin/reatt/*.gin")
+  return {key: values[macro] for macro, key in reatt_iterate.SETTINGS.items()}
+
+
+def iterate_gin_run(gin_files, gin_bindings=(), gin_search_paths=(), *,
+                    steps_per_iteration: int, **kwargs) -> dict:
+  """``reatt iterate`` of a gin run (files + bindings); returns the summary.
+
+  ``kwargs`` go to :func:`jaxfid.reatt.iterate.run_iterations`.
+  """
+  run = GinRun(tuple(gin_files), tuple(gin_bindings), tuple(gin_search_paths))
+  settings = read_iterate_settings(run)
+  return reatt_iterate.run_iterations(
+      settings,
+      lambda it: int(run.train(reatt_iterate.round_overrides(
+          it, steps_per_iteration))["step"]),
+      steps_per_iteration=steps_per_iteration, **kwargs)
+
+
 def run_iterate(args: argparse.Namespace) -> int:
-  from jaxfid.reatt import iterate as reatt_iterate
-  summary = reatt_iterate.run_iterations(
-      args.gin_file, args.gin_bindings, corpus=args.corpus,
-      queries=args.queries, iterations=args.iterations,
+  summary = iterate_gin_run(
+      args.gin_file, args.gin_bindings, args.gin_search_path,
+      corpus=args.corpus, queries=args.queries, iterations=args.iterations,
       steps_per_iteration=args.steps_per_iteration, top_k=args.top_k,
       token_top_k=args.token_top_k, work_dir=args.work_dir,
-      gin_search_paths=args.gin_search_path,
       emit=lambda record: print(json.dumps(record), flush=True))
   return 0 if summary["complete"] else 1
 

@@ -141,19 +141,24 @@ class FidTask(Task):
     return train, evals
 
   def prepare(self, settings: Settings) -> None:
+    self.prepare_data(settings)
+    self.use_model(EncoderDecoderModel(self.model_config))
+
+  def prepare_data(self, settings: Settings) -> None:
+    """Read and check the data; the run's tokenizer."""
     self.settings = settings
     self.components, self.eval_examples = self.read_data()
     self.tokenizer = load_tokenizer(settings.init_checkpoint)
     self.vocabulary = self.tokenizer.path
-    self.model = self.make_model()
-    self.evaluator = QaEvaluator(
-        self.model, self.tokenizer, self.eval_examples,
-        n_context=self.n_context, text_maxlength=self.text_maxlength,
-        answer_maxlength=self.answer_maxlength, num_beams=self.eval_beams,
-        batch_size=self.eval_batch_size, progress=settings.progress)
 
-  def make_model(self) -> EncoderDecoderModel:
-    return EncoderDecoderModel(self.model_config)
+  def use_model(self, model) -> None:
+    """Train and evaluate ``model`` (ReAtt gives its own)."""
+    self.model = model
+    self.evaluator = QaEvaluator(
+        model, self.tokenizer, self.eval_examples, n_context=self.n_context,
+        text_maxlength=self.text_maxlength,
+        answer_maxlength=self.answer_maxlength, num_beams=self.eval_beams,
+        batch_size=self.eval_batch_size, progress=self.settings.progress)
 
   def run_config(self) -> dict:
     return {"method": self.name, "model": self.model_config.to_dict(),
@@ -167,10 +172,13 @@ class FidTask(Task):
       return self.first_phase_n_context
     return self.n_context
 
+  def train_examples(self) -> list[FidExample]:
+    return [e for c in self.components for e in c.examples]
+
   def batcher(self, n_context: int) -> FidBatcher:
     if n_context not in self._batchers:
       self._batchers[n_context] = FidBatcher(
-          [e for c in self.components for e in c.examples], self.tokenizer,
+          self.train_examples(), self.tokenizer,
           batch_size=self.settings.batch_size, n_context=n_context,
           text_maxlength=self.text_maxlength,
           answer_maxlength=self.answer_maxlength, seed=self.settings.seed,

@@ -23,11 +23,11 @@ iteration ``i`` (0-based):
    changed. The record is written last: an iteration is finished when it and
    its index and training file exist, and a rerun skips finished iterations.
 
-Training runs in-process (gin is re-parsed for each round: ``parse_gin``
-clears the previous configuration), so each round compiles its train step
-once. Each round is one call of the trainer with ``train_steps`` set to the
-round's end; to make the learning-rate schedule the one the in-trainer loop
-would follow, the rounds bind ``ITERATION_STEPS = S`` with no retrieval
+Training runs in-process through a ``train_round`` callback (the command,
+:mod:`jaxfid.commands.reatt`, re-parses the user's gin run for each round
+with ``TRAIN_STEPS`` set to the round's end), so each round compiles its
+train step once. To make the learning-rate schedule the one the in-trainer
+loop would follow, the rounds bind ``ITERATION_STEPS = S`` with no retrieval
 corpus (phase boundaries without refresh): with ``RESTART_SCHEDULE`` every
 round is its own warm-up-and-decay phase, as in the paper's recipe
 (``gin/reatt/large.gin``). A schedule that spans the whole run (linear decay,
@@ -43,37 +43,41 @@ a rerun with other settings is refused instead of mixing two runs' files.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
+from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
+from jaxfid.fid import examples as fid_format
+from jaxfid.reatt import token_index
+from jaxfid.retrieval import evaluate
+from jaxfid.retrieval.search import retrieve_to_file
+from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.training.metrics_log import read_records
 
 STATE_FILE = "iterate.json"
 DEFAULT_WORK_DIR = "iterate"  # under MODEL_DIR
-TRAINER = "reatt_trainer.train"
-SETTINGS = ("model_dir", "train_data", "train_steps", "retrieval_warmup_steps",
-            "iteration_steps", "retrieval_corpus", "n_context", "token_top_k",
-            "schedule", "restart_schedule", "warmup_fraction",
-            "index_batch_size")
+# The run's settings iterate needs: gin macro -> settings key.
+SETTINGS = {"MODEL_DIR": "model_dir", "TRAIN_DATA": "train_data",
+            "TRAIN_STEPS": "train_steps",
+            "RETRIEVAL_WARMUP_STEPS": "retrieval_warmup_steps",
+            "ITERATION_STEPS": "iteration_steps",
+            "RETRIEVAL_CORPUS": "retrieval_corpus", "N_CONTEXT": "n_context",
+            "TOKEN_TOP_K": "token_top_k", "SCHEDULE": "schedule",
+            "RESTART_SCHEDULE": "restart_schedule",
+            "WARMUP_FRACTION": "warmup_fraction",
+            "INDEX_BATCH_SIZE": "index_batch_size"}
+
+
+def round_overrides(it: "Iteration", steps_per_iteration: int) -> dict:
+  """The gin macros a round's training binds over the user's run."""
+  return {"TRAIN_STEPS": it.end_step, "TRAIN_DATA": it.train_data,
+          "ITERATION_STEPS": steps_per_iteration, "RETRIEVAL_CORPUS": None}
 ANSWER_KS = (1, 5, 20, 100)
-
-
-@dataclasses.dataclass(frozen=True)
-class GinRun:
-  """The user's gin files and ``--gin.NAME=VALUE`` bindings."""
-  files: tuple[str, ...]
-  bindings: tuple[str, ...] = ()
-  search_paths: tuple[str, ...] = ()
-
-  def parse(self, extra: Sequence[str] = ()) -> None:
-    """Parses the run (and ``extra`` bindings, which win); clears any other."""
-    from jaxfid.commands import gin_flags
-    gin_flags.parse_gin(list(self.files), [*self.bindings, *extra],
-                        list(self.search_paths))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,44 +117,6 @@ def plan_iterations(train_data: str, work_dir: str, iterations: int,
 # ------------------------------------------------------------------ settings
 
 
-def _value(name: str, defaults: dict):
-  import gin
-  try:
-    value = gin.query_parameter(f"{TRAINER}.{name}")
-  except ValueError:  # not bound: the trainer's default
-    return defaults[name]
-  if isinstance(value, gin.config.ConfigurableReference):
-    value = value.scoped_configurable_fn()  # a macro: its value
-  return value
-
-
-def read_trainer_settings(run: GinRun) -> dict:
-  """What the ReAtt trainer will be called with, for the names in SETTINGS."""
-  import gin
-
-  from jaxfid.reatt import trainer as reatt_trainer
-  run.parse()
-  try:
-    try:
-      fn = gin.query_parameter("launch.run.train_fn")
-    except ValueError:
-      fn = None
-    selector = getattr(getattr(fn, "configurable", None), "selector", None)
-    if selector != f"jaxfid.training.{TRAINER}":
-      raise InputError(run.files[-1], f"not a ReAtt run: launch.run.train_fn "
-                       f"is {selector or 'unbound'}; use gin/reatt/*.gin")
-    defaults = {k: p.default for k, p in inspect.signature(
-        reatt_trainer.train).parameters.items()}
-    settings = {name: _value(name, defaults) for name in SETTINGS}
-  finally:
-    gin.clear_config()
-  for name in ("model_dir", "train_data"):
-    if settings[name] is gin.REQUIRED or not settings[name]:
-      raise InputError("gin", f"{name.upper()} is required "
-                       f"(--gin.{name.upper()}=\"'...'\")")
-  return settings
-
-
 def check_settings(settings: dict, steps_per_iteration: int) -> None:
   """Refuses gin configs whose own iteration or schedule would fight the rounds."""
   if settings["retrieval_corpus"]:
@@ -178,7 +144,6 @@ def check_settings(settings: dict, steps_per_iteration: int) -> None:
 
 def check_queries(path: str) -> int:
   """The training queries must all carry answers (they become TRAIN_DATA)."""
-  from jaxfid.retrieval.store.queries import read_queries
   queries = read_queries(path)
   if not queries:
     raise InputError(path, "no queries")
@@ -192,7 +157,6 @@ def check_queries(path: str) -> int:
 
 def claim_work_dir(work_dir: str, identity: dict) -> None:
   """Writes DIR/iterate.json, or checks that DIR belongs to this run."""
-  from jaxfid.core.files import atomic_write
   path = os.path.join(work_dir, STATE_FILE)
   if os.path.exists(path):
     try:
@@ -219,7 +183,6 @@ def claim_work_dir(work_dir: str, identity: dict) -> None:
 
 def latest_step(model_dir: str) -> int:
   """MODEL_DIR's latest train-state step (0 without checkpoints)."""
-  from jaxfid.checkpoints import model_dir as checkpointing
   if not os.path.isdir(os.path.join(model_dir, "checkpoints")):
     return 0
   ckpts = checkpointing.RunCheckpoints(model_dir)
@@ -246,25 +209,8 @@ def resume_step(it: Iteration, model_dir: str) -> int:
   return step
 
 
-def train_round(run: GinRun, it: Iteration, steps_per_iteration: int) -> int:
-  """Trains MODEL_DIR to ``it.end_step``; returns the step it reached."""
-  import gin
-
-  from jaxfid.training import launch
-  run.parse([f"{TRAINER}.train_steps = {it.end_step}",
-             f"{TRAINER}.train_data = {it.train_data!r}",
-             f"{TRAINER}.iteration_steps = {steps_per_iteration}",
-             f"{TRAINER}.retrieval_corpus = None"])
-  try:
-    result = gin.get_configurable(launch.run)()
-  finally:
-    gin.clear_config()
-  return int(result["step"])
-
-
 def _close_sets(path: str, n_context: int) -> dict:
   """question id (or text) -> the set of its best ``n_context`` passages."""
-  from jaxfid.fid import examples as fid_format
   out = {}
   examples = fid_format.iter_fid_examples(path)
   try:
@@ -288,7 +234,6 @@ def changed_share(before: str, after: str, n_context: int) -> float | None:
 
 def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
   """The last value of ``name`` in MODEL_DIR/metrics.jsonl at or before a step."""
-  from jaxfid.training.metrics_log import read_records
   value = None
   for record in read_records(model_dir):
     if name in record and record.get("step", 0) <= max_step:
@@ -300,8 +245,6 @@ def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
                   queries: str, top_k: int, token_top_k: int,
                   index_batch_size: int, progress: bool | None) -> dict:
   """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA."""
-  from jaxfid.reatt import token_index
-  from jaxfid.retrieval.search import retrieve_to_file
   out = {}
   if not os.path.exists(os.path.join(it.index_dir, "meta.json")):
     meta = token_index.build_from_checkpoint(
@@ -315,7 +258,6 @@ def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
 
 def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
                      n_context: int, seconds: float) -> dict:
-  from jaxfid.retrieval import evaluate
   ks = sorted({k for k in ANSWER_KS if k < top_k} | {top_k})
   recall = evaluate.evaluate_with_answers(it.train_file, ks=ks)
   changed = changed_share(it.train_data, it.train_file, n_context)
@@ -330,22 +272,23 @@ def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
           "seconds": round(seconds, 1)}
 
 
-def run_iterations(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
+def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
                    *, corpus: str, queries: str, iterations: int,
                    steps_per_iteration: int, top_k: int | None = None,
                    token_top_k: int | None = None,
                    work_dir: str | None = None,
-                   gin_search_paths: Sequence[str] = (),
                    progress: bool | None = None,
                    emit: Callable[[dict], None] | None = None) -> dict:
   """Runs (or resumes) ``iterations`` rounds; returns the summary.
 
-  ``emit`` receives each iteration's record (finished ones from a previous
-  run with ``"skipped": True``) and, last, the summary. The summary has
+  ``settings``: the run's values of the SETTINGS macros (keys as in
+  SETTINGS). ``train_round(iteration)`` trains MODEL_DIR to the round's end
+  (binding :func:`round_overrides`) and returns the step reached. ``emit``
+  receives each iteration's record (finished ones from a previous run with
+  ``"skipped": True``) and, last, the summary. The summary has
   ``"complete": False`` when training stopped early (SIGTERM): rerun to
   resume.
   """
-  from jaxfid.core.files import atomic_write
   emit = emit or (lambda record: None)
   for name, value in (("--iterations", iterations),
                       ("--steps-per-iteration", steps_per_iteration),
@@ -356,8 +299,10 @@ def run_iterations(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
     if not os.path.isfile(path):
       raise InputError(path, f"no such file ({name})")
   num_queries = check_queries(queries)
-  run = GinRun(tuple(gin_files), tuple(gin_bindings), tuple(gin_search_paths))
-  settings = read_trainer_settings(run)
+  for name in ("model_dir", "train_data"):
+    if not settings[name]:
+      raise InputError("gin", f"{name.upper()} is required "
+                       f"(--gin.{name.upper()}=\"'...'\")")
   check_settings(settings, steps_per_iteration)
   n_context = settings["n_context"]
   top_k = top_k or n_context
@@ -395,7 +340,7 @@ def run_iterations(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
               "`reatt iterate` trains to RETRIEVAL_WARMUP_STEPS + iterations "
               f"x steps = {final_step}", file=sys.stderr)
       noted = True
-      if train_round(run, it, steps_per_iteration) < it.end_step:
+      if train_round(it) < it.end_step:
         complete = False  # the trainer saved and stopped (SIGTERM)
         break
     refresh_round(it, model_dir=model_dir, corpus=corpus, queries=queries,

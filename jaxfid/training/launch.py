@@ -1,7 +1,6 @@
-"""The gin entry point of ``jaxfid train``: run files bind ``run.train_fn``.
-
-FiD files bind ``launch.run.train_fn = @trainer.train``; ReAtt and ReFusion
-files bind their own trainers, so one command serves every method.
+"""The gin entry point of ``jaxfid train``: ``gin/training.gin`` binds
+``launch.run.train_fn = @loop.train`` (the one trainer) and every method's
+gin file includes it, so one command serves every method.
 """
 from __future__ import annotations
 

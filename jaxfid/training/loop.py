@@ -216,6 +216,7 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
           metrics = loop.finished_step(step, metrics)
           if step % log_every == 0 or step == phase.end:
             last = task.log_fields(metrics)
+            last.update(task.log_record(step))
             last["learning_rate"] = float(phase.learning_rate(step - 1))
             last[task.throughput_name] = loop.rate(batch_size)
             log.write(step, last)

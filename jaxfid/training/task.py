@@ -150,6 +150,10 @@ class Task:
     return {k: float(metrics[k]) for k in ("loss", "token_accuracy",
                                            "grad_norm") if k in metrics}
 
+  def log_record(self, step: int) -> dict:
+    """Fields of the step's log line that do not come from the step."""
+    return {}
+
   def progress_fields(self, record: dict) -> dict:
     return {"loss": f"{record['loss']:.4f}"} if "loss" in record else {}
 

@@ -1,0 +1,219 @@
+"""ReAtt's training task (Jiang et al. 2022) for the one loop: FiD's reader
+with the split encoder, the KL loss and iterative refresh.
+
+gin: ``gin/reatt/*.gin`` include the FiD gin (whose ``FidTask`` becomes this
+task's ``reader``: data, batches, QA evaluation) and bind ReAtt's macros
+(``BI_ENCODER_LAYERS``, ``KL_WEIGHT``, ``HEAD_TEMPERATURE``,
+``IN_BATCH_NEGATIVES``, ``RETRIEVAL_WARMUP_STEPS``, ``RETRIEVAL_CORPUS``,
+``ITERATION_STEPS``, ...). It differs from FiD in:
+
+* the model: :class:`~jaxfid.reatt.model.ReAttModel` (T5 + head weights);
+  ``INIT_CHECKPOINT`` may be any T5 checkpoint (head weights start at 0) or
+  a ReAtt MODEL_DIR;
+* the batches: :class:`~jaxfid.reatt.batches.ReAttBatcher` (FiD batches
+  plus ``question_length`` and the per-question ``kl_weight``; in-batch
+  negatives then come from the microbatch);
+* the schedule: with ``RESTART_SCHEDULE`` each phase (the QA-only warm-up,
+  then every iteration) gets its own warm-up and decay, as the paper's
+  separate runs do; ``WARMUP_FRACTION`` sets warm-up as a share of a phase;
+* iterative training (:mod:`jaxfid.reatt.refresh`) with ``RETRIEVAL_CORPUS``.
+"""
+from __future__ import annotations
+
+import os
+
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
+from jaxfid.core.errors import InputError
+from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
+                                 write_fid_examples)
+from jaxfid.fid.task import FidTask
+from jaxfid.reatt import model as reatt
+from jaxfid.reatt.batches import ReAttBatcher
+from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
+                                  refresh_close_documents)
+from jaxfid.training import state as state_lib
+from jaxfid.training.step import make_train_step
+from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
+                                  Task, train_state)
+
+LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
+          "retrieval_own_accuracy", "head_max_prob", "retrieval_head",
+          "grad_norm")
+
+
+def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
+  """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head weights)."""
+  if (os.path.exists(os.path.join(path, CONFIG_FILE))
+      and read_run_config(path).get("method") == "reatt"):
+    other, params, _ = reatt.load_reatt(path)
+  else:
+    other, params, _ = load_checkpoint(path)
+    params = reatt.add_head_weights(params, other.config.num_heads)
+  state_lib.check_init_config(path, model.config, other.config)
+  return params
+
+
+class ReAttTask(Task):
+  """Train ReAtt (see the module docstring)."""
+  name = "reatt"
+  description = "train reatt"
+  best_metric = "eval_em"
+
+  def __init__(self, *, reader: FidTask, bi_encoder_layers: int = 12,
+               kl_weight: float = 8.0, head_temperature: float = 0.001,
+               in_batch_negatives: bool = True,
+               retrieval_warmup_steps: int = 0, relevance_chunk: int = 0,
+               query_maxlength: int = 0, retrieval_corpus: str | None = None,
+               iteration_steps: int = 0, token_top_k: int = 2048,
+               index_batch_size: int = 64,
+               warmup_fraction: float | None = None,
+               restart_schedule: bool = False):
+    self.reader = reader
+    self.bi_encoder_layers = bi_encoder_layers
+    self.kl_weight = kl_weight
+    self.head_temperature = head_temperature
+    self.in_batch_negatives = in_batch_negatives
+    self.retrieval_warmup_steps = retrieval_warmup_steps
+    self.relevance_chunk = relevance_chunk
+    self.query_maxlength = query_maxlength
+    self.retrieval_corpus = retrieval_corpus
+    self.iteration_steps = iteration_steps
+    self.token_top_k = token_top_k
+    self.index_batch_size = index_batch_size
+    self.warmup_fraction = warmup_fraction
+    self.restart_schedule = restart_schedule
+    self._batcher: ReAttBatcher | None = None
+
+  # ---- data and model ---------------------------------------------------------
+
+  def prepare(self, settings: Settings) -> None:
+    if self.retrieval_corpus and settings.process_count > 1:
+      raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one host")
+    reader = self.reader
+    reader.prepare_data(settings)
+    self.settings = settings
+    self.config = reatt.ReAttConfig(
+        bi_encoder_layers=self.bi_encoder_layers,
+        head_temperature=self.head_temperature,
+        in_batch_negatives=self.in_batch_negatives,
+        relevance_chunk=self.relevance_chunk,
+        query_maxlength=self.query_maxlength,
+        separator_ids=tuple(reader.tokenizer.encode(TITLE_PREFIX)))
+    try:
+      self.model = reatt.ReAttModel(reader.model_config, self.config)
+    except ValueError as e:
+      raise InputError("BI_ENCODER_LAYERS", str(e)) from None
+    reader.use_model(self.model)
+    self.vocabulary = reader.vocabulary
+    self.examples = reader.train_examples()
+    self.refresh_at = (phase_boundaries(
+        settings.train_steps, self.retrieval_warmup_steps,
+        self.iteration_steps) if self.retrieval_corpus else [])
+
+  def run_config(self) -> dict:
+    return {**self.reader.run_config(), **reatt.run_config_fields(self.config),
+            "kl_weight": self.kl_weight,
+            "retrieval_warmup_steps": self.retrieval_warmup_steps}
+
+  def initial_params(self, path: str) -> dict:
+    return initial_reatt_params(path, self.model)
+
+  def use_examples(self, examples: list[FidExample]) -> None:
+    if self._batcher is not None:
+      self._batcher.close()
+    reader = self.reader
+    self.examples = examples
+    self._batcher = ReAttBatcher(
+        examples, reader.tokenizer, batch_size=self.settings.batch_size,
+        n_context=reader.n_context, text_maxlength=reader.text_maxlength,
+        answer_maxlength=reader.answer_maxlength, kl_weight=self.kl_weight,
+        retrieval_warmup_steps=self.retrieval_warmup_steps,
+        seed=self.settings.seed, dataset=reader.dataset)
+
+  def batch(self, step: int, rows: slice, params) -> dict:
+    return self._batcher.batch(step, rows)
+
+  # ---- the step ---------------------------------------------------------------
+
+  def phases(self, settings: Settings, optimizer: OptimizerSettings
+             ) -> list[Phase]:
+    restarts = []
+    if self.restart_schedule:
+      if 0 < self.retrieval_warmup_steps < settings.train_steps:
+        restarts.append(self.retrieval_warmup_steps)
+      restarts.extend(phase_boundaries(settings.train_steps,
+                                       self.retrieval_warmup_steps,
+                                       self.iteration_steps))
+    schedule = optimizer.schedule_fn(settings.train_steps, restarts=restarts,
+                                     warmup_fraction=self.warmup_fraction)
+    tx = optimizer.make(schedule)
+    loss = lambda p, b, rng, norm: self.model.loss(p, b, rng, normalizer=norm)
+    return [Phase("train", settings.train_steps,
+                  make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
+                  step=make_train_step(
+                      loss, tx, seed=settings.seed,
+                      accumulation_steps=settings.accumulation_steps),
+                  learning_rate=schedule)]
+
+  def log_fields(self, metrics: dict) -> dict:
+    return {k: float(metrics[k]) for k in LOGGED}
+
+  def progress_fields(self, record: dict) -> dict:
+    out = self.reader.progress_fields(record)
+    if "kl_loss" in record:
+      out["kl"] = f"{record['kl_loss']:.3f}"
+    return out
+
+  # ---- evaluation and refresh -------------------------------------------------
+
+  def evaluates(self) -> bool:
+    return self.reader.evaluates()
+
+  def evaluate(self, ctx: Context, step: int, params) -> dict:
+    return self.reader.evaluate(ctx, step, params)
+
+  def refresh(self, ctx: Context, step: int, params) -> list[FidExample]:
+    """Re-index with ``params``, re-retrieve, write the iteration file."""
+    reader, model_dir = self.reader, ctx.settings.model_dir
+    examples = refresh_close_documents(
+        self.model, params, reader.tokenizer, reader.train_examples(),
+        self.retrieval_corpus, os.path.join(model_dir, "index"),
+        n_context=reader.n_context, doc_maxlength=reader.text_maxlength,
+        query_maxlength=self.query_maxlength or reader.text_maxlength,
+        token_top_k=self.token_top_k, batch_size=self.index_batch_size,
+        progress=ctx.settings.progress)
+    path = iteration_file(model_dir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_fid_examples(path, examples)
+    ctx.log.write(step, {"refreshed_close_documents": len(examples)})
+    return examples
+
+  def start(self, ctx: Context, step: int, state) -> None:
+    """The close documents of the iteration ``step`` lies in."""
+    done = [s for s in self.refresh_at if s <= step]
+    examples = self.reader.train_examples()
+    if done:
+      path = iteration_file(ctx.settings.model_dir, done[-1])
+      if os.path.exists(path):
+        examples = read_fid_examples(path, require_answers=True)
+      elif done[-1] == step:
+        examples = self.refresh(ctx, step, state["params"])
+      else:
+        raise InputError(path, "missing: the close documents of this "
+                         "iteration; retrain from the previous one")
+    self.use_examples(examples)
+
+  def after_step(self, ctx: Context, step: int, state) -> None:
+    if step in self.refresh_at:
+      ctx.save(step, state)
+      self.use_examples(self.refresh(ctx, step, state["params"]))
+
+  def log_record(self, step: int) -> dict:
+    return {"kl_weight": (self.kl_weight if step > self.retrieval_warmup_steps
+                          else 0.0)}
+
+  def close(self) -> None:
+    if self._batcher is not None:
+      self._batcher.close()
+    self.reader.close()
