@@ -89,7 +89,7 @@ def run_variant(model_dir: str, data_dir: str, db: str, bindings: list[str],
          f"config.T5Config.d_model={args.d_model}",
          f"config.T5Config.d_kv={args.d_model // 4}",
          f"config.T5Config.d_ff={2 * args.d_model}",
-         "refusion_trainer.train.progress=False"] + bindings
+         "loop.train.progress=False"] + bindings
   argv = ["train", f"--gin_file={os.path.join(ROOT, 'gin/refusion/tiny.gin')}"]
   argv += [f"--gin.{b}" for b in gin]
   with contextlib.redirect_stdout(io.StringIO()):

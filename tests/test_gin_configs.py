@@ -120,7 +120,7 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
         "LEARNING_RATE", "BATCH_SIZE", "MAX_LENGTH", "TRAIN_STEPS", "TOP_K",
         "FUSION_MODULES", "SEARCH", "OPTIMIZER")}
     cfg = gin.query_parameter(
-        "refusion_trainer.train.model_config").scoped_configurable_fn()
+        "refusion_task.ReFusionTask.model_config").scoped_configurable_fn()
   finally:
     gin.clear_config()
   assert macros == {"LEARNING_RATE": 1e-5, "BATCH_SIZE": 32, "MAX_LENGTH": 128,
@@ -139,7 +139,7 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
   gin_flags.parse_gin(["gin/refusion/t5_base.gin"], TINY + required[1:] + [
       f"MODEL_DIR = '{tmp_path}'", "FUSION_MODULES = 'none'",
       "TRAIN_STEPS = 1", "BATCH_SIZE = 2", "MAX_LENGTH = 16", "DTYPE = 'float32'",
-      "refusion_trainer.train.progress = False", "MESH = 'data=2'"])
+      "loop.train.progress = False", "MESH = 'data=2'"])
   try:
     result = gin.get_configurable(launch.run)()
   finally:

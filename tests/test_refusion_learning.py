@@ -56,7 +56,7 @@ def _train(world, name: str, extra: list[str]) -> dict:
           f"--gin.TOP_K={TOP_K}", f"--gin.SEED={SEED}", "--gin.TRAIN_STEPS=60",
           "--gin.EVAL_EVERY=30", "--gin.CHECKPOINT_EVERY=1000",
           "--gin.MAX_LENGTH=32", "--gin.MESH='data=1'",
-          "--gin.refusion_trainer.train.progress=False"]
+          "--gin.loop.train.progress=False"]
   args += [f"--gin.{b}" for b in MODEL + extra]
   assert main(args) == 0
   lines = [json.loads(l) for l in

@@ -24,7 +24,7 @@ from jaxfid.cli import main
 from jaxfid.t5.config import preset
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import fusion as F
-from jaxfid.refusion import trainer
+from jaxfid.refusion import search
 from jaxfid.refusion.model import ReFusionModel, is_arch_path, load_refusion
 from jaxfid.retrieval.dense import index as dense
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
@@ -61,7 +61,7 @@ def _args(model_dir, db, steps=6, extra=()):
           "--gin.SEARCH=True", f"--gin.TRAIN_STEPS={steps}", "--gin.SEED=13",
           "--gin.MAX_LENGTH=40", "--gin.EVAL_EVERY=3",
           "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1",
-          "--gin.refusion_trainer.train.progress=False"]
+          "--gin.loop.train.progress=False"]
   return args + [f"--gin.{b}" for b in TINY] + list(extra)
 
 
@@ -85,7 +85,7 @@ def test_search_writes_structure_and_test_line(searched):
   assert test[0]["test_examples"] == 40 and test[0]["flops_per_example"] > 0
   assert any("eval_accuracy" in l for l in lines)
   assert all("arch_loss" in l for l in lines if "loss" in l)
-  saved = json.loads((searched / trainer.STRUCTURE_FILE).read_text())
+  saved = json.loads((searched / search.STRUCTURE_FILE).read_text())
   assert len(saved["structure"]) == 4 == len(saved["paths"])   # 2 layers x k, v
   assert set(saved["structure"]) <= set(F.SCHEMES)
   assert any(l.get("structure") for l in lines)
@@ -93,7 +93,7 @@ def test_search_writes_structure_and_test_line(searched):
 
 def test_structure_and_weights_restore(searched):
   model, params = load_refusion(str(searched))
-  saved = json.loads((searched / trainer.STRUCTURE_FILE).read_text())
+  saved = json.loads((searched / search.STRUCTURE_FILE).read_text())
   assert model.fusion.structure == tuple(saved["structure"])
   assert not model.fusion.search
   # The restored model reproduces the recorded test accuracy.
@@ -150,8 +150,79 @@ def test_crash_then_rerun_matches_uninterrupted(searched, db, tmp_path,
   test = lambda lines: [l for l in lines if "test_accuracy" in l]
   assert test(_lines(out))[0]["test_accuracy"] == test(
       _lines(searched))[0]["test_accuracy"]
-  assert (json.loads((out / trainer.STRUCTURE_FILE).read_text())["structure"]
-          == json.loads((searched / trainer.STRUCTURE_FILE).read_text())["structure"])
+  assert (json.loads((out / search.STRUCTURE_FILE).read_text())["structure"]
+          == json.loads((searched / search.STRUCTURE_FILE).read_text())["structure"])
+
+
+def test_retrain_resumes_in_its_phase_and_logs_the_structure_once(
+    db, tmp_path, monkeypatch):
+  """Search 3 steps, then retrain the argmax structure 3 more from the
+  initial weights; a crash inside the retrain resumes step for step."""
+  extra = ["--gin.RETRAIN=True"]
+  whole, out = tmp_path / "whole", tmp_path / "crashed"
+  assert main(_args(whole, db, steps=3, extra=extra)) == 0
+  real = batch_lib.train_batch
+
+  def crash_at_step_5(arrays, step, *a, **k):
+    if step == 4:
+      raise RuntimeError("simulated crash")
+    return real(arrays, step, *a, **k)
+
+  monkeypatch.setattr(batch_lib, "train_batch", crash_at_step_5)
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    main(_args(out, db, steps=3, extra=extra))
+  monkeypatch.setattr(batch_lib, "train_batch", real)
+  assert main(_args(out, db, steps=3, extra=extra)) == 0
+  for lines in (_lines(whole), _lines(out)):
+    steps = [l for l in lines if "loss" in l]
+    assert [l["step"] for l in steps] == list(range(1, 7))
+    assert all("arch_loss" in l for l in steps if l["step"] <= 3)
+    assert not any("arch_loss" in l for l in steps if l["step"] > 3)
+    assert [l["step"] for l in lines if "structure" in l] == [3]
+    assert not any("structure_reranker" in l for l in lines
+                   if l["step"] > 3)
+    test = [l for l in lines if "test_accuracy" in l]
+    assert len(test) == 1 and test[0]["step"] == 6
+  want = {l["step"]: l["loss"] for l in _lines(whole) if "loss" in l}
+  got = {l["step"]: l["loss"] for l in _lines(out) if "loss" in l}
+  for step in range(1, 7):
+    assert got[step] == pytest.approx(want[step], rel=1e-5)
+  test = lambda d: [l for l in _lines(d) if "test_accuracy" in l][0]
+  assert test(out)["test_accuracy"] == test(whole)["test_accuracy"]
+  model, _ = load_refusion(str(out))
+  saved = json.loads((out / search.STRUCTURE_FILE).read_text())
+  assert model.fusion.structure == tuple(saved["structure"])
+  assert saved["step"] == 3
+
+
+def test_init_checkpoint_backbone_goes_into_fresh_fusion_params(db, tmp_path):
+  from jaxfid.checkpoints.load import load_checkpoint
+  from jaxfid.core.errors import InputError
+  from jaxfid.refusion.task import ReFusionTask
+  from jaxfid.training.task import Settings
+  sizes = dict(vocab_size=32128, d_model=16, d_kv=4, d_ff=32, num_heads=2,
+               num_layers=2, num_decoder_layers=2)
+  cfg = dataclasses.replace(preset("tiny"), **{
+      k: v for k, v in sizes.items() if k != "vocab_size"})
+  task = ReFusionTask(task="sst-2", data_dir=str(SST2), retrieval_db=str(db),
+                      top_k=4, max_length=40, model_config=cfg)
+  task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
+                        batch_size=8, seed=3, progress=False))
+  ckpt = make_tiny_hf_checkpoint(tmp_path / "hf", **sizes)
+  params = task.initial_params(str(ckpt))
+  backbone = load_checkpoint(str(ckpt))[1]
+  fresh = task.model.init_params(3)
+  flat = lambda t: {"/".join(str(k.key) for k in p): np.asarray(v) for p, v
+                    in jax.tree_util.tree_leaves_with_path(t)}
+  got, theirs, mine = flat(params), flat(backbone), flat(fresh)
+  assert set(got) == set(mine) and set(theirs) < set(got)
+  for name, value in got.items():
+    np.testing.assert_array_equal(
+        value, theirs[name] if name in theirs else mine[name])
+  assert any("fusion_alpha" in n for n in set(got) - set(theirs))
+  wider = make_tiny_hf_checkpoint(tmp_path / "hf64", **dict(sizes, d_ff=64))
+  with pytest.raises(InputError, match="d_ff"):
+    task.initial_params(str(wider))
 
 
 def test_baselines_plain_and_concatenation(db, tmp_path):
@@ -164,7 +235,7 @@ def test_baselines_plain_and_concatenation(db, tmp_path):
   p = [l for l in _lines(plain) if "test_accuracy" in l][0]
   c = [l for l in _lines(concat) if "test_accuracy" in l][0]
   assert c["flops_per_example"] > p["flops_per_example"]
-  assert not (plain / trainer.STRUCTURE_FILE).exists()
+  assert not (plain / search.STRUCTURE_FILE).exists()
   params = load_refusion(str(plain))[1]
   assert "fusion_alpha" not in json.dumps(jax.tree.map(lambda x: 0, params))
 
@@ -188,7 +259,7 @@ def test_bilevel_step_updates_each_group_only_in_its_half():
                           db_dim=5, search=True)
   model = ReFusionModel(cfg, fusion)
   params = model.init_params(0)
-  model_opt, arch_opt = trainer.group_optimizers(params, optax.adam(1e-2), 1e-1)
+  model_opt, arch_opt = search.group_optimizers(params, optax.adam(1e-2), 1e-1)
   rng = np.random.default_rng(0)
 
   def batch():
@@ -202,12 +273,13 @@ def test_bilevel_step_updates_each_group_only_in_its_half():
   state = {"step": jnp.zeros((), jnp.int32), "params": params,
            "opt_state": model_opt.init(params),
            "arch_opt_state": arch_opt.init(params)}
-  new, metrics = trainer.make_step(model, model_opt, arch_opt, seed=0,
-                                   with_arch=True)(state, train, dev)
+  new, metrics = search.make_step(model, model_opt, arch_opt, seed=0,
+                                  with_arch=True)(state, {"train": train,
+                                                          "dev": dev})
   assert float(metrics["finite"]) == 1.0
   # The same two halves, run one at a time.
   loss_fn = lambda p, b, r, n: model.loss(p, b, r, normalizer=n)
-  arch = make_train_step(loss_fn, arch_opt, seed=trainer.ARCH_SEED_OFFSET)(
+  arch = make_train_step(loss_fn, arch_opt, seed=search.ARCH_SEED_OFFSET)(
       {"step": state["step"], "params": params,
        "opt_state": state["arch_opt_state"]}, dev)[0]["params"]
   after = make_train_step(loss_fn, model_opt, seed=0)(

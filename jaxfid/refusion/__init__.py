@@ -12,5 +12,9 @@ search. Pieces:
   templates, label words); :mod:`jaxfid.evaluation.classification`;
 * :mod:`jaxfid.refusion.neighbours` — offline retrieval with a cache;
 * :mod:`jaxfid.refusion.batches` — example arrays and deterministic batches;
-* :mod:`jaxfid.refusion.trainer` — the gin trainer (``gin/refusion/``).
+  :mod:`jaxfid.refusion.data` — a run's splits, neighbours and arrays;
+* :mod:`jaxfid.refusion.search` — the bi-level search step and structure;
+* :mod:`jaxfid.refusion.scoring` — rank classification of a split, FLOPs;
+* :mod:`jaxfid.refusion.task` — the training task the one loop runs
+  (``gin/refusion/``).
 """

@@ -8,14 +8,15 @@ once into numpy arrays:
   labels                 int32 [N]           class index
   neighbour_rows         int64 [N, S, K]     database rows of the neighbours
                                              (fusion runs; -1 = none); the
-                                             trainer swaps them for their
+                                             task swaps them for their
                                              vectors [B, S, K, R] per batch
 
 Training batches are a pure function of (seed, step): the example stream is
-an endless chain of per-epoch permutations (``permutation(seed, epoch)``),
-and step s takes stream positions ``[s*B, (s+1)*B)``, so a resumed run sees
-exactly the batches an uninterrupted one would. Each host keeps its own
-contiguous share of the global batch.
+an endless chain of per-epoch permutations
+(:func:`jaxfid.training.sampling.stream_indices`), and step s takes stream
+positions ``[s*B, (s+1)*B)``, so a resumed run sees exactly the batches an
+uninterrupted one would. Each process makes only its own contiguous rows of
+the global batch.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxfid.core.tokenization import Tokenizer, encode_padded
+from jaxfid.training.sampling import stream_indices
 
 
 def label_token_matrix(label_words: Sequence[str], tokenizer: Tokenizer
@@ -67,37 +69,18 @@ def truncation_count(inputs: Sequence[str], tokenizer: Tokenizer,
       list(inputs)))
 
 
-def stream_indices(num_examples: int, start: int, count: int,
-                   seed: int) -> np.ndarray:
-  """Positions ``[start, start + count)`` of the endless permuted stream."""
-  out = np.empty((count,), np.int64)
-  for i, pos in enumerate(range(start, start + count)):
-    epoch, offset = divmod(pos, num_examples)
-    out[i] = _permutation(num_examples, seed, epoch)[offset]
-  return out
-
-
-_PERMUTATIONS: dict[tuple[int, int, int], np.ndarray] = {}
-
-
-def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-  key = (n, seed, epoch)
-  if key not in _PERMUTATIONS:
-    if len(_PERMUTATIONS) > 64:
-      _PERMUTATIONS.clear()
-    _PERMUTATIONS[key] = np.random.default_rng([seed, epoch]).permutation(n)
-  return _PERMUTATIONS[key]
-
-
 def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int,
-                seed: int, process_index: int = 0, process_count: int = 1
-                ) -> dict[str, np.ndarray]:
-  """This host's rows of global batch ``step`` (labels dropped)."""
-  n = len(arrays["labels"])
-  rows = stream_indices(n, step * batch_size, batch_size, seed)
-  per_host = batch_size // process_count
-  rows = rows[process_index * per_host:(process_index + 1) * per_host]
-  return {k: v[rows] for k, v in arrays.items() if k != "labels"}
+                seed: int, rows: slice | None = None) -> dict[str, np.ndarray]:
+  """Rows ``rows`` (default: all) of global batch ``step`` (labels dropped).
+
+  The global batch is stream positions ``[step*B, (step+1)*B)`` of
+  :func:`jaxfid.training.sampling.stream_indices`; ``rows`` is the share a
+  process supplies (``Placement.batch_rows``).
+  """
+  lo, hi = (0, batch_size) if rows is None else (rows.start, rows.stop)
+  order = stream_indices(len(arrays["labels"]), seed, step * batch_size + lo,
+                         hi - lo)
+  return {k: v[order] for k, v in arrays.items() if k != "labels"}
 
 
 def eval_batches(arrays: dict[str, np.ndarray], batch_size: int):

@@ -1,0 +1,104 @@
+"""A ReFusion run's few-shot data: splits, neighbours, arrays, batch vectors.
+
+:func:`encode_splits` turns the three LM-BFF splits of a task into the
+arrays of :mod:`jaxfid.refusion.batches`, after retrieving every input's
+neighbours once (cached beside the database, :mod:`jaxfid.refusion.neighbours`):
+
+* 'input' retrieval (the paper's): the neighbours of the input sentences;
+  the arrays keep only their database rows (``neighbour_rows`` [N, S, K]),
+  and :class:`NeighbourVectors` gathers each batch's stored vectors when the
+  batch is made (a 10k-example test set at k = 64, width 768 would
+  otherwise hold 2-4 GB);
+* 'hidden' retrieval: nothing offline; each batch searches the database with
+  the backbone's current mean-pooled encoder states;
+* the concatenation baseline: the neighbour sentences appended to the input
+  text (rows retrieved offline in either mode).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxfid.core.tokenization import Tokenizer
+from jaxfid.refusion import batches as batch_lib
+from jaxfid.refusion import lmbff
+from jaxfid.refusion import neighbours as nb_lib
+from jaxfid.refusion.model import ReFusionModel
+
+
+def read_splits(spec: lmbff.TaskSpec, data_dir: str
+                ) -> dict[str, list[lmbff.Example]]:
+  """Every split of the task (train, dev, test), read and checked."""
+  return {s: lmbff.read_split(spec, data_dir, s) for s in lmbff.SPLITS}
+
+
+def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
+                  tokenizer: Tokenizer, label_tokens: np.ndarray, *,
+                  max_length: int, retrieval_db: str | None, top_k: int,
+                  fused: bool, hidden: bool, concat_neighbours: bool,
+                  neighbour_cache: str | None, progress: bool
+                  ) -> dict[str, dict[str, np.ndarray]]:
+  """The arrays of every split (see the module docstring).
+
+  Args:
+    fused: the model has fusion modules (the arrays need neighbours).
+    hidden: 'hidden' retrieval (no offline neighbours for fusion).
+  """
+  count_tokens = lambda text: len(tokenizer.encode(text))
+  offline = concat_neighbours or (fused and not hidden)
+  arrays = {}
+  for name, examples in splits.items():
+    # The prompt is fitted to MAX_LENGTH by shortening the sentences, so the
+    # mask (often at the end of the template) is never truncated away.
+    inputs = [lmbff.render_fitted(spec, ex, max_length - 1, count_tokens)
+              for ex in examples]
+    rows = None
+    if offline:
+      rows = nb_lib.retrieve_neighbours(
+          retrieval_db, [lmbff.segments(spec, ex) for ex in examples], top_k,
+          cache_dir=neighbour_cache, progress=progress,
+          with_vectors=False).rows                             # [N, S, K]
+    if concat_neighbours:
+      inputs = batch_lib.with_neighbour_texts(
+          inputs, nb_lib.neighbour_texts(retrieval_db, rows))
+    arrays[name] = batch_lib.encode_split(
+        inputs, [ex.label for ex in examples], label_tokens, tokenizer,
+        max_length)
+    if fused and not hidden:  # rows only: vectors are gathered per batch
+      arrays[name]["neighbour_rows"] = rows
+  return arrays
+
+
+class NeighbourVectors:
+  """Adds each batch's ``neighbours`` vectors float32 [B, S, K, R].
+
+  'input' mode swaps the batch's ``neighbour_rows`` for their stored
+  vectors; 'hidden' mode searches the database with the current backbone's
+  mean-pooled encoder states (one segment: S = 1); without fusion a batch
+  passes unchanged.
+  """
+
+  def __init__(self, model: ReFusionModel, retrieval_db: str | None, *,
+               top_k: int, hidden: bool):
+    self.searcher = (nb_lib.open_database(retrieval_db)
+                     if model.fusion.enabled else None)
+    self.hidden = hidden and model.fusion.enabled
+    self.top_k = top_k
+    self._pooled = jax.jit(model.pooled_hidden)
+
+  def __call__(self, params, host: dict,
+               replicate: Callable[[Any], Any]) -> dict:
+    """``host`` with its ``neighbours`` (``replicate`` places the queries'
+    tokens for the on-line search)."""
+    if "neighbour_rows" in host:
+      host = dict(host)
+      rows = host.pop("neighbour_rows")                         # [B, S, K]
+      return dict(host, neighbours=nb_lib.gather_vectors(self.searcher, rows))
+    if not self.hidden:
+      return host
+    queries = np.asarray(jax.device_get(self._pooled(
+        params, replicate(host["encoder_input_tokens"]))), np.float32)  # [B, D]
+    return dict(host, neighbours=nb_lib.online_neighbours(
+        self.searcher, queries, self.top_k))

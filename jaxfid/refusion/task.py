@@ -1,0 +1,324 @@
+"""ReFusion's training task (Wu et al., ICLR 2024) for the one loop.
+
+gin: ``gin/refusion/*.gin`` bind ``METHOD = @ReFusionTask()`` and its macros
+(``TASK``, ``DATA_DIR``, ``RETRIEVAL_DB``, ``TOP_K``, ``FUSION_MODULES``,
+``SEARCH``, ``FUSION_SCHEME``, ``RETRAIN``, ``CONCAT_NEIGHBOURS``,
+``RETRIEVAL_MODE``, ...); the run's macros are the trainer's
+(``gin/training.gin``).
+
+Phases:
+  * with ``search`` (and fusion modules), steps ``[0, TRAIN_STEPS)`` are the
+    bi-level search (:mod:`jaxfid.refusion.search`): each step first updates
+    the architecture weights on a dev batch, then the model weights on a
+    train batch. Then every module takes its argmax scheme; the structure is
+    written to ``MODEL_DIR/refusion_structure.json`` and logged. With
+    ``retrain`` the discrete structure is trained again from the initial
+    weights for ``TRAIN_STEPS`` more steps (fresh optimizer), as DARTS does;
+  * without search, every fusion module uses ``fusion_scheme`` (or there are
+    none: ``FUSION_MODULES='none'`` is the plain prompt-tuned backbone).
+
+Evaluation is rank classification over the label words with the discrete
+structure and the expected ordered mask: ``eval_*`` (and, while searching,
+``structure_<scheme>`` counts) on the dev set every ``EVAL_EVERY`` steps,
+and at the end a line with ``test_accuracy`` (plus the task's own metric,
+``test_f1`` or ``test_mcc``), ``test_examples`` and ``flops_per_example``
+(XLA's count for scoring one example). The last checkpoint is the result
+(the paper's setting); a rerun of a finished run does nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.refusion import batches as batch_lib
+from jaxfid.refusion import fusion as fusion_lib
+from jaxfid.refusion import lmbff
+from jaxfid.refusion import neighbours as nb_lib
+from jaxfid.refusion import search as search_lib
+from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
+from jaxfid.refusion.model import ReFusionModel
+from jaxfid.refusion.scoring import SplitScorer
+from jaxfid.t5.config import T5Config
+from jaxfid.training import state as state_lib
+from jaxfid.training.metrics_log import read_records
+from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
+                                  Task, train_state)
+
+RETRIEVAL_MODES = ("input", "hidden")
+
+
+def merge_backbone(params: dict, backbone: dict, source: str) -> dict:
+  """``params`` with every parameter of ``backbone`` (a T5) put in its place;
+  the fusion parameters, which the backbone lacks, stay as they are."""
+
+  def merge(mine: dict, theirs: dict, path: str) -> dict:
+    out = dict(mine)
+    for key, value in theirs.items():
+      where = f"{path}/{key}" if path else key
+      if key not in mine:
+        raise InputError(source, f"unexpected parameter {where}")
+      out[key] = (merge(mine[key], value, where) if isinstance(value, dict)
+                  else np.asarray(value, np.float32))
+    return out
+
+  return merge(params, jax.device_get(backbone), "")
+
+
+class ReFusionTask(Task):
+  """Train (and search) ReFusion on one few-shot task (module docstring)."""
+  name = "refusion"
+
+  def __init__(self, *, task: str, data_dir: str,
+               model_config: T5Config = T5Config(),
+               retrieval_db: str | None = None, top_k: int = 64,
+               fusion_modules: str = "key,value", search: bool = True,
+               fusion_scheme: str = "reranker", retrain: bool = False,
+               concat_neighbours: bool = False,
+               neighbour_cache: str | None = None,
+               retrieval_mode: str = "input", mask_temperature: float = 5.0,
+               max_length: int = 128, arch_learning_rate: float = 1e-4,
+               eval_batch_size: int = 32):
+    self.task, self.data_dir = task, data_dir
+    self.model_config = model_config
+    self.retrieval_db, self.top_k = retrieval_db, top_k
+    self.fusion_modules = fusion_modules
+    self.search, self.fusion_scheme = search, fusion_scheme
+    self.retrain = retrain
+    self.concat_neighbours = concat_neighbours
+    self.neighbour_cache = neighbour_cache
+    self.retrieval_mode = retrieval_mode
+    self.mask_temperature = mask_temperature
+    self.max_length = max_length
+    self.arch_learning_rate = arch_learning_rate
+    self.eval_batch_size = eval_batch_size
+    self._structure_model: ReFusionModel | None = None
+    self._start_step = 0
+    self._replicate = None
+
+  # ---- data and model -------------------------------------------------------
+
+  def _check(self, settings: Settings) -> tuple[str, ...]:
+    """The fusion targets; InputError for any bad setting."""
+    try:
+      targets = fusion_lib.parse_targets(self.fusion_modules)
+    except ValueError as e:
+      raise InputError("FUSION_MODULES", str(e)) from None
+    if (targets or self.concat_neighbours) and not self.retrieval_db:
+      raise InputError("RETRIEVAL_DB", "required with fusion modules or "
+                       "CONCAT_NEIGHBOURS (build one with `jaxfid index "
+                       "dense`)")
+    if self.top_k < 1 and (targets or self.concat_neighbours):
+      raise InputError("TOP_K", f"must be at least 1, got {self.top_k}")
+    if self.retrieval_mode not in RETRIEVAL_MODES:
+      raise InputError("RETRIEVAL_MODE", f"'input' or 'hidden', got "
+                       f"{self.retrieval_mode!r}")
+    if self.fusion_scheme not in fusion_lib.SCHEMES[1:]:
+      raise InputError("FUSION_SCHEME", f"one of {fusion_lib.SCHEMES[1:]}, "
+                       f"got {self.fusion_scheme!r}")
+    if (self.retrieval_mode == "hidden" and targets
+        and settings.process_count > 1):
+      raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
+    return targets
+
+  def prepare(self, settings: Settings) -> None:
+    self.settings = settings
+    targets = self._check(settings)
+    self.search = self.search and bool(targets)
+    self.hidden = self.retrieval_mode == "hidden" and bool(targets)
+    self.spec = lmbff.get_task(self.task)
+    splits = read_splits(self.spec, self.data_dir)
+    self.test_examples = len(splits["test"])
+    tokenizer = load_tokenizer(settings.init_checkpoint)
+    self.vocabulary = tokenizer.path
+    label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
+                                                tokenizer)   # [C, T]
+    db_dim = 0
+    if targets or self.concat_neighbours:
+      db_dim = nb_lib.db_width(self.retrieval_db)
+    if self.hidden and db_dim != self.model_config.d_model:
+      raise InputError(self.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
+                       f"the database with the model's "
+                       f"{self.model_config.d_model}-d hidden states, but it "
+                       f"holds {db_dim}-d vectors: build it with `jaxfid index "
+                       "dense --checkpoint` of this backbone")
+    self.arrays = encode_splits(
+        self.spec, splits, tokenizer, label_tokens, max_length=self.max_length,
+        retrieval_db=self.retrieval_db, top_k=self.top_k, fused=bool(targets),
+        hidden=self.hidden, concat_neighbours=self.concat_neighbours,
+        neighbour_cache=self.neighbour_cache, progress=settings.progress)
+    self.fusion = fusion_lib.FusionConfig(
+        targets=targets, top_k=max(self.top_k, 1), db_dim=max(db_dim, 1),
+        search=self.search, scheme=self.fusion_scheme,
+        mask_temperature=self.mask_temperature)
+    self.model = ReFusionModel(self.model_config, self.fusion)
+    self.neighbours = NeighbourVectors(self.model, self.retrieval_db,
+                                       top_k=self.top_k, hidden=self.hidden)
+    self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
+                              self.neighbours, self.eval_batch_size)
+
+  def run_config(self) -> dict:
+    return {"method": self.name, "model": self.model_config.to_dict(),
+            "fusion": self.fusion.to_dict(), "task": self.spec.name,
+            "max_length": self.max_length,
+            "label_words": list(self.spec.label_words),
+            "retrieval_db": self.retrieval_db,
+            "concat_neighbours": self.concat_neighbours,
+            "search": self.search,
+            "retrieval_mode": "hidden" if self.hidden else "input",
+            "retrain": self.retrain,
+            "train_steps": self.settings.train_steps}
+
+  def initial_params(self, path: str) -> dict:
+    """INIT_CHECKPOINT's T5 backbone in fresh fusion parameters."""
+    other, backbone, _ = load_checkpoint(path)
+    state_lib.check_init_config(path, self.model_config, other.config)
+    return merge_backbone(self.model.init_params(self.settings.seed), backbone,
+                          path)
+
+  def with_structure(self, structure) -> ReFusionModel:
+    """The backbone with every fusion module fixed to its ``structure`` entry."""
+    return self.model.with_fusion(dataclasses.replace(
+        self.fusion, search=False, structure=tuple(structure)))
+
+  def final_model(self) -> ReFusionModel:
+    """The model the run's result is: the searched structure's, or the
+    configured one."""
+    if not self.search:
+      return self.model
+    if self._structure_model is None:
+      path = os.path.join(self.settings.model_dir, search_lib.STRUCTURE_FILE)
+      raise InputError(path, "missing: the search's structure was not "
+                       "written; remove MODEL_DIR to search again")
+    return self._structure_model
+
+  # ---- the steps --------------------------------------------------------------
+
+  def phases(self, settings: Settings, optimizer: OptimizerSettings
+             ) -> list[Phase]:
+    steps = settings.train_steps
+    schedule = optimizer.schedule_fn(steps)
+    model_opt, arch_opt = search_lib.group_optimizers(
+        self.model.abstract_params(), optimizer.make(schedule),
+        self.arch_learning_rate)
+
+    def make_state(with_arch: bool):
+      def make(params, step):
+        arch = {"arch_opt_state": arch_opt.init(params)} if with_arch else {}
+        return train_state(params, step, opt_state=model_opt.init(params),
+                           **arch)
+      return make
+
+    def make_step(model: ReFusionModel, with_arch: bool):
+      return search_lib.make_step(
+          model, model_opt, arch_opt, seed=settings.seed, with_arch=with_arch,
+          accumulation_steps=settings.accumulation_steps)
+
+    phases = [Phase("search" if self.search else "train", steps,
+                    make_state=make_state(self.search),
+                    step=make_step(self.model, self.search),
+                    learning_rate=schedule)]
+    if self.search and self.retrain:
+      # Traced when the retrain phase starts, after the search's phase_end
+      # (or start(), on a resume) has fixed the structure.
+      retrain_step = lambda state, batch: make_step(
+          self.final_model(), False)(state, batch)
+      phases.append(Phase("retrain", 2 * steps, make_state=make_state(False),
+                          step=retrain_step,
+                          learning_rate=lambda s: schedule(s - steps),
+                          fresh_params="initial"))
+    return phases
+
+  def start(self, ctx: Context, step: int, state) -> None:
+    self._start_step = step
+    self._replicate = ctx.placement.replicate
+    if self.search and step > ctx.settings.train_steps:  # in the retrain
+      saved = search_lib.read_structure(ctx.settings.model_dir)
+      if saved is not None:
+        self._structure_model = self.with_structure(saved["structure"])
+      self.final_model()  # InputError when it is missing
+
+  def batch(self, step: int, rows: slice, params) -> dict:
+    s = self.settings
+    train = batch_lib.train_batch(self.arrays["train"], step, s.batch_size,
+                                  s.seed, rows)
+    out = {"train": self.neighbours(params, train, self._replicate)}
+    if self.search and step < s.train_steps:
+      dev = batch_lib.train_batch(self.arrays["dev"], step, s.batch_size,
+                                  s.seed + 1, rows)
+      out["dev"] = self.neighbours(params, dev, self._replicate)
+    return out
+
+  def log_fields(self, metrics: dict) -> dict:
+    out = super().log_fields(metrics)
+    if "arch_loss" in metrics:
+      out["arch_loss"] = float(metrics["arch_loss"])
+    return out
+
+  # ---- evaluation and the structure -------------------------------------------
+
+  def evaluates(self) -> bool:
+    return True
+
+  def evaluate(self, ctx: Context, step: int, params) -> dict:
+    """Dev-set scores of the current discrete structure (and its counts)."""
+    structure = None
+    if not self.search:
+      model = self.model
+    elif step > ctx.settings.train_steps:  # retraining the fixed structure
+      model = self.final_model()
+    else:
+      structure = self.model.discretize(params)
+      model = self.with_structure(structure)
+    scores = self.scorer(model, params, "dev", ctx.placement.replicate)
+    record = {f"eval_{k}": v for k, v in scores.items()}
+    if structure is not None:
+      record.update({f"structure_{s}": structure.count(s)
+                     for s in fusion_lib.SCHEMES})
+    return record
+
+  def phase_end(self, ctx: Context, phase: Phase, state) -> dict:
+    """After the search: the argmax structure, written and logged once."""
+    if phase.name != "search":
+      return {}
+    model_dir = ctx.settings.model_dir
+    record = search_lib.structure_record(self.model, state["params"],
+                                         phase.end)
+    self._structure_model = self.with_structure(record["structure"])
+    ran = self._start_step < phase.end
+    if not ran and search_lib.read_structure(model_dir) is not None:
+      return {}  # written (and logged) by the run that searched
+    if ctx.settings.process_index == 0:
+      search_lib.write_structure(model_dir, record)
+    state_lib.say("searched structure: " + ", ".join(
+        f"{p}={s}" for p, s in zip(record["paths"], record["structure"])))
+    return {"structure": search_lib.describe(record)}
+
+  def finish(self, ctx: Context, step: int, state) -> dict:
+    """The test line: the final structure's scores and FLOPs per example."""
+    model, params = self.final_model(), state["params"]
+    replicate = ctx.placement.replicate
+    scores = self.scorer(model, params, "test", replicate)
+    result = {f"test_{k}": v for k, v in scores.items()}
+    result["test_examples"] = self.test_examples
+    flops = self.scorer.flops(model, params, "test", replicate)
+    if flops is not None:
+      result["flops_per_example"] = flops
+    return result
+
+  def completed(self, ctx: Context, final_step: int) -> dict | None:
+    """The recorded test line of a run that already finished."""
+    found = [r for r in read_records(ctx.settings.model_dir)
+             if r.get("step") == final_step and "test_accuracy" in r]
+    return found[-1] if found else None
+
+  def progress_fields(self, record: dict) -> dict:
+    out = super().progress_fields(record)
+    if "eval_accuracy" in record:
+      out["acc"] = f"{record['eval_accuracy']:.3f}"
+    return out
