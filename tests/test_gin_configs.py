@@ -99,6 +99,28 @@ def test_model_file_trains_one_step_when_shrunk(data, tmp_path):
                   TINY + _run_bindings(data, tmp_path))
 
 
+DUAL_ENCODER_FILES = sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(
+        os.path.join(ROOT, "gin", "retrieval", "dual_encoder_*.gin")))
+
+
+@pytest.mark.parametrize("run_file", DUAL_ENCODER_FILES)
+def test_dual_encoder_file_trains_one_step(run_file, data, tmp_path):
+  # The one trainer's macros (MESH, ACCUMULATION_STEPS) reach the dual encoder.
+  bindings = TINY + [
+      f"MODEL_DIR = '{tmp_path}'", f"TRAIN_DATA = '{data / 'train.json'}'",
+      f"EVAL_DATA = '{data / 'train.json'}'", "TRAIN_STEPS = 1",
+      "BATCH_SIZE = 4", "QUERY_MAXLENGTH = 8", "PASSAGE_MAXLENGTH = 12",
+      "EVAL_EVERY = 1", "DTYPE = 'float32'", "REMAT = 'none'",
+      "MESH = 'data=2'", "ACCUMULATION_STEPS = 2",
+      "loop.train.progress = False"]
+  result = _train_one_step([run_file], bindings)
+  assert "eval_top1" in result and "accuracy" in result
+  config = json.loads((tmp_path / "jaxfid_config.json").read_text())
+  assert config["method"] == "dual_encoder"
+  assert config["model"]["d_model"] == 16
+
+
 PUBLISHED = {"t5_base": 223e6, "t5_large": 738e6, "t5_1_1_xl": 2.85e9,
              "t5_small": 60.5e6, "t5_3b": 2.85e9, "t5_11b": 11.3e9}
 

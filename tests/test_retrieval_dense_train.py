@@ -8,25 +8,36 @@ document first among all test documents far more often than at random
 initialisation.
 """
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import gin
 import jax
 import numpy as np
+import optax
 import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
+from jaxfid.cli import main
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.fid.demo_world import make_demo_data
-from jaxfid.t5.config import preset
-from jaxfid.dual_encoder import trainer as dense_train
+from jaxfid.t5.config import T5Config, preset
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.data import (
     PairBatcher, parse_example, read_pair_examples)
 from jaxfid.dual_encoder.model import (
     DualEncoder, DualEncoderConfig, Embedder, passage_text)
+from jaxfid.dual_encoder.step import contrastive_loss, make_contrastive_step
+from jaxfid.dual_encoder.task import (
+    DualEncoderTask, initial_dual_encoder_params)
 from jaxfid.core.tokenization import load_tokenizer
-from jaxfid.training import launch
+from jaxfid.training import launch, loop
+from jaxfid.training import state as state_lib
+from jaxfid.training.task import train_state
 
 TINY = preset("tiny", dropout_rate=0.0)
 
@@ -96,6 +107,14 @@ def test_batches_and_in_batch_loss(world):
   assert batch["passage_mask"].all()
   np.testing.assert_array_equal(batcher.batch(5)["passage_tokens"],
                                 batch["passage_tokens"])
+  # a process builds only its rows: questions 1..2 and their 2*3 passages
+  part = batcher.batch(5, slice(1, 3))
+  np.testing.assert_array_equal(part["query_tokens"],
+                                batch["query_tokens"][1:3])
+  np.testing.assert_array_equal(part["passage_tokens"],
+                                batch["passage_tokens"][3:9])
+  np.testing.assert_array_equal(part["passage_mask"],
+                                batch["passage_mask"][3:9])
   first = examples[int(batcher.indices(5)[0])]
   want = tokenizer.encode(passage_text(*first.positive))
   assert batch["passage_tokens"][0, :len(want)].tolist() == want
@@ -109,7 +128,7 @@ def test_batches_and_in_batch_loss(world):
   encoder = DualEncoder(TINY.replace(num_layers=1),
                         DualEncoderConfig(normalize=True))
   params = encoder.init_params(0)
-  loss, metrics = jax.jit(lambda p, b: dense_train.contrastive_loss(
+  loss, metrics = jax.jit(lambda p, b: contrastive_loss(
       encoder, p, b, temperature=0.5))(params, batch)
   embed = jax.jit(encoder.embed, static_argnames="tower")
   q = embed(params, batch["query_tokens"], tower="query")
@@ -136,12 +155,15 @@ def _top1(encoder, params, tokenizer, data) -> float:
 
 def test_training_learns_and_writes_a_model_dir(world, tmp_path):
   model_dir = tmp_path / "model"
-  result = dense_train.train(
-      model_dir=str(model_dir), train_data=str(world["train"]),
-      eval_data=str(world["test"]), model_config=TINY, train_steps=30,
-      batch_size=16, query_maxlength=16, passage_maxlength=24,
-      learning_rate=1e-3, schedule="constant", eval_every=30, log_every=15,
-      checkpoint_every=30, mesh="data=2", progress=False)
+  # two data-parallel devices, two microbatches (GradCache)
+  task = DualEncoderTask(model_config=TINY, train_data=str(world["train"]),
+                         eval_data=str(world["test"]), query_maxlength=16,
+                         passage_maxlength=24)
+  result = loop.train(
+      task=task, model_dir=str(model_dir), train_steps=30, batch_size=16,
+      learning_rate=1e-3, optimizer="adamw", schedule="constant",
+      accumulation_steps=2, eval_every=30, log_every=15, checkpoint_every=30,
+      mesh="data=2", progress=False)
   assert result["step"] == 30 and result["best"]
   lines = [json.loads(x) for x in
            (model_dir / "metrics.jsonl").read_text().splitlines()]
@@ -179,7 +201,7 @@ def test_gin_file_trains_one_step_from_a_hf_encoder(world, tmp_path):
       "TRAIN_STEPS = 1", "BATCH_SIZE = 8", "QUERY_MAXLENGTH = 8",
       "PASSAGE_MAXLENGTH = 12", "DTYPE = 'float32'", "REMAT = 'none'",
       "MESH = 'data=2'", f"INIT_CHECKPOINT = '{hf}'",
-      "dense_train.train.progress = False"]
+      "loop.train.progress = False"]
   gin_flags.parse_gin(["gin/retrieval/dual_encoder_tiny.gin"], bindings)
   try:
     result = gin.get_configurable(launch.run)()
@@ -193,4 +215,166 @@ def test_gin_file_trains_one_step_from_a_hf_encoder(world, tmp_path):
                              start, atol=2e-3)  # one step of lr 1e-3
   other = DualEncoder(TINY, DualEncoderConfig())
   with pytest.raises(InputError, match="differs from the run's in d_model"):
-    dense_train.initial_params(other, str(hf), seed=0)
+    initial_dual_encoder_params(str(hf), other)
+
+
+SMALL = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_heads=2,
+                 num_layers=1, num_decoder_layers=1,
+                 feed_forward_proj="gated-gelu", dropout_rate=0.0,
+                 dtype="float32", remat="none")
+
+
+def _pair_batch(b=8, h=1, lq=6, lp=9, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.integers(2, SMALL.vocab_size, size=(b, lq)).astype(np.int32)
+  p = rng.integers(2, SMALL.vocab_size, size=(b * (1 + h), lp)).astype(np.int32)
+  q[:, -2:] = 0        # some padding
+  p[::3, -3:] = 0
+  mask = np.ones(b * (1 + h), bool)
+  mask[3] = False      # a missing hard negative
+  p[3] = 0
+  return {"query_tokens": q, "passage_tokens": p, "passage_mask": mask}
+
+
+def _one_step(encoder, mesh_spec, accumulation_steps, batch):
+  """(metrics, updated params) of one SGD(lr=1) step, placed as the loop does."""
+  mesh = state_lib.checked_mesh(mesh_spec, 8, accumulation_steps)
+  place = state_lib.placement(mesh, encoder.param_axes())
+  tx = optax.sgd(1.0)
+  make_state = lambda p, s: train_state(p, s, opt_state=tx.init(p))
+  abstract = jax.eval_shape(make_state, encoder.abstract_params(), 0)
+  shardings = place.state(abstract, encoder.abstract_params())
+  step = make_contrastive_step(encoder, tx, seed=0, temperature=0.5,
+                               accumulation_steps=accumulation_steps)
+  with jax.set_mesh(mesh):
+    params = jax.device_put(encoder.init_params(0), place.params)
+    state = state_lib.fresh_state(make_state, params, 0, shardings)
+    new, metrics = jax.jit(step, in_shardings=(shardings, place.batch),
+                           out_shardings=(shardings, place.replicated))(
+                               state, place.global_batch(batch, slice(0, 8), 8))
+  return jax.device_get(metrics), jax.device_get(new["params"])
+
+
+@pytest.mark.parametrize("mesh_spec", ["data=1", "data=2"])
+def test_accumulation_keeps_whole_batch_negatives_and_exact_gradients(
+    mesh_spec):
+  # Separate towers and a projection: every parameter gets a gradient.
+  encoder = DualEncoder(SMALL, DualEncoderConfig(
+      shared=False, projection_dim=8, normalize=True))
+  batch = _pair_batch()
+  want_metrics, want = _one_step(encoder, "data=1", 1, batch)
+  before = encoder.init_params(0)
+  moved = jax.tree_util.tree_leaves_with_path(jax.tree.map(
+      lambda a, b: float(np.abs(a - b).max()), want, before))
+  # every used parameter (not the decoder stub) moved: the check has teeth
+  used = [v for path, v in moved if "decoder" not in jax.tree_util.keystr(path)]
+  assert len(used) > 10 and min(used) > 0
+  for a in (2, 4):
+    metrics, params = _one_step(encoder, mesh_spec, a, batch)
+    for k in ("loss", "accuracy", "mean_rank", "grad_norm"):
+      np.testing.assert_allclose(metrics[k], want_metrics[k], rtol=1e-5,
+                                 atol=1e-6, err_msg=k)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5),
+                 params, want)
+  # Negatives drawn only from within each microbatch would give another loss.
+  half = {k: v[:len(v) // 2] for k, v in batch.items()}
+  local, _ = contrastive_loss(encoder, before, half, temperature=0.5)
+  assert abs(float(local) - float(want_metrics["loss"])) > 1e-3
+
+
+# ---- the command line: resume, SIGTERM, accumulation, a data=2 mesh --------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 30  # enough for SIGTERM to arrive mid-run
+
+
+def _cli_args(model_dir, world, steps, *extra):
+  return ["train", "--gin_file=gin/retrieval/dual_encoder_tiny.gin",
+          f"--gin.MODEL_DIR='{model_dir}'",
+          f"--gin.TRAIN_DATA='{world['train']}'",
+          f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
+          "--gin.QUERY_MAXLENGTH=16", "--gin.PASSAGE_MAXLENGTH=24",
+          "--gin.LOG_EVERY=1", "--gin.CHECKPOINT_EVERY=100",
+          "--gin.EVAL_EVERY=100", "--gin.MESH='data=1'", *extra]
+
+
+def _losses(model_dir):
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    lines = [json.loads(line) for line in f]
+  return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(world, tmp_path_factory):
+  """A CLI run with dropout, evaluated at its end."""
+  model_dir = tmp_path_factory.mktemp("dual_cli") / "whole"
+  assert main(_cli_args(model_dir, world, STEPS, "--gin.DROPOUT_RATE=0.1",
+                        f"--gin.EVAL_DATA='{world['test']}'",
+                        "--gin.EVAL_MAX_EXAMPLES=16")) == 0
+  return model_dir
+
+
+def test_cli_run_logs_the_metrics_and_keeps_the_best(uninterrupted):
+  lines = [json.loads(x) for x in
+           (uninterrupted / "metrics.jsonl").read_text().splitlines()]
+  train = [x for x in lines if "loss" in x]
+  assert [x["step"] for x in train] == list(range(1, STEPS + 1))
+  assert {"loss", "accuracy", "mean_rank", "grad_norm", "learning_rate",
+          "questions_per_sec"} <= set(train[0])
+  evals = [x for x in lines if "eval_top1" in x]
+  assert [x["step"] for x in evals] == [STEPS]
+  assert evals[0]["eval_examples"] == 16 and "eval_top5" in evals[0]
+  assert (uninterrupted / "best").is_dir()
+  assert (uninterrupted / "spiece.model").is_file()
+  config = json.loads((uninterrupted / "jaxfid_config.json").read_text())
+  assert config["method"] == "dual_encoder"
+  assert config["dual_encoder"]["passage_maxlength"] == 24
+  assert config["hard_negatives"] == 1 and config["temperature"] == 1.0
+
+
+def test_sigterm_saves_and_a_rerun_resumes_step_for_step(world, uninterrupted,
+                                                         tmp_path):
+  model_dir = tmp_path / "cut"
+  args = _cli_args(model_dir, world, STEPS, "--gin.DROPOUT_RATE=0.1",
+                   f"--gin.EVAL_DATA='{world['test']}'",
+                   "--gin.EVAL_MAX_EXAMPLES=16")
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep +
+             os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *args],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+  metrics_file = model_dir / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if metrics_file.exists() and _losses(model_dir):
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err.decode()[-2000:]
+  assert b"SIGTERM" in err
+  saved = [int(s) for s in os.listdir(model_dir / "checkpoints")
+           if s.isdigit()]
+  assert saved and max(saved) < STEPS
+  assert main(args) == 0
+  want, got = _losses(uninterrupted), _losses(model_dir)
+  assert sorted(got) == list(range(1, STEPS + 1))
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
+
+
+def test_accumulation_on_a_data_parallel_mesh_matches_one_device(world,
+                                                                 tmp_path):
+  # Without dropout: microbatches draw their own dropout masks.
+  one, two = tmp_path / "one", tmp_path / "two"
+  assert main(_cli_args(one, world, 2)) == 0
+  assert main(_cli_args(two, world, 2, "--gin.ACCUMULATION_STEPS=2",
+                        "--gin.MESH='data=2'")) == 0
+  want, got = _losses(one), _losses(two)
+  assert sorted(got) == [1, 2]
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), step
+  # ... and on a mesh that does not split the batch: one line, exit 2
+  rc = main(_cli_args(tmp_path / "bad", world, 2, "--gin.ACCUMULATION_STEPS=3"))
+  assert rc == 2 and not (tmp_path / "bad").exists()

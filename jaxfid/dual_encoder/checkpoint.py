@@ -3,7 +3,7 @@
 :func:`load_dual_encoder` accepts
 
 * a **jaxfid MODEL_DIR** (``jaxfid_config.json``): a dual encoder trained by
-  :mod:`jaxfid.dual_encoder.trainer` (``"method": "dual_encoder"``; its
+  :mod:`jaxfid.dual_encoder.task` (``"method": "dual_encoder"``; its
   pooling, projection and towers come from the file), or any other jaxfid
   model (a FiD reader, ...), whose encoder is then mean-pooled;
 * a **Hugging Face T5 directory**: ``T5ForConditionalGeneration`` (the
@@ -35,7 +35,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.checkpoints import hf, names
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.configs import config_from_hf_json
+from jaxfid.checkpoints.detect import detect_format, load_flat
+from jaxfid.checkpoints.load import load_checkpoint, unflatten
 from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.t5.config import T5Config
 from jaxfid.dual_encoder.model import (
     DualEncoder, DualEncoderConfig, params_fingerprint)
@@ -70,7 +76,6 @@ class LoadedEncoder:
 
 
 def _unflatten(flat: dict[str, np.ndarray]) -> dict:
-  from jaxfid.checkpoints.load import unflatten
   return unflatten({k: jnp.asarray(np.asarray(v, np.float32))
                     for k, v in flat.items()})
 
@@ -85,8 +90,6 @@ def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
     InputError: missing config or weights, missing or mis-shaped encoder
       tensors, or encoder tensors that are no T5 parameter.
   """
-  from jaxfid.checkpoints import hf, names
-  from jaxfid.checkpoints.configs import config_from_hf_json
   directory = Path(directory)
   config_path = directory / "config.json"
   if not config_path.is_file():
@@ -129,8 +132,7 @@ def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _read_json(path: Path) -> Any:
-  from jaxfid.checkpoints.hf import read_json
-  return read_json(path)
+  return hf.read_json(path)
 
 
 def _module_dirs(directory: Path) -> dict[str, Path]:
@@ -156,7 +158,6 @@ def _module_dirs(directory: Path) -> dict[str, Path]:
 
 def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
   """The projection of a sentence-transformers Dense module."""
-  from jaxfid.checkpoints import hf
   config = _read_json(folder / "config.json")
   activation = str(config.get("activation_function", "")).rsplit(".", 1)[-1]
   activations = {"Identity": "identity", "Tanh": "tanh", "": "identity"}
@@ -223,7 +224,6 @@ def _load_hf_like(path: Path):
 
 
 def _restore_dual_encoder(path: str, run: dict, which: str):
-  from jaxfid.checkpoints import model_dir as checkpointing
   config = T5Config.from_dict(run["model"])
   settings = DualEncoderConfig.from_dict(run.get(METHOD, {}))
   encoder = DualEncoder(config, settings)
@@ -238,13 +238,12 @@ def _restore_dual_encoder(path: str, run: dict, which: str):
   return encoder, params
 
 
-def write_dual_encoder_config(model_dir: str, encoder: DualEncoder,
-                              **extra) -> None:
-  """``jaxfid_config.json`` of a dual encoder's MODEL_DIR."""
-  from jaxfid.checkpoints import model_dir as checkpointing
-  checkpointing.write_run_config(model_dir, {
-      "method": METHOD, "model": encoder.config.to_dict(),
-      METHOD: encoder.settings.to_dict(), **extra})
+def dual_encoder_run_config(encoder: DualEncoder, **extra) -> dict:
+  """``jaxfid_config.json`` of a dual encoder's MODEL_DIR (what
+  :func:`load_dual_encoder` reads back): the method, the T5 config without
+  decoder layers, the :class:`DualEncoderConfig` and ``extra`` fields."""
+  return {"method": METHOD, "model": encoder.config.to_dict(),
+          METHOD: encoder.settings.to_dict(), **extra}
 
 
 # --------------------------------------------------------------------------
@@ -266,9 +265,6 @@ def load_dual_encoder(path, *, dtype: str | None = None,
   Raises:
     InputError: a missing or unreadable checkpoint.
   """
-  from jaxfid import checkpoints
-  from jaxfid.core.tokenization import load_tokenizer
-  from jaxfid.checkpoints import model_dir as checkpointing
   source = os.fspath(path)
   path = Path(source)
   if not path.exists():
@@ -285,13 +281,12 @@ def load_dual_encoder(path, *, dtype: str | None = None,
       encoder, params = _restore_dual_encoder(source, run, which)
       settings = encoder.settings
     else:
-      from jaxfid.checkpoints.load import load_checkpoint
       kind = "jaxfid"
       model, full, _ = load_checkpoint(source, which=which)
       settings = DualEncoderConfig()
       encoder = DualEncoder(model.config, settings)
       params = encoder.from_encoder_params(full)
-  elif (path / "modules.json").is_file() or checkpoints.detect_format(
+  elif (path / "modules.json").is_file() or detect_format(
       path) in ("hf", "fid"):
     kind, fields, t5, projection, found, spiece_dir = _load_hf_like(path)
     settings = DualEncoderConfig().replace(**found)
@@ -299,7 +294,7 @@ def load_dual_encoder(path, *, dtype: str | None = None,
     params = encoder.from_encoder_params(t5, projection)
   else:
     kind = "t5x"
-    fields, flat, spiece = checkpoints.load_flat(path)
+    fields, flat, spiece = load_flat(path)
     flat = {k: v for k, v in flat.items() if k.startswith(_ENCODER_PREFIXES)}
     settings = DualEncoderConfig()
     encoder = DualEncoder(T5Config.from_dict(fields), settings)

@@ -16,7 +16,10 @@ Two input formats (JSON list or JSONL, optionally gzipped):
 function of (seed, step): questions ``[B, Lq]`` and passages ``[B*(1+H), Lp]``
 laid out as each question's positive followed by its H hard negatives. A
 question without enough negatives gets empty rows that are masked out of the
-softmax (``passage_mask``).
+softmax (``passage_mask``). Each epoch is cut into whole batches
+(:func:`jaxfid.training.sampling.epoch_batch_indices`: no example twice in
+one batch, which is its own pool of negatives); a process builds only its
+rows of the global batch.
 """
 from __future__ import annotations
 
@@ -27,10 +30,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import encode_padded
 from jaxfid.retrieval.text.answer_match import AnswerMatcher
 from jaxfid.retrieval.store.corpus import (
     iter_json_lines, read_json_document, starts_json_array)
 from jaxfid.dual_encoder.model import passage_text
+from jaxfid.training.sampling import epoch_batch_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +142,7 @@ class PairBatcher:
       raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
                        f"the training data has only {len(examples)}")
     if hard_negatives < 0:
-      raise ValueError("hard_negatives must be >= 0")
+      raise InputError("HARD_NEGATIVES", f"must be >= 0, got {hard_negatives}")
     self.examples = list(examples)
     self.tokenizer = tokenizer
     self.batch_size = batch_size
@@ -146,39 +151,50 @@ class PairBatcher:
     self.passage_maxlength = passage_maxlength
     self.passage_format = passage_format
     self.seed = seed
-    self.batches_per_epoch = len(self.examples) // batch_size
 
   def indices(self, step: int) -> np.ndarray:
-    epoch, k = divmod(step, self.batches_per_epoch)
-    order = np.random.default_rng([self.seed, epoch]).permutation(
-        len(self.examples))
-    return order[k * self.batch_size:(k + 1) * self.batch_size]
+    """The examples of ``step`` (every epoch cut into whole batches)."""
+    return epoch_batch_indices(len(self.examples), self.seed, step,
+                               self.batch_size)
 
-  def batch(self, step: int) -> dict:
-    """``query_tokens [B, Lq]``, ``passage_tokens [B*(1+H), Lp]``,
-    ``passage_mask [B*(1+H)]`` (bool) for training step ``step``."""
-    from jaxfid.core.tokenization import encode_padded
+  def _negatives(self, step: int, indices: np.ndarray) -> list[list]:
+    """Each question's H negatives (None = an empty, masked-out row).
+
+    Drawn for the whole global batch from one generator of (seed, step),
+    so a process building only some rows draws what the others draw.
+    """
     rng = np.random.default_rng([self.seed, step, 1])
-    questions, texts, mask = [], [], []
-    for i in self.indices(step):
-      example = self.examples[int(i)]
-      questions.append(example.question)
-      texts.append(passage_text(*example.positive, self.passage_format))
-      mask.append(True)
-      negatives = list(example.hard_negatives)
+    out = []
+    for i in indices:
+      negatives = self.examples[int(i)].hard_negatives
       picked = (rng.choice(len(negatives), size=min(len(negatives),
                                                    self.hard_negatives),
                            replace=False) if negatives else [])
-      for j in range(self.hard_negatives):
-        if j < len(picked):
-          texts.append(passage_text(*negatives[int(picked[j])],
-                                    self.passage_format))
-          mask.append(True)
-        else:
-          texts.append("")
-          mask.append(False)
+      out.append([negatives[int(j)] for j in picked] +
+                 [None] * (self.hard_negatives - len(picked)))
+    return out
+
+  def batch(self, step: int, rows: slice | None = None) -> dict:
+    """Rows ``rows`` (default: all) of the global batch of step ``step``.
+
+    Returns ``query_tokens [b, Lq]``, ``passage_tokens [b*(1+H), Lp]`` and
+    ``passage_mask [b*(1+H)]`` (bool) for the b questions of ``rows``:
+    question q's passages are rows ``q*(1+H) .. q*(1+H)+H`` (its positive,
+    then its hard negatives).
+    """
+    indices = self.indices(step)
+    rows = rows if rows is not None else slice(0, self.batch_size)
+    negatives = self._negatives(step, indices)[rows]
+    questions, texts, mask = [], [], []
+    for i, picked in zip(indices[rows], negatives):
+      example = self.examples[int(i)]
+      questions.append(example.question)
+      for passage in (example.positive, *picked):
+        texts.append("" if passage is None else
+                     passage_text(*passage, self.passage_format))
+        mask.append(passage is not None)
     passages = encode_padded(self.tokenizer, texts, self.passage_maxlength)
-    passages[~np.asarray(mask)] = 0
+    passages[~np.asarray(mask, dtype=bool)] = 0
     return {"query_tokens": encode_padded(self.tokenizer, questions,
                                           self.query_maxlength),
             "passage_tokens": passages,

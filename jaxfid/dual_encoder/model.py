@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfid.core import sharding as shd
+from jaxfid.core.tokenization import pad_ids
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 
@@ -189,21 +190,26 @@ class DualEncoder:
                                                                   projection))
     return params
 
-  def param_shardings(self, mesh) -> dict:
-    """NamedShardings of the parameters from the T5 logical axes."""
-    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str)
-                                                     for a in x)
-    t5 = jax.tree.map(
-        lambda axes: NamedSharding(mesh, shd.logical_to_mesh(axes, mesh=mesh)),
-        self.model.param_axes(), is_leaf=is_axes)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    tower = self._tower(t5, None if self.settings.projection_dim is None else
-                        jax.tree.map(lambda _: replicated,
-                                     self._projection(False, None)))
-    out = dict(tower)
+  def param_axes(self) -> dict:
+    """Logical axis names of every parameter, same tree as the params.
+
+    The T5 parts carry the T5 axes; the projection is replicated.
+    """
+    t5 = self.model.param_axes()
+    projection = self._projection(False, None)
+    tower = self._tower(t5, None if projection is None else jax.tree.map(
+        lambda s: (None,) * len(s.shape), projection))
     if not self.settings.shared:
-      out[QUERY_TOWER] = dict(tower)
-    return out
+      tower[QUERY_TOWER] = dict(tower)
+    return tower
+
+  def param_shardings(self, mesh) -> dict:
+    """NamedShardings of the parameters (:meth:`param_axes` on ``mesh``)."""
+    is_axes = lambda x: isinstance(x, tuple) and all(
+        isinstance(a, (str, type(None))) for a in x)
+    return jax.tree.map(
+        lambda axes: NamedSharding(mesh, shd.logical_to_mesh(axes, mesh=mesh)),
+        self.param_axes(), is_leaf=is_axes)
 
   # ---- embedding -------------------------------------------------------
 
@@ -238,7 +244,10 @@ class DualEncoder:
       if self.settings.projection_activation == "tanh":
         x = jnp.tanh(x)
     if self.settings.normalize:
-      x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+      # x / max(|x|, 1e-12), with a finite gradient at x = 0 (an empty,
+      # masked-out passage row): the norm's own gradient there is NaN.
+      x = x / jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True),
+                                   1e-24))
     return x
 
 
@@ -306,7 +315,6 @@ class Embedder:
 
   def tokenize(self, texts: Sequence[str], max_length: int) -> np.ndarray:
     """int32 [len(texts), L]: EOS-terminated ids, L a bucket <= max_length."""
-    from jaxfid.core.tokenization import pad_ids
     ids = self.tokenizer.encode_batch(list(texts))
     longest = max((len(i) + 1 for i in ids), default=1)
     length = min(max_length, _round_up(longest, self.length_bucket))

@@ -79,17 +79,31 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       (loss, metrics, grads), _ = jax.lax.scan(
           body, init, (jnp.arange(accumulation_steps), micro))
       metrics = jax.tree.map(lambda m: m / accumulation_steps, metrics)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(
-        lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = {"step": state["step"] + 1,
-                 "params": keep(new_params, params),
-                 "opt_state": keep(opt_state, state["opt_state"])}
-    metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
-                   finite=finite.astype(jnp.float32))
-    return new_state, metrics
+    return apply_gradients(optimizer, state, loss, grads, metrics)
 
   return train_step
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, state: dict,
+                    loss: jax.Array, grads, metrics: dict
+                    ) -> tuple[dict, dict]:
+  """The update every train step ends with, behind the non-finite guard.
+
+  Returns ``(new_state, metrics)``: the state one step on with the optimizer's
+  update applied, unless ``loss`` or the gradient norm is not finite, in
+  which case params and optimizer state are the old ones; ``metrics`` gains
+  ``loss``, ``grad_norm`` and ``finite`` (1.0 or 0.0).
+  """
+  params = state["params"]
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree.map(
+      lambda n, o: jnp.where(finite, n, o), new, old)
+  new_state = {"step": state["step"] + 1,
+               "params": keep(new_params, params),
+               "opt_state": keep(opt_state, state["opt_state"])}
+  metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
+                 finite=finite.astype(jnp.float32))
+  return new_state, metrics

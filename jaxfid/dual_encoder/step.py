@@ -1,0 +1,161 @@
+"""The dual encoder's train step: in-batch negatives, exact accumulation.
+
+Every question of the global batch is scored against *all* B*(1+H) passages
+of the batch -- its own positive, the other questions' positives and
+everyone's hard negatives (DPR's in-batch negatives) -- and the loss is the
+mean cross-entropy of picking its positive, ``softmax(q . p / temperature)``.
+The batch is sharded over the mesh's data axes; the similarity matrix is
+global, so the negatives come from every device.
+
+With ``accumulation_steps = A > 1`` the negatives still span the whole batch
+(GradCache, Gao et al. 2021): pass 1 embeds the questions and passages in A
+microbatches without gradients; the loss and its gradient with respect to
+the B + B*(1+H) embeddings are computed over the whole batch; pass 2 runs
+each microbatch's encoder again, with the same dropout keys, and
+back-propagates that microbatch's cached embedding gradient (``jax.vjp``),
+summing parameter gradients. Loss and gradient equal the A = 1 step's (up to
+float rounding; exactly the same function when dropout is off), while
+activation memory is that of one microbatch.
+
+Microbatch ``i`` holds rows ``i, i + A, i + 2A, ...`` of the batch (and of the
+passages), so that every microbatch stays spread over all data devices.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfid.dual_encoder.model import DualEncoder
+from jaxfid.training.step import apply_gradients
+
+Array = jax.Array
+
+
+def in_batch_loss(q: Array, p: Array, passage_mask: Array,
+                  temperature: float = 1.0) -> tuple[Array, dict]:
+  """In-batch-negative cross-entropy of embeddings; returns (loss, metrics).
+
+  Args:
+    q: float32 [B, D] question embeddings.
+    p: float32 [B*(1+H), D] passage embeddings; question b's positive is row
+      ``b*(1+H)``.
+    passage_mask: bool [B*(1+H)]; False rows (missing negatives) are no
+      candidates.
+    temperature: the softmax temperature.
+  """
+  scores = jnp.einsum("qd,pd->qp", q, p) / temperature   # [B, B*(1+H)]
+  scores = jnp.where(passage_mask[None, :], scores, -1e9)
+  per = p.shape[0] // q.shape[0]
+  targets = jnp.arange(q.shape[0]) * per                  # [B]
+  logp = jax.nn.log_softmax(scores, axis=-1)
+  loss = -jnp.mean(jnp.take_along_axis(logp, targets[:, None], axis=1))
+  positive = jnp.take_along_axis(scores, targets[:, None], axis=1)  # [B, 1]
+  rank = 1 + jnp.sum(scores > positive, axis=1)           # [B]
+  return loss, {"accuracy": jnp.mean((rank == 1).astype(jnp.float32)),
+                "mean_rank": jnp.mean(rank.astype(jnp.float32))}
+
+
+def _tower_keys(dropout_rng: Array | None):
+  if dropout_rng is None:
+    return None, None
+  rq, rp = jax.random.split(dropout_rng)
+  return rq, rp
+
+
+def contrastive_loss(encoder: DualEncoder, params: dict, batch: dict,
+                     dropout_rng: Array | None = None,
+                     temperature: float = 1.0) -> tuple[Array, dict]:
+  """:func:`in_batch_loss` of the batch's embeddings (one pass, A = 1)."""
+  rq, rp = _tower_keys(dropout_rng)
+  q = encoder.embed(params, batch["query_tokens"], tower="query",
+                    dropout_rng=rq)                          # [B, D]
+  p = encoder.embed(params, batch["passage_tokens"], tower="passage",
+                    dropout_rng=rp)                          # [B*(1+H), D]
+  return in_batch_loss(q, p, batch["passage_mask"], temperature)
+
+
+def split_microbatches(x: Array, n: int) -> Array:
+  """[N, ...] -> [n, N/n, ...]: microbatch i holds rows i, i+n, i+2n, ..."""
+  if x.shape[0] % n:
+    raise ValueError(f"{x.shape[0]} rows do not split into {n} microbatches")
+  x = x.reshape(x.shape[0] // n, n, *x.shape[1:])            # [N/n, n, ...]
+  return jnp.swapaxes(x, 0, 1)                               # [n, N/n, ...]
+
+
+def merge_microbatches(x: Array) -> Array:
+  """The inverse of :func:`split_microbatches`: [n, N/n, ...] -> [N, ...]."""
+  x = jnp.swapaxes(x, 0, 1)                                  # [N/n, n, ...]
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])    # [N, ...]
+
+
+def grad_cache(encoder: DualEncoder, params: dict, batch: dict,
+               dropout_rng: Array | None, temperature: float,
+               accumulation_steps: int) -> tuple[Array, dict, dict]:
+  """(loss, metrics, grads) over the whole batch in microbatches (GradCache)."""
+  n = accumulation_steps
+  rq, rp = _tower_keys(dropout_rng)
+  key = lambda k, i: None if k is None else jax.random.fold_in(k, i)
+  queries = split_microbatches(batch["query_tokens"], n)      # [A, B/A, Lq]
+  passages = split_microbatches(batch["passage_tokens"], n)   # [A, P/A, Lp]
+
+  def embed_pair(p, i, q_tokens, p_tokens):
+    return (encoder.embed(p, q_tokens, tower="query", dropout_rng=key(rq, i)),
+            encoder.embed(p, p_tokens, tower="passage",
+                          dropout_rng=key(rp, i)))
+
+  # Pass 1: every embedding, no gradients kept.
+  def forward(_, xs):
+    i, q_tokens, p_tokens = xs
+    return None, embed_pair(params, i, q_tokens, p_tokens)
+
+  steps = jnp.arange(n)
+  _, (q_micro, p_micro) = jax.lax.scan(forward, None,
+                                       (steps, queries, passages))
+  q = jax.lax.stop_gradient(merge_microbatches(q_micro))     # [B, D]
+  p = jax.lax.stop_gradient(merge_microbatches(p_micro))     # [P, D]
+
+  # The loss over the whole batch, and its gradient wrt the embeddings.
+  (loss, metrics), (dq, dp) = jax.value_and_grad(
+      lambda q, p: in_batch_loss(q, p, batch["passage_mask"], temperature),
+      argnums=(0, 1), has_aux=True)(q, p)
+  dq = split_microbatches(dq, n)                             # [A, B/A, D]
+  dp = split_microbatches(dp, n)                             # [A, P/A, D]
+
+  # Pass 2: each microbatch again, back-propagating its cached gradient.
+  def backward(acc, xs):
+    i, q_tokens, p_tokens, dq_i, dp_i = xs
+    _, vjp = jax.vjp(lambda w: embed_pair(w, i, q_tokens, p_tokens), params)
+    (grads,) = vjp((dq_i, dp_i))
+    return jax.tree.map(jnp.add, acc, grads), None
+
+  grads, _ = jax.lax.scan(backward, jax.tree.map(jnp.zeros_like, params),
+                          (steps, queries, passages, dq, dp))
+  return loss, metrics, grads
+
+
+def make_contrastive_step(encoder: DualEncoder,
+                          optimizer: optax.GradientTransformation, *,
+                          seed: int, temperature: float = 1.0,
+                          accumulation_steps: int = 1):
+  """``step(state, batch) -> (state, metrics)`` (pure; the loop jits it).
+
+  Dropout keys are ``fold_in(key(seed), step)`` (a resumed run draws the
+  same masks); a non-finite loss or gradient leaves params and optimizer
+  state untouched (:func:`jaxfid.training.step.apply_gradients`).
+  """
+  base_key = jax.random.key(seed)
+
+  def step(state, batch):
+    params = state["params"]
+    rng = jax.random.fold_in(base_key, state["step"])
+    if accumulation_steps == 1:
+      (loss, metrics), grads = jax.value_and_grad(
+          lambda w: contrastive_loss(encoder, w, batch, rng, temperature),
+          has_aux=True)(params)
+    else:
+      loss, metrics, grads = grad_cache(encoder, params, batch, rng,
+                                        temperature, accumulation_steps)
+    return apply_gradients(optimizer, state, loss, grads, metrics)
+
+  return step
