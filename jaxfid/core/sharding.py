@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
 # Parameter axes.
 VOCAB = "vocab"
@@ -23,21 +23,22 @@ RELPOS_BUCKETS = "relpos_buckets"
 NEIGHBOURS = "neighbours"      # ReFusion: retrieved neighbours (top-k ranks)
 DB_EMBED = "db_embed"          # ReFusion: the retrieval database's width
 ARCH_CHOICES = "arch_choices"  # ReFusion: the integrator's candidate modules
-# Activation axes.
+# Activation axes (``jaxfid.t5.layers.ACT_*`` combines them per tensor).
 BATCH = "batch"
-PASSAGES = "passages"
 LENGTH = "length"
-ACT_EMBED = "activation_embed"
-ACT_HEADS = "activation_heads"
-ACT_MLP = "activation_mlp"
-ACT_VOCAB = "activation_vocab"
+ACT_EMBED = "activation_embed"  # the residual stream's d_model
+ACT_HEADS = "activation_heads"  # attention heads of q/k/v and the context
+ACT_MLP = "activation_mlp"      # the MLP hidden
+ACT_VOCAB = "activation_vocab"  # output logits
 
 MESH_AXES = ("data", "fsdp", "model")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None = replicated).
 # Parameters: tensor-parallel over `model` (Megatron layout), and the embed
 # dimension sharded over `fsdp` (ZeRO-3 style, gathered by XLA per use).
-# Activations: batch over every data-parallel axis.
+# Activations: batch over every data-parallel axis; heads, MLP hidden and
+# logits over `model` like the kernels that produce them, so tensor
+# parallelism keeps them sharded; the residual stream replicated over `model`.
 LOGICAL_AXIS_RULES: tuple[tuple[str, object], ...] = (
     (VOCAB, "model"),
     (EMBED, "fsdp"),
@@ -50,7 +51,6 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, object], ...] = (
     (DB_EMBED, None),
     (ARCH_CHOICES, None),
     (BATCH, ("data", "fsdp")),
-    (PASSAGES, None),
     (LENGTH, None),
     (ACT_EMBED, None),
     (ACT_HEADS, "model"),
@@ -123,15 +123,12 @@ def parse_mesh(spec: str, devices=None) -> Mesh:
   return Mesh(grid, MESH_AXES)
 
 
-def named_sharding(mesh: Mesh, axes: Sequence[str | None]) -> NamedSharding:
-  return NamedSharding(mesh, logical_to_mesh(axes, mesh=mesh))
-
-
 def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
   """Activation sharding constraint by logical names; a no-op without a mesh.
 
-  The trainer enters ``jax.set_mesh(mesh)``; models call this at block
-  boundaries.
+  The trainer enters ``jax.set_mesh(mesh)``; the T5 layers call this on the
+  embedding output, q/k/v, the attention context, the MLP hidden, each
+  layer's output and the logits (``jaxfid.t5.layers.ACT_*``).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty:

@@ -11,6 +11,12 @@ Conventions (t5x ``examples/t5/layers.py``):
     outputs, projections, attention, MLP); the residual stream, attention
     logits, softmax and output logits are float32, as under mixed-precision
     autocast — bf16 rounding then does not accumulate over the layers;
+  * activations are constrained by logical axis names where t5x/flaxformer
+    constrain them (``ax.with_logical_constraint``: the embedding output, the
+    query/key/value and attention context ``[B, L, H, E]``, the MLP hidden
+    ``[B, L, F]``), so under a mesh with a ``model`` axis the heads and the
+    feed-forward width stay sharded (Megatron layout) instead of being left
+    to XLA's propagation; without a mesh the constraints are no-ops;
   * no ``1/sqrt(E)`` scaling of attention logits (T5 folds it into the init).
 
 Hooks for the methods built on T5:
@@ -38,6 +44,12 @@ from jaxfid.t5.config import T5Config
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
+# Logical axes of activations (t5x's names: 'batch', 'length', 'heads', ...).
+ACT_RESIDUAL = (ax.BATCH, ax.LENGTH, ax.ACT_EMBED)        # [B, L, D]
+ACT_QKV = (ax.BATCH, ax.LENGTH, ax.ACT_HEADS, ax.KV)      # [B, L, H, E]
+ACT_MQ_KV = (ax.BATCH, ax.LENGTH, None, ax.KV)            # [B, S, 1, E]
+ACT_MLP_HIDDEN = (ax.BATCH, ax.LENGTH, ax.ACT_MLP)        # [B, L, F]
+ACT_LOGITS = (ax.BATCH, ax.LENGTH, ax.ACT_VOCAB)          # [B, T, V]
 
 
 def dropout(x: Array, rate: float, rng: Array | None) -> Array:
@@ -90,7 +102,8 @@ class Embed(nnx.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """float32 [B, L, D]: the residual stream starts (and stays) float32."""
-    return jnp.take(self.embedding[...], tokens, axis=0)  # [B, L, D]
+    x = jnp.take(self.embedding[...], tokens, axis=0)  # [B, L, D]
+    return ax.with_logical_constraint(x, ACT_RESIDUAL)
 
   def attend(self, x: Array) -> Array:
     """Logits against the embedding, float32 ``[..., V]``."""
@@ -198,15 +211,23 @@ class Attention(nnx.Module):
     self.dtype = dt
 
   def project_kv(self, x: Array, extras: Any = None) -> tuple[Array, Array]:
-    """Keys and values ``[B, S, K, E]`` (cached once per input when decoding)."""
+    """Keys and values ``[B, S, K, E]`` (cached once per input when decoding).
+
+    Heads are sharded like the query's; the single head of multi-query
+    attention is replicated.
+    """
     b, s, _ = x.shape
     k = self.key(x, extras).reshape(b, s, self.kv_heads, self.head_dim)    # [B, S, K, E]
     v = self.value(x, extras).reshape(b, s, self.kv_heads, self.head_dim)  # [B, S, K, E]
-    return k, v
+    axes = ACT_MQ_KV if self.kv_heads == 1 else ACT_QKV
+    return (ax.with_logical_constraint(k, axes),
+            ax.with_logical_constraint(v, axes))
 
   def project_q(self, x: Array, extras: Any = None) -> Array:
+    """Queries ``[B, L, H, E]``."""
     b, l, _ = x.shape
-    return self.query(x, extras).reshape(b, l, self.num_heads, self.head_dim)  # [B, L, H, E]
+    q = self.query(x, extras).reshape(b, l, self.num_heads, self.head_dim)  # [B, L, H, E]
+    return ax.with_logical_constraint(q, ACT_QKV)
 
   def __call__(self, x: Array, kv_input: Array | None = None, *,
                mask: Array | None = None, bias: Array | None = None,
@@ -240,6 +261,7 @@ class Attention(nnx.Module):
       ctx = jnp.einsum("bhls,bse->blhe", weights, v[:, :, 0])  # [B, L, H, E]
     else:
       ctx = jnp.einsum("bhls,bshe->blhe", weights, v)  # [B, L, H, E]
+    ctx = ax.with_logical_constraint(ctx, ACT_QKV)
     b, l = ctx.shape[:2]
     ctx = ctx.reshape(b, l, self.num_heads * self.head_dim)  # [B, L, H*E]
     out = self.out(ctx, extras)  # [B, L, D]
@@ -278,6 +300,7 @@ class MLP(nnx.Module):
     else:
       hidden = self._act(self.wi(x, extras))  # [B, L, F]
     hidden = dropout(hidden, self.dropout_rate, dropout_rng)
+    hidden = ax.with_logical_constraint(hidden, ACT_MLP_HIDDEN)
     return self.wo(hidden, extras)  # [B, L, D]
 
 

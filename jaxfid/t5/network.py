@@ -14,6 +14,10 @@ Hooks (designed in for FiD, ReAtt and ReFusion; the default path skips them):
   * ``extras`` (any pytree) reaches every projection, which a method may
     replace per layer (ReFusion) — see ``layers.py``.
 
+Activation sharding (no-op without a mesh): each layer's output, the residual
+stream ``[B, L, D]``, and the logits ``[B, T, V]`` are constrained by logical
+axis names (``layers.ACT_RESIDUAL``, ``layers.ACT_LOGITS``), as in flaxformer.
+
 Parameter names follow T5X (``encoder/layers_0/attention/query/kernel``), so
 checkpoint conversion is a rename table (``jaxfid.checkpoints.names``).
 """
@@ -32,7 +36,6 @@ from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import dropout, fold
 
 Array = jax.Array
-_ACT = (ax.BATCH, ax.LENGTH, ax.ACT_EMBED)
 
 
 @flax.struct.dataclass
@@ -72,7 +75,7 @@ class EncoderLayer(nnx.Module):
     h = self.pre_mlp_layer_norm(x)
     h = self.mlp(h, dropout_rng=fold(dropout_rng, 2), extras=extras)
     x = x + dropout(h, rate, fold(dropout_rng, 3))
-    return ax.with_logical_constraint(x, _ACT), att.logits
+    return ax.with_logical_constraint(x, layers.ACT_RESIDUAL), att.logits
 
 
 class Encoder(nnx.Module):
@@ -185,7 +188,8 @@ class DecoderLayer(nnx.Module):
     h = self.pre_mlp_layer_norm(x)
     h = self.mlp(h, dropout_rng=fold(dropout_rng, 4), extras=extras)
     x = x + dropout(h, rate, fold(dropout_rng, 5))
-    return ax.with_logical_constraint(x, _ACT), new_cache, att.logits, cross_logits
+    x = ax.with_logical_constraint(x, layers.ACT_RESIDUAL)
+    return x, new_cache, att.logits, cross_logits
 
 
 class Decoder(nnx.Module):
@@ -212,10 +216,12 @@ class Decoder(nnx.Module):
     """float32 [B, T, V] from the final hidden states."""
     cfg = self.config
     if cfg.tie_word_embeddings:
-      return embedder.attend(x * (cfg.d_model ** -0.5))  # [B, T, V]
-    kernel = self.logits_dense.kernel[...].astype(x.dtype)
-    return jnp.einsum("btd,dv->btv", x, kernel,
-                      preferred_element_type=jnp.float32)  # [B, T, V]
+      logits = embedder.attend(x * (cfg.d_model ** -0.5))  # [B, T, V]
+    else:
+      kernel = self.logits_dense.kernel[...].astype(x.dtype)
+      logits = jnp.einsum("btd,dv->btv", x, kernel,
+                          preferred_element_type=jnp.float32)  # [B, T, V]
+    return ax.with_logical_constraint(logits, layers.ACT_LOGITS)
 
   def __call__(self, x: Array, encoded: Array, encoder_mask: Array,
                embedder: layers.Embed, *, dropout_rng: Array | None = None,

@@ -8,7 +8,9 @@ Each passage (``question: .. title: .. context: ..``) is encoded alone: tokens
 concatenated to ``[B, P*L, D]`` so the decoder's cross-attention runs one
 softmax over every token of every passage. Padding passages are masked in the
 cross-attention, so they change nothing. FiD needs no parameters beyond T5's:
-these are functions over a :class:`~jaxfid.t5.network.T5`.
+these are functions over a :class:`~jaxfid.t5.network.T5`. The concatenated
+encoder output keeps the residual stream's sharding (batch over the
+data-parallel mesh axes; no-op without a mesh).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxfid.t5.layers import fold
+from jaxfid.core import sharding as ax
+from jaxfid.t5.layers import ACT_RESIDUAL, fold
 from jaxfid.t5.network import T5, StackOutput
 
 Array = jax.Array
@@ -45,6 +48,7 @@ def encode_passages(net: T5, tokens: Array, *, passage_mask: Array | None = None
   out = net.encode(tokens.reshape(b * p, l), mask=mask.reshape(b * p, l),  # [B*P, L]
                    dropout_rng=dropout_rng, extras=extras, **stack_kwargs)
   hidden = out.hidden.reshape(b, p * l, -1)       # [B, P*L, D]
+  hidden = ax.with_logical_constraint(hidden, ACT_RESIDUAL)
   return out.replace(hidden=hidden, mask=mask.reshape(b, p * l))  # mask [B, P*L]
 
 
