@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import optax
 
 from jaxfid.t5 import decoding
 from jaxfid.core import sharding as shd

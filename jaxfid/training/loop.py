@@ -197,7 +197,7 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
     try:
       # 4. The phases and their steps.
       for i in range(index, len(phases)):
-        phase, begin = phases[i], phases[i - 1].end if i else 0
+        phase = phases[i]
         if i != index:  # a new phase: fresh optimizer states
           params = (initial_params() if phase.fresh_params == "initial"
                     else state["params"])

@@ -1,0 +1,148 @@
+"""ReAtt's retrieval attention: the bi-encoder and avg-max relevance.
+
+Einsum letters: B questions, N document rows, Q question-token positions,
+S document-token positions, L tokens per row, H heads, E head width,
+D d_model.
+
+The encoder's first ``n`` layers run as a bi-encoder: a block-diagonal mask
+over each row (``question: Q`` | ``title: T context: P``) lets question
+tokens attend only to question tokens and document tokens only to document
+tokens. Layer ``n``'s pre-attention norm and query/key projections of those
+states give question-token queries and document-token keys; per head,
+``r_h(q, d) = mean_i max_j q_i . k_j`` (avg-max, no position bias), and the
+relevance is ``sum_h softmax(w / tau)_h r_h``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid.t5 import layers
+from jaxfid.t5.layers import NEG_INF, fold
+from jaxfid.t5.network import Encoder
+
+Array = jax.Array
+
+
+# ------------------------------------------------------------ the bi-encoder
+
+
+def question_lengths_from_tokens(tokens: Array, separator_ids: Sequence[int]
+                                 ) -> Array:
+  """int32 [...]: index of the first ``separator_ids`` run in each row.
+
+  Rows without it (a question alone, or a question filling the row) are all
+  question: the length is the row's number of real tokens. A question that
+  itself contains ``title:`` is cut there — batches built for training carry
+  the exact ``question_length`` instead.
+  """
+  sep = jnp.asarray(separator_ids, jnp.int32)
+  m = sep.shape[0]
+  length = tokens.shape[-1]
+  real = jnp.sum(tokens != 0, axis=-1).astype(jnp.int32)
+  if m == 0 or length < m:
+    return real
+  hits = jnp.ones(tokens.shape[:-1] + (length - m + 1,), bool)
+  for j in range(m):
+    hits = hits & (tokens[..., j:length - m + 1 + j] == sep[j])
+  first = jnp.argmax(hits, axis=-1)
+  return jnp.where(jnp.any(hits, axis=-1), first, real).astype(jnp.int32)
+
+
+def block_mask(valid: Array, question_length: Array) -> Array:
+  """bool [N, 1, L, L]: question and document blocks attend within themselves."""
+  pos = jnp.arange(valid.shape[-1])
+  seg = pos[None, :] >= question_length[:, None]                  # [N, L]
+  same = seg[:, :, None] == seg[:, None, :]                       # [N, L, L]
+  return (same & valid[:, None, :])[:, None]                      # [N, 1, L, L]
+
+
+def _remat(fn, policy_name: str):
+  if policy_name == "none":
+    return fn
+  return nnx.remat(fn, policy=layers.remat_policy(policy_name))
+
+
+def bi_encode(encoder: Encoder, x: Array, valid: Array, question_length: Array,
+              num_layers: int, *, dropout_rng: Array | None = None) -> Array:
+  """Layers ``[0, num_layers)`` on embedded rows ``x`` [N, L, D] with the block mask.
+
+  Per-layer dropout keys are ``fold(dropout_rng, i)``, as ``Encoder.__call__``
+  draws them, so the split encoder equals the plain one when nothing is split.
+  """
+  length = x.shape[1]
+  bias = encoder.relpos_bias(length, length)                      # [1, H, L, L]
+  mask = block_mask(valid, question_length)                       # [N, 1, L, L]
+
+  def run(layer, h, rng):
+    out, _ = layer(h, mask=mask, bias=bias, dropout_rng=rng)
+    return out
+
+  run = _remat(run, encoder.config.remat)
+  for i in range(num_layers):
+    x = run(encoder.layer(i), x, fold(dropout_rng, i))
+  return x
+
+
+def retrieval_queries(encoder: Encoder, hidden: Array, layer: int) -> Array:
+  """Layer ``layer``'s query vectors [N, L, H, E] of bi-encoder states."""
+  lyr = encoder.layer(layer)
+  return lyr.attention.project_q(lyr.pre_attention_layer_norm(hidden))
+
+
+def retrieval_keys(encoder: Encoder, hidden: Array, layer: int) -> Array:
+  """Layer ``layer``'s key vectors [N, L, H, E] of bi-encoder states."""
+  lyr = encoder.layer(layer)
+  keys, _ = lyr.attention.project_kv(lyr.pre_attention_layer_norm(hidden))
+  return keys
+
+
+# ---------------------------------------------------------------- relevance
+
+
+def _max_over_doc_tokens(q: Array, k: Array, k_mask: Array) -> Array:
+  """float32 [B, H, Q, N]: max over each document's real tokens of q . k."""
+  s = jnp.einsum("bqhe,nshe->bhqns", q, k,
+                 preferred_element_type=jnp.float32)              # [B, H, Q, N, S]
+  s = jnp.where(k_mask[None, None, None], s, NEG_INF)
+  best = jnp.max(s, axis=-1)                                      # [B, H, Q, N]
+  return jnp.where(jnp.any(k_mask, -1)[None, None, None], best, 0.0)
+
+
+def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
+                      chunk: int = 0) -> Array:
+  """Per-head avg-max relevance float32 [B, H, N] of B queries and N documents.
+
+  Args:
+    q: query-token vectors [B, Q, H, E]; q_mask: bool [B, Q].
+    k: document-token vectors [N, S, H, E]; k_mask: bool [N, S].
+    chunk: score ``chunk`` documents at a time (``lax.map``, recomputed in
+      the backward pass) to bound memory; 0 scores all at once.
+
+  ``r_h(q, d) = mean_{i in q} max_{j in d} q_i^h . k_j^h``, padding excluded
+  from both; a document without tokens scores 0 (callers mask it out).
+  """
+  n = k.shape[0]
+  if chunk and chunk < n:
+    pad = (-n) % chunk
+    kp = jnp.pad(k, ((0, pad),) + ((0, 0),) * 3)
+    mp = jnp.pad(k_mask, ((0, pad), (0, 0)))
+    kc = kp.reshape(-1, chunk, *k.shape[1:])                      # [C, chunk, S, H, E]
+    mc = mp.reshape(-1, chunk, k.shape[1])                        # [C, chunk, S]
+    fn = jax.checkpoint(lambda args: _max_over_doc_tokens(q, *args))
+    best = jax.lax.map(fn, (kc, mc))                              # [C, B, H, Q, chunk]
+    best = jnp.moveaxis(best, 0, 3).reshape(*best.shape[1:4], -1)[..., :n]
+  else:
+    best = _max_over_doc_tokens(q, k, k_mask)                     # [B, H, Q, N]
+  qm = q_mask[:, None, :, None]
+  total = jnp.sum(jnp.where(qm, best, 0.0), axis=2)               # [B, H, N]
+  count = jnp.maximum(jnp.sum(q_mask, axis=1), 1)[:, None, None]
+  return total / count
+
+
+def head_probabilities(head_weights: Array, temperature: float) -> Array:
+  """The head selector ``softmax(w / tau)`` [H]."""
+  return jax.nn.softmax(head_weights.astype(jnp.float32) / temperature)
