@@ -1,4 +1,4 @@
-"""t5x-style gin flags shared by ``jaxfid train`` and ``jaxfid bench``.
+"""t5x-style gin flags shared by ``jaxfid train``, ``eval`` and ``bench``.
 
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
 ``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``). Gin files and
@@ -69,3 +69,14 @@ def parse_gin(gin_files: list[str], bindings: list[str],
     raise InputError(where, f"gin: {' '.join(str(e).split())}") from None
   finally:
     root.setLevel(level)
+
+
+def call_configurable(fn):
+  """``fn()`` (a gin configurable); a missing required binding becomes a
+  one-line InputError."""
+  try:
+    return fn()
+  except TypeError as e:
+    if "gin.REQUIRED" in str(e) or "required" in str(e):
+      raise InputError("gin", " ".join(str(e).split())) from None
+    raise
