@@ -157,11 +157,23 @@ def test_eval_writes_metrics_predictions_and_matches_predict(
   assert [p["prediction"] for p in preds] == [
       l["prediction"].strip() for l in _lines(out)]
 
-  # a second evaluation appends its line
-  assert main(_eval_args(task_run, ev, "--gin.EVAL_MAX_EXAMPLES=2")) == 0
+  # a mixture's evaluation appends one line per task
+  import tasks  # noqa: F401  (registers the tasks the mixture names)
+  seqio.MixtureRegistry.remove(MIXTURE)
+  seqio.MixtureRegistry.add(MIXTURE, [("nq_open_fid", 1.0),
+                                      ("trivia_qa_fid", 3.0)])
+  try:
+    assert main(_eval_args(task_run, ev, "--gin.EVAL_MAX_EXAMPLES=2",
+                           f"--gin.MIXTURE_OR_TASK_NAME='{MIXTURE}'")) == 0
+  finally:
+    seqio.MixtureRegistry.remove(MIXTURE)
   lines = _lines(ev / "metrics.jsonl")
-  assert len(lines) == 2 and lines[1]["step"] == step
-  assert len(_lines(ev / f"trivia_qa_fid-{step}.jsonl")) == 2
+  assert [(l["task"], l["step"]) for l in lines] == [
+      ("trivia_qa_fid", step), ("nq_open_fid", step),
+      ("trivia_qa_fid", step)]
+  assert [p["id"] for p in _lines(ev / f"nq_open_fid-{step}.jsonl")] == [
+      "t60", "t61"]
+  assert _lines(ev / f"trivia_qa_fid-{step}.jsonl") == preds[:2]
 
 
 def test_score_is_the_target_log_likelihood(data_dir, task_run):
