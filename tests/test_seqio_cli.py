@@ -197,6 +197,26 @@ def test_score_is_the_target_log_likelihood(data_dir, task_run):
   assert tokens.shape == (6, 6) and tokens.dtype == np.int32
 
 
+def test_eval_of_a_t5x_checkpoint_reports_its_step(data_dir, task_run,
+                                                   tmp_path):
+  from jaxfid.checkpoints import write_t5x
+  from jaxfid.checkpoints.load import load_checkpoint
+  from jaxfid.checkpoints.names import flatten
+  model, params, _ = load_checkpoint(str(task_run))
+  write_t5x(tmp_path / "t5x", model.config,
+            {k: np.asarray(v) for k, v in flatten(params).items()},
+            step=1200)
+  assert checkpoint_step(str(tmp_path / "t5x" / "checkpoint_1200")) == 1200
+  assert checkpoint_step(str(tmp_path / "t5x")) == 1200
+  ev = tmp_path / "ev"
+  assert main(_eval_args(tmp_path / "t5x", ev)) == 0
+  (record,) = _lines(ev / "metrics.jsonl")
+  assert record["step"] == 1200
+  # the same parameters as the MODEL_DIR's best checkpoint: the same answers
+  best = json.loads((task_run / "best" / "best_metric.json").read_text())
+  assert record["exact_match"] == pytest.approx(best["value"])
+
+
 def test_eval_input_errors(task_run, tmp_path, capsys):
   assert main(["eval", "--gin_file=gin/fid/tiny.gin",
                f"--gin.CHECKPOINT_PATH='{task_run}'",
