@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "jaxfid.commands.convert",
     "jaxfid.commands.predict",
     "jaxfid.commands.train",
+    "jaxfid.commands.evaluate",
     "jaxfid.commands.index",
     "jaxfid.commands.retrieve",
     "jaxfid.commands.corpus",

@@ -4,7 +4,9 @@ seqio's standard converters handle rank-1 features only; FiD's encoder input
 is rank 2 (passages x tokens). :func:`fid_feature_converter` turns the task
 features
 
-* ``inputs``: int32 ``[p, None]`` (ragged, EOS-terminated rows) and
+* ``inputs``: int32 ``[p, L]`` (one EOS-terminated row per passage, padded
+  with 0, as :func:`tasks.preprocessors.encode_fid` makes them; ragged
+  ``[p, None]`` rows work too) and
 * ``targets``: int32 ``[None]`` (EOS-terminated)
 
 into fixed-shape model features, the same arrays as
@@ -82,7 +84,8 @@ def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
   """Maps FiD task examples to fixed-shape model features (unbatched).
 
   Args:
-    ds: examples with ``inputs`` (ragged ``[p, None]``) and ``targets``.
+    ds: examples with ``inputs`` (``[p, L]`` or ragged ``[p, None]``) and
+      ``targets``.
     n_context: passages per example.
     text_maxlength: tokens per passage, EOS included.
     answer_maxlength: target tokens, EOS included.

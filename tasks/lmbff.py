@@ -270,7 +270,18 @@ def metric_fn(task: str):
 # ------------------------------------------------------------- registration
 
 
+# every registered prompt task -> its LM-BFF task name (filled by _add)
+TASK_SPECS: dict[str, str] = {}
+
+
+def task_spec(name: str) -> lmbff.TaskSpec | None:
+  """The LM-BFF spec (label words, template, metric) of registered prompt
+  task ``name``; None for any other task."""
+  return lmbff.get_task(TASK_SPECS[name]) if name in TASK_SPECS else None
+
+
 def _add(name: str, source, task: str, first=()) -> None:
+  TASK_SPECS[name] = task
   seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
       name, source=source, output_features=output_features(),

@@ -20,13 +20,17 @@ layout) or named per split in :func:`tasks.config.fid_retrieval_files`:
 =============================  ========================================
 
 Every task has the output features ``inputs`` (rank 2: passages x tokens)
-and ``targets``, the preprocessors of :mod:`tasks.preprocessors`, the
-``exact_match`` and ``f1`` metrics of :mod:`tasks.metrics` and seqio's
-default shuffle buffer. Get a dataset with
+and ``targets``, made by the one preprocessor :func:`tasks.preprocessors.
+encode_fid` (jaxfid's Python FiD preprocessing over the sources' raw
+fields), the ``exact_match`` and ``f1`` metrics of :mod:`tasks.metrics` and
+seqio's default shuffle buffer. Get a dataset with
 ``sequence_length={"inputs": (n_context, text_maxlength), "targets":
 answer_maxlength}`` and batch it through
 :func:`tasks.feature_converter.fid_feature_converter` (or
 ``FidFeatureConverter`` with ``seqio.get_dataset`` / ``seqio.Evaluator``).
+:data:`FID_TASKS` maps every registered FiD task to its dataset (``nq``,
+``trivia_qa``, ``squad``: TriviaQA title-cases drawn answers); jaxfid's
+trainer reads their sources (:mod:`tasks.fid_examples`).
 
 Registration only builds the task objects: no file is opened and no TFDS
 call is made until ``get_dataset``. :func:`register_tasks` replaces existing
@@ -71,31 +75,37 @@ def output_features() -> dict[str, seqio.Feature]:
 
 def task_preprocessors(dataset: str) -> list:
   """The preprocessors of a task over ``dataset`` (nq, trivia_qa, squad)."""
-  return [
-      preprocessors.select_passages,
-      functools.partial(preprocessors.choose_target, dataset_name=dataset),
-      functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=True,
-                        with_eos=False),
-      preprocessors.append_eos_after_trim,
-  ]
+  return [functools.partial(preprocessors.encode_fid, dataset_name=dataset)]
 
 
-def _add(name: str, source, dataset: str) -> seqio.Task:
+# every registered FiD QA task -> its dataset (filled by add_fid_task)
+FID_TASKS: dict[str, str] = {}
+
+
+def add_fid_task(name: str, source: seqio.DataSource,
+                 dataset: str) -> seqio.Task:
+  """(Re-)registers a FiD QA task over ``source``, which must yield the raw
+  fields of :mod:`tasks.sources`; ``dataset`` is nq, trivia_qa or squad."""
+  if dataset not in sources.DATASETS:
+    raise ValueError(f"unknown dataset {dataset!r}; expected one of "
+                     f"{sources.DATASETS}")
   seqio.TaskRegistry.remove(name)
-  return seqio.TaskRegistry.add(
+  task = seqio.TaskRegistry.add(
       name, source=source, output_features=output_features(),
       preprocessors=task_preprocessors(dataset),
       postprocess_fn=metrics.postprocess_answer,
       metric_fns=[metrics.exact_match, metrics.f1])
+  FID_TASKS[name] = dataset
+  return task
 
 
 def register_tasks() -> list[str]:
   """(Re-)registers every FiD QA task; returns their names."""
   for name, dataset in FID_FILE_TASKS.items():
-    _add(name, sources.fid_file_source(dataset), dataset)
+    add_fid_task(name, sources.fid_file_source(dataset), dataset)
   for name, (dataset, tfds_name, splits) in TFDS_TASKS.items():
-    _add(name, sources.RetrievalTfdsSource(tfds_name, splits, dataset, name),
-         dataset)
+    add_fid_task(name, sources.RetrievalTfdsSource(tfds_name, splits, dataset,
+                                                   name), dataset)
   return list(TASK_NAMES)
 
 

@@ -1,15 +1,19 @@
 """Data sources of the FiD QA tasks: FiD files, and TFDS questions + retrieval.
 
-Both kinds yield the common features the preprocessors expect
-(:mod:`tasks.preprocessors`): ``question``, ``passages`` (FiD encoder strings
-``"question: Q title: T context: P"``, all of an example's passages, best
-retrieval score first; ``["question: Q"]`` when it has none), ``answers``,
-``target`` (``""`` when absent) and ``id`` (``""`` when absent).
+Sources yield an example's raw fields, nothing formatted or tokenized:
+``question``, ``answers`` (string ``[k]``), ``target`` (``""`` when absent),
+``id`` (``""`` when absent) and its retrieved passages as ``titles``,
+``texts`` (string ``[n]``) and ``scores`` (float64 ``[n]``, NaN for a
+passage without a score), in retrieval order. The one FiD preprocessing
+(passage order and format, truncation, target choice; Python, in
+``jaxfid.fid.examples``) runs on them in :mod:`tasks.preprocessors`, and
+jaxfid's trainer reads the same fields back into ``FidExample``s
+(:func:`source_examples`, :func:`example_from_features`).
 
-* :func:`fid_file_dataset` streams a FiD JSON/JSONL file with
-  ``jaxfid.fid.examples.iter_fid_examples`` (validated; a bad record
-  fails the iteration with the file and line in the message). The training
-  split requires a target or an answer in every record.
+* :class:`FidFileSource` reads ``{data dir}/{subdir}/{split}.json[l]`` with
+  ``jaxfid.fid.examples.iter_fid_examples`` (validated; a bad record fails
+  the iteration with the file and line in the message). The training split
+  requires a target or an answer in every record.
 * :class:`RetrievalTfdsSource` reads a TFDS question set
   (``natural_questions_open``, ``trivia_qa/unfiltered.nocontext``,
   ``squad/v1.1``), maps its features to the common ones
@@ -22,26 +26,28 @@ retrieval score first; ``["question: Q"]`` when it has none), ``answers``,
 TFDS features used: NQ-open ``question``, ``answer`` (sequence); TriviaQA
 ``question``, ``question_id``, ``answer.aliases`` (the answers) and
 ``answer.value`` (the target, title-cased when all upper case, as FiD's
-``preprocess.py`` does); SQuAD ``id``, ``question``, ``answers.text``.
-Nothing touches the data before ``get_dataset``: registering the tasks
-works without TFDS data or retrieval files.
+``preprocess.py`` does: ``jaxfid.fid.examples.title_case_if_upper``); SQuAD
+``id``, ``question``, ``answers.text``. Nothing touches the data before
+``get_dataset``: registering the tasks works without TFDS data or retrieval
+files.
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import seqio
 import tensorflow as tf
 
-from jaxfid.fid import examples as fid_format
 from jaxfid.core.errors import InputError
+from jaxfid.fid import examples as fid_format
+from jaxfid.fid.examples import FidExample, Passage
 from tasks import config
-from tasks import preprocessors
 
 NQ = "nq"
-TRIVIA_QA = preprocessors.TRIVIA_QA
+TRIVIA_QA = fid_format.TRIVIA_QA
 SQUAD = "squad"
 DATASETS = (NQ, TRIVIA_QA, SQUAD)
 
@@ -51,9 +57,11 @@ _SPACE_RUN = r"[\t\n\f\r ]+"
 OUTPUT_SIGNATURE = {
     "id": tf.TensorSpec([], tf.string),
     "question": tf.TensorSpec([], tf.string),
-    "passages": tf.TensorSpec([None], tf.string),
     "answers": tf.TensorSpec([None], tf.string),
     "target": tf.TensorSpec([], tf.string),
+    "titles": tf.TensorSpec([None], tf.string),
+    "texts": tf.TensorSpec([None], tf.string),
+    "scores": tf.TensorSpec([None], tf.float64),
 }
 
 
@@ -63,9 +71,47 @@ def _strings(values) -> np.ndarray:
   return out
 
 
+def _text(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def example_features(example: FidExample) -> dict[str, np.ndarray]:
+  """The raw fields of an example (see the module docstring)."""
+  return {
+      "id": np.bytes_((example.id or "").encode("utf-8")),
+      "question": np.bytes_(example.question.encode("utf-8")),
+      "answers": _strings(example.answers),
+      "target": np.bytes_((example.target or "").encode("utf-8")),
+      "titles": _strings([p.title for p in example.ctxs]),
+      "texts": _strings([p.text for p in example.ctxs]),
+      "scores": np.asarray([math.nan if p.score is None else p.score
+                            for p in example.ctxs], np.float64),
+  }
+
+
+def example_from_features(features: Mapping[str, object]) -> FidExample:
+  """The ``FidExample`` of an example's raw fields (NumPy values, as
+  ``as_numpy_iterator`` gives them); inverse of :func:`example_features`
+  (``""`` targets and ids become None)."""
+  target = _text(features["target"])
+  ident = _text(features["id"])
+  scores = np.asarray(features["scores"], np.float64).reshape(-1)
+  ctxs = tuple(
+      Passage(title=_text(title), text=_text(text),
+              score=None if math.isnan(score) else float(score))
+      for title, text, score in zip(np.asarray(features["titles"]).reshape(-1),
+                                    np.asarray(features["texts"]).reshape(-1),
+                                    scores))
+  return FidExample(
+      question=_text(features["question"]),
+      answers=tuple(_text(a) for a in
+                    np.asarray(features["answers"]).reshape(-1)),
+      target=target or None, ctxs=ctxs, id=ident or None)
+
+
 def fid_file_dataset(path: str, require_answers: bool = False
                      ) -> tf.data.Dataset:
-  """A FiD JSON/JSONL file as a dataset of the common features.
+  """A FiD JSON/JSONL file as a dataset of the raw fields.
 
   Args:
     path: the file (read lazily, on each iteration).
@@ -81,25 +127,69 @@ def fid_file_dataset(path: str, require_answers: bool = False
   def generate():
     for ex in fid_format.iter_fid_examples(path,
                                            require_answers=require_answers):
-      passages = fid_format.format_passages(ex, max(1, len(ex.ctxs)))
-      yield {"id": ex.id or "", "question": ex.question,
-             "passages": _strings(passages),
-             "answers": _strings(ex.answers), "target": ex.target or ""}
+      yield example_features(ex)
   return tf.data.Dataset.from_generator(generate,
                                         output_signature=OUTPUT_SIGNATURE)
 
 
-def fid_file_source(subdir: str) -> seqio.FunctionDataSource:
+class FidFileSource(seqio.FunctionDataSource):
+  """``{fid_data_dir}/{subdir}/{split}.json[l]`` (see :mod:`tasks.config`).
+
+  :meth:`fid_examples` reads the same file without TensorFlow (jaxfid's
+  trainer).
+  """
+
+  def __init__(self, subdir: str):
+    self.subdir = subdir
+
+    def dataset_fn(split: str, shuffle_files: bool, seed=None):
+      del shuffle_files, seed  # one file per split
+      return fid_file_dataset(config.fid_file(subdir, split),
+                              require_answers=split == "train")
+    dataset_fn.__name__ = f"fid_{subdir}_dataset"
+    super().__init__(dataset_fn, splits=config.SPLITS)
+
+  def fid_examples(self, split: str) -> Iterator[FidExample]:
+    if split not in config.SPLITS:
+      raise InputError(split, f"unknown split; expected one of "
+                       f"{', '.join(config.SPLITS)}")
+    return fid_format.iter_fid_examples(config.fid_file(self.subdir, split),
+                                        require_answers=split == "train")
+
+
+def fid_file_source(subdir: str) -> FidFileSource:
   """A seqio source reading ``{fid_data_dir}/{subdir}/{split}.json[l]``."""
-  def dataset_fn(split: str, shuffle_files: bool, seed=None):
-    del shuffle_files, seed  # one file per split
-    return fid_file_dataset(config.fid_file(subdir, split),
-                            require_answers=split == "train")
-  dataset_fn.__name__ = f"fid_{subdir}_dataset"
-  return seqio.FunctionDataSource(dataset_fn, splits=config.SPLITS)
+  return FidFileSource(subdir)
+
+
+def source_examples(source: seqio.DataSource, split: str, name: str = ""
+                    ) -> list[FidExample]:
+  """Every example of a FiD task's source split, in order, unshuffled.
+
+  FiD files are read directly; any other source is iterated (its TensorFlow
+  errors become :class:`InputError` naming ``name``).
+  """
+  if isinstance(source, FidFileSource):
+    return list(source.fid_examples(split))
+  dataset = source.get_dataset(split=split, shuffle=False)
+  try:
+    return [example_from_features(f) for f in dataset.as_numpy_iterator()]
+  except tf.errors.OpError as e:
+    reason = (e.message or str(e)).strip().splitlines()[0]
+    raise InputError(name or split, f"{split}: {reason}") from None
 
 
 # --------------------------------------------------------------- TFDS + join
+
+
+def _title_case_if_upper_tf(text: tf.Tensor) -> tf.Tensor:
+  """``jaxfid.fid.examples.title_case_if_upper`` of a scalar string tensor."""
+  out = tf.numpy_function(
+      lambda b: np.bytes_(fid_format.title_case_if_upper(
+          b.decode("utf-8")).encode("utf-8")), [text], tf.string,
+      stateful=False)
+  out.set_shape([])
+  return out
 
 
 def tfds_to_common(dataset: tf.data.Dataset, name: str) -> tf.data.Dataset:
@@ -115,8 +205,7 @@ def tfds_to_common(dataset: tf.data.Dataset, name: str) -> tf.data.Dataset:
               "target": empty, "id": empty}
     if name == TRIVIA_QA:
       return {"question": ex["question"], "answers": ex["answer"]["aliases"],
-              "target": preprocessors.title_case_if_upper(
-                  ex["answer"]["value"]),
+              "target": _title_case_if_upper_tf(ex["answer"]["value"]),
               "id": ex["question_id"]}
     return {"question": ex["question"], "answers": ex["answers"]["text"],
             "target": empty, "id": ex["id"]}
@@ -134,19 +223,19 @@ def _normalize_question_tf(text: tf.Tensor) -> tf.Tensor:
 
 
 def load_retrieval(path: str, n_context: int, key: str
-                   ) -> tuple[list[str], list[str], list[int]]:
+                   ) -> tuple[list[str], list[Passage], list[int]]:
   """Reads a retrieval results file for :func:`join_retrieval`.
 
   Returns:
-    ``(keys, suffixes, row_splits)``: one key per distinct question (the
-    first record wins), and the passage suffixes ``" title: T context: P"``
-    of record ``i`` (its ``n_context`` best, ``[""]`` when it has none) in
-    ``suffixes[row_splits[i]:row_splits[i + 1]]``.
+    ``(keys, passages, row_splits)``: one key per distinct question (the
+    first record wins), and the passages of record ``i`` (its
+    ``n_context`` best by score, best first) in
+    ``passages[row_splits[i]:row_splits[i + 1]]``.
 
   Raises:
     InputError: a malformed file, or (``key == "id"``) a record without id.
   """
-  keys, suffixes, splits, seen = [], [], [0], set()
+  keys, passages, splits, seen = [], [], [0], set()
   for number, ex in enumerate(fid_format.iter_fid_examples(path), start=1):
     if key == "id":
       if ex.id is None:
@@ -159,27 +248,21 @@ def load_retrieval(path: str, n_context: int, key: str
       continue
     seen.add(k)
     keys.append(k)
-    passages = fid_format.sorted_passages(ex)[:n_context]
-    suffixes.extend(
-        f" {fid_format.TITLE_PREFIX} {p.title} {fid_format.PASSAGE_PREFIX} "
-        f"{p.text}" for p in passages)
-    if not passages:
-      suffixes.append("")
-    splits.append(len(suffixes))
-  return keys, suffixes, splits
+    passages.extend(fid_format.sorted_passages(ex)[:n_context])
+    splits.append(len(passages))
+  return keys, passages, splits
 
 
 def join_retrieval(dataset: tf.data.Dataset, retrieval_path: str, *,
                    n_context: int | None = None,
                    key: str | None = None) -> tf.data.Dataset:
-  """Adds ``passages`` to each question from a retrieval results file.
+  """Adds each question's retrieved ``titles``, ``texts`` and ``scores``.
 
   Each example's ``question`` (or ``id``) is looked up among the file's
-  records; its passage strings are ``"question: Q title: T context: P"``
-  with the dataset's own question text, best score first, at most
-  ``n_context`` of them (``["question: Q"]`` for a record without
-  passages). A question missing from the file fails the iteration with an
-  error naming it and the file.
+  records and gets that record's passages, best score first, at most
+  ``n_context`` of them (none for a record without passages); the question
+  text stays the dataset's own. A question missing from the file fails the
+  iteration with an error naming it and the file.
 
   Args:
     dataset: examples with ``question`` and ``id`` strings.
@@ -193,14 +276,17 @@ def join_retrieval(dataset: tf.data.Dataset, retrieval_path: str, *,
   key = config.fid_join_key() if key is None else key
   if key not in config.JOIN_KEYS:
     raise ValueError(f"key must be one of {config.JOIN_KEYS}, got {key!r}")
-  keys, suffixes, splits = load_retrieval(retrieval_path, n_context, key)
+  keys, passages, splits = load_retrieval(retrieval_path, n_context, key)
   table = tf.lookup.StaticHashTable(
       tf.lookup.KeyValueTensorInitializer(
           tf.constant(keys, tf.string),
           tf.range(len(keys), dtype=tf.int64)), default_value=-1)
-  flat = tf.constant(suffixes, tf.string)
+  titles = tf.constant(_strings([p.title for p in passages]), tf.string)
+  texts = tf.constant(_strings([p.text for p in passages]), tf.string)
+  scores = tf.constant(np.asarray(
+      [math.nan if p.score is None else p.score for p in passages],
+      np.float64), tf.float64)
   row_splits = tf.constant(splits, tf.int64)
-  prefix = fid_format.QUESTION_PREFIX + " "
   message = f"not in the retrieval results {retrieval_path} ({key}):"
 
   def fn(ex):
@@ -210,9 +296,9 @@ def join_retrieval(dataset: tf.data.Dataset, retrieval_path: str, *,
     check = tf.debugging.Assert(row >= 0, [message, lookup])
     with tf.control_dependencies([check]):
       row = tf.identity(row)
-    found = flat[row_splits[row]:row_splits[row + 1]]
-    passages = tf.strings.join([prefix + ex["question"], found])
-    return {**ex, "passages": passages}
+    begin, end = row_splits[row], row_splits[row + 1]
+    return {**ex, "titles": titles[begin:end], "texts": texts[begin:end],
+            "scores": scores[begin:end]}
   return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 

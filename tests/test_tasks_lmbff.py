@@ -202,6 +202,24 @@ def test_postprocess_and_metric_fns():
       {"accuracy": 0.5, "f1": 2 * 2 / (2 * 2 + 1 + 1)})
 
 
+def test_ranked_label_words_decode_to_their_classes(tokenizer):
+  """jaxfid eval's rank classification predicts a label word's ids; the
+  task's own decoding and postprocessing must give back its class."""
+  from jaxfid.refusion.batches import label_token_matrix
+  assert set(lmbff_tasks.TASK_SPECS) == set(tasks.LMBFF_TASK_NAMES)
+  assert lmbff_tasks.task_spec("nq_open_fid") is None
+  for name in ("lmbff_mnli_16_13", "glue_mrpc_prompt") + tuple(
+      lmbff_tasks.lmbff_task_name(t, 13) for t in
+      ("sst-2", "sst-5", "mr", "cr", "mpqa", "subj", "trec", "cola", "snli",
+       "qnli", "rte", "qqp")):
+    task = seqio.TaskRegistry.get(name)
+    spec = lmbff_tasks.task_spec(name)
+    vocab = task.output_features["targets"].vocabulary
+    rows = label_token_matrix(spec.label_words, tokenizer)
+    assert [task.postprocess_fn(vocab.decode(row.tolist()))
+            for row in rows] == list(range(len(spec.label_words))), name
+
+
 def test_seqio_evaluator_with_fixed_predictions(kshot, tokenizer):
   _write(kshot / "MRPC" / "16-13" / "dev.tsv",
          "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"

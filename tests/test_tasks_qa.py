@@ -13,10 +13,12 @@ import seqio
 import tensorflow as tf
 
 import tasks
-from jaxfid.fid import examples as fid_format
 from jaxfid.core.errors import InputError
-from jaxfid.core.tokenization import Tokenizer, encode_padded
-from tasks import config, metrics, preprocessors, sources
+from jaxfid.core.tokenization import EOS_ID, Tokenizer, encode_padded
+from jaxfid.fid import examples as fid_format
+from jaxfid.fid import task as fid_task
+from jaxfid.fid.batches import FidBatcher
+from tasks import config, fid_examples, metrics, sources
 from tasks.feature_converter import FidFeatureConverter, fid_feature_converter
 
 LENGTHS = {"inputs": (3, 12), "targets": 6}
@@ -39,9 +41,10 @@ def _write(path, records, as_list=False):
         f.write(json.dumps(r) + "\n")
 
 
+# one answer or an explicit target each: the target cannot depend on the draw
 NQ_RECORDS = [
     {"id": "q0", "question": "who wrote hamlet",
-     "answers": ["Shakespeare", "William Shakespeare"],
+     "answers": ["William Shakespeare"],
      "ctxs": [{"title": "Low", "text": "low score", "score": 1.0},
               {"title": "High", "text": LONG, "score": "9.5"},
               {"title": "Mid", "text": "middle", "score": 5},
@@ -49,8 +52,9 @@ NQ_RECORDS = [
               {"title": "Lower", "text": "lowest", "score": -2}]},
     {"question": "question with no passages", "answers": ["blue whale"]},
     {"id": "q2", "question": "what is the target", "target": "given target",
-     "answers": ["an answer"],
-     "ctxs": [{"title": "Only", "text": "one passage", "score": 0.5}]},
+     "answers": ["an answer", "another"],
+     "ctxs": [{"title": "Only", "text": "one passage", "score": 0.5},
+              {"title": "Tie", "text": "same score", "score": 0.5}]},
 ]
 
 
@@ -109,39 +113,51 @@ def test_tfds_task_reports_missing_retrieval_before_tfds(monkeypatch):
 # ------------------------------------------------------------- FiD files
 
 
-def test_nq_features_match_fid_format(data_dir, tokenizer):
+def test_nq_arrays_equal_the_fid_file_path(data_dir, tokenizer):
+  """The task's token arrays are the FiD-file path's, exactly."""
   got = _examples("nq_open_fid")
   want = fid_format.read_fid_examples(data_dir / "nq" / "train.jsonl")
   assert len(got) == len(want) == 3
   for ex, example in zip(got, want):
     strings = fid_format.format_passages(example, 3)
     assert [_text(s) for s in ex["inputs_pretokenized"]] == strings
-    assert ex["inputs"].shape[0] == len(strings)
+    tokens, mask = fid_format.encode_example(tokenizer, example, 3, 12)
+    # the real passages' rows, EOS kept within 12 tokens, padded with 0
+    np.testing.assert_array_equal(ex["inputs"], tokens[mask])
+    assert ex["inputs"].dtype == np.int32
     assert [_text(a) for a in ex["answers"]] == list(example.answers)
+    target = fid_format.choose_target(example, np.random.default_rng(0))
+    assert _text(ex["targets_pretokenized"]) == target
+    np.testing.assert_array_equal(
+        ex["targets"], [t for t in fid_format.encode_target(
+            tokenizer, target, 6) if t])
+    assert set(ex) == {"id", "question", "answers", "target", "inputs",
+                       "inputs_pretokenized", "targets",
+                       "targets_pretokenized"}
   # sorted by score (numeric string too), unscored last, cut to n_context
   assert [_text(s).split(" title: ")[1].split(" context:")[0]
           for s in got[0]["inputs_pretokenized"]] == ["High", "Mid", "Low"]
-  assert len(got[0]["passages"]) == 5
   assert [_text(s) for s in got[1]["inputs_pretokenized"]] == [
       "question: question with no passages"]
-  assert _text(got[2]["targets_pretokenized"]) == "given target"
-  assert _text(got[0]["targets_pretokenized"]) in NQ_RECORDS[0]["answers"]
+  assert got[0]["inputs"][0, -1] == EOS_ID  # the long passage, cut
 
+  # model features == FidBatcher's batch rows of the same examples
   model = list(fid_feature_converter(
       seqio.get_mixture_or_task("nq_open_fid").get_dataset(
           LENGTHS, split="train", shuffle=False, seed=0),
       n_context=3, text_maxlength=12, answer_maxlength=6).as_numpy_iterator())
-  for ex, feats, example in zip(got, model, want):
-    tokens, mask = fid_format.encode_example(tokenizer, example, 3, 12)
-    np.testing.assert_array_equal(feats["encoder_input_tokens"], tokens)
-    np.testing.assert_array_equal(feats["passage_mask"], mask)
-    target = fid_format.encode_target(
-        tokenizer, _text(ex["targets_pretokenized"]), 6)
-    np.testing.assert_array_equal(feats["decoder_target_tokens"], target)
-    assert feats["encoder_input_tokens"].dtype == np.int32
-    assert feats["passage_mask"].dtype == bool
-  # the long passage was cut with EOS kept in the last slot
-  assert model[0]["encoder_input_tokens"][0, -1] == 1
+  batcher = FidBatcher(want, tokenizer, batch_size=3, n_context=3,
+                       text_maxlength=12, answer_maxlength=6, seed=0)
+  try:
+    batch, order = batcher.batch(0), batcher.indices(0)
+  finally:
+    batcher.close()
+  assert sorted(order.tolist()) == [0, 1, 2]
+  for row, i in enumerate(order):
+    for key in ("encoder_input_tokens", "passage_mask",
+                "decoder_target_tokens"):
+      np.testing.assert_array_equal(model[i][key], batch[key][row])
+      assert model[i][key].dtype == batch[key].dtype
   assert model[1]["passage_mask"].tolist() == [True, False, False]
 
 
@@ -151,10 +167,13 @@ def test_validation_reads_dev_json_list_and_gin_n_context(data_dir):
     got = _examples("nq_open_fid", split="validation", lengths=None)
   finally:
     gin.parse_config("tasks.config.fid_n_context.n_context = 100")
-  assert [len(ex["inputs"]) for ex in got] == [2, 1, 1]
-  # no sequence length: rows end in EOS, nothing is cut
-  assert all(row[-1] == 1 for row in got[0]["inputs"])
-  assert len(got[0]["inputs"][0]) > 12
+  assert [len(ex["inputs"]) for ex in got] == [2, 1, 2]
+  # no sequence length: nothing is cut; rows are padded to the longest
+  for row in got[0]["inputs"]:
+    real = row[:np.count_nonzero(row)]
+    assert real[-1] == EOS_ID and EOS_ID not in real[:-1]
+  assert np.count_nonzero(got[0]["inputs"][0]) > 12
+  assert got[0]["targets"].tolist()[-1] == EOS_ID
 
 
 def test_split_and_record_errors(data_dir):
@@ -204,13 +223,35 @@ def test_trivia_qa_title_cases_drawn_answers_only(tmp_path, monkeypatch):
   assert nq[0] == "THE BEATLES"
 
 
-@pytest.mark.parametrize("text", [
-    "THE BEATLES", "AC/DC", "ÉCOLE NORMALE", "ŁÓDŹ KALISKA", "123", "",
-    "Mixed CASE", "R2-D2", "ALREADY Title", "A", "1ST PLACE"])
-def test_title_case_matches_python(text):
-  want = text.title() if text.isupper() else text
-  assert _text(preprocessors.title_case_if_upper(
-      tf.constant(text)).numpy()) == want
+# ------------------------------------------------- the trainer's examples
+
+
+def test_seqio_example_source_reads_tasks_and_mixtures(data_dir):
+  assert fid_task.EXAMPLE_SOURCES.get(fid_task.SEQIO) is (
+      fid_examples.read_components)
+  (component,) = fid_task.read_mixture("nq_open_fid", "train")
+  assert component == fid_task.Component(
+      "nq_open_fid", 1.0, "nq",
+      fid_format.read_fid_examples(data_dir / "nq" / "train.jsonl"))
+  _write(data_dir / "trivia_qa" / "validation.jsonl",
+         [{"question": "band", "answers": ["THE BEATLES"]}])
+  seqio.MixtureRegistry.remove("test_nq_trivia_mixture")
+  seqio.MixtureRegistry.add("test_nq_trivia_mixture",
+                            [("nq_open_fid", 2.0), ("trivia_qa_fid", 1.0)])
+  try:
+    got = fid_task.read_mixture("test_nq_trivia_mixture", "validation")
+  finally:
+    seqio.MixtureRegistry.remove("test_nq_trivia_mixture")
+  assert [(c.task, c.rate, c.dataset, len(c.examples)) for c in got] == [
+      ("nq_open_fid", 2.0, "nq", 3), ("trivia_qa_fid", 1.0, "trivia_qa", 1)]
+  assert got[1].examples[0].answers == ("THE BEATLES",)
+  with pytest.raises(InputError, match="MIXTURE_OR_TASK_NAME: no seqio task "
+                     "or mixture 'nope'"):
+    fid_task.read_mixture("nope", "train")
+  with pytest.raises(InputError, match="'lmbff_sst_2_16_13' is not a FiD QA"):
+    fid_task.read_mixture("lmbff_sst_2_16_13", "train")
+  with pytest.raises(InputError, match="no test file"):
+    fid_task.read_mixture("nq_open_fid", "test")
 
 
 # ------------------------------------------------------ converter, metrics
@@ -322,14 +363,17 @@ def test_join_retrieval_on_tfds_shaped_data(tmp_path, name, key):
   ds = sources.join_retrieval(sources.tfds_to_common(_tfds_like(name), name),
                               str(path), n_context=2, key=key)
   got = list(ds.as_numpy_iterator())
-  assert [_text(p) for p in got[0]["passages"]] == [
-      "question: who wrote hamlet"]
+  assert got[0]["titles"].size == got[0]["texts"].size == 0
+  # the record's 2 best passages, best first; the dataset's own question
+  assert [_text(t) for t in got[1]["titles"]] == ["P2", "P1"]
+  assert got[1]["scores"].tolist() == [3.0, 2.0]
   paris = fid_format.FidExample(
       question="where is  paris",
       ctxs=tuple(fid_format.Passage(c["title"], c["text"], c["score"])
                  for c in RETRIEVAL[0]["ctxs"]))
-  assert [_text(p) for p in got[1]["passages"]] == (
-      fid_format.format_passages(paris, 2))
+  assert fid_format.format_passages(
+      sources.example_from_features(got[1]), 2) == (
+          fid_format.format_passages(paris, 2))
   if name == "trivia_qa":
     assert [_text(a) for a in got[0]["answers"]] == ["Bard", "WS"]
     assert _text(got[0]["target"]) == "William Shakespeare"
@@ -369,6 +413,14 @@ def test_tfds_task_end_to_end(tmp_path, monkeypatch):
   assert [len(ex["inputs"]) for ex in got] == [1, 3]
   assert _text(got[1]["inputs_pretokenized"][0]).endswith("more paris")
   assert _text(got[1]["targets_pretokenized"]) in ("France", "FR")
+  # the trainer reads the same source (no TensorFlow-side formatting)
+  (component,) = fid_task.read_mixture("natural_questions_open_fid",
+                                       "validation")
+  assert component.dataset == "nq"
+  assert [e.question for e in component.examples] == [
+      "who wrote hamlet", "where is  paris"]
+  assert [p.title for p in component.examples[1].ctxs] == ["P2", "P1", "P3"]
+  assert component.examples[1].answers == ("France", "FR")
   # an explicit file per task and split wins over the directory
   _write(tmp_path / "other.jsonl", RETRIEVAL[1:] + [
       {"question": "where is paris", "ctxs": [{"title": "X", "text": "x"}]}])

@@ -1,4 +1,4 @@
-"""t5x-style gin flags shared by ``jaxfid train`` and ``jaxfid bench``.
+"""t5x-style gin flags shared by ``jaxfid train``, ``eval`` and ``bench``.
 
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
 ``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``). Gin files and
@@ -107,7 +107,7 @@ class GinRun:
     from jaxfid.training import launch
     self.parse(macros)
     try:
-      return gin.get_configurable(launch.run)()
+      return call_configurable(gin.get_configurable(launch.run))
     finally:
       gin.clear_config()
 
@@ -124,3 +124,14 @@ def macro_value(name: str):
   if value is gin.REQUIRED:
     return None
   return value
+
+
+def call_configurable(fn):
+  """``fn()`` (a gin configurable); a missing required binding becomes a
+  one-line InputError."""
+  try:
+    return fn()
+  except TypeError as e:
+    if "gin.REQUIRED" in str(e) or "required" in str(e):
+      raise InputError("gin", " ".join(str(e).split())) from None
+    raise

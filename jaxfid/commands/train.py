@@ -1,4 +1,8 @@
-"""``jaxfid train --gin_file=F [--gin_file=G ...] [--gin.NAME=VALUE ...]``."""
+"""``jaxfid train --gin_file=F [--gin_file=G ...] [--gin.NAME=VALUE ...]``.
+
+With the ``MIXTURE_OR_TASK_NAME`` macro set, the seqio tasks are imported
+(they register the ``seqio`` example source the FiD task reads them with).
+"""
 from __future__ import annotations
 
 import json
@@ -29,17 +33,13 @@ def maybe_initialize_distributed(requested: bool) -> None:
 def run(args) -> int:
   import gin
 
-  from jaxfid.commands import gin_flags
+  from jaxfid.commands import gin_flags, seqio_tasks
   from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
+    seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source
   maybe_initialize_distributed(args.distributed)
-  try:
-    result = gin.get_configurable(launch.run)()
-  except TypeError as e:
-    if "gin.REQUIRED" in str(e) or "required" in str(e):
-      from jaxfid.core.errors import InputError
-      raise InputError("gin", " ".join(str(e).split())) from None
-    raise
+  result = gin_flags.call_configurable(gin.get_configurable(launch.run))
   print(json.dumps({k: v for k, v in result.items()
                     if isinstance(v, (int, float, str, bool))}))
   return 0

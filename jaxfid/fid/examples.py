@@ -54,6 +54,7 @@ from jaxfid.core.tokenization import (
 QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"
 PASSAGE_PREFIX = "context:"
+TRIVIA_QA = "trivia_qa"  # the dataset whose drawn answers are title-cased
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 
@@ -475,9 +476,16 @@ def choose_target(example: FidExample, rng: np.random.Generator,
     raise ValueError(f"example {example.id or example.question!r} has no "
                      "target and no answers")
   answer = example.answers[int(rng.integers(len(example.answers)))]
-  if dataset == "trivia_qa" and answer.isupper():
-    answer = answer.title()
+  if dataset == TRIVIA_QA:
+    answer = title_case_if_upper(answer)
   return answer
+
+
+def title_case_if_upper(text: str) -> str:
+  """FiD's TriviaQA casing: an all-uppercase text is title-cased
+  (``"THE BEATLES"`` -> ``"The Beatles"``, ``"DON'T"`` -> ``"Don'T"``,
+  Python's ``str.title``); any other text is returned as it is."""
+  return text.title() if text.isupper() else text
 
 
 def encode_target(tokenizer: Tokenizer, text: str,

@@ -1,0 +1,36 @@
+"""``jaxfid eval --gin_file=F [--gin.NAME=VALUE ...]``: seqio evaluation.
+
+  jaxfid eval --gin_file=gin/fid/tiny.gin --gin.CHECKPOINT_PATH="'out'" \
+    --gin.MIXTURE_OR_TASK_NAME="'trivia_qa_fid'" --gin.EVAL_OUTPUT_DIR="'ev'" \
+    [--gin.EVAL_SPLIT="'validation'"] --gin.N_CONTEXT=3 ...
+
+Every method's gin file includes ``gin/evaluation.gin`` (through
+``gin/training.gin``), whose macros configure
+:func:`jaxfid.commands.seqio_eval.evaluate`.
+"""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(subparsers) -> None:
+  from jaxfid.commands import gin_flags
+  p = subparsers.add_parser(
+      "eval", help="evaluate a checkpoint on a seqio task or mixture",
+      description="Run seqio.Evaluator on a task or mixture with a "
+                  "checkpoint's predict and score functions; writes "
+                  "EVAL_OUTPUT_DIR/metrics.jsonl, per-example predictions "
+                  "and TensorBoard summaries.")
+  gin_flags.add_gin_arguments(p)
+  p.set_defaults(func=run, accepts_gin_bindings=True)
+
+
+def run(args) -> int:
+  import gin
+
+  from jaxfid.commands import gin_flags, seqio_eval
+  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  result = gin_flags.call_configurable(
+      gin.get_configurable(seqio_eval.evaluate))
+  print(json.dumps(result))
+  return 0

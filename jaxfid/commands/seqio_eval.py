@@ -1,0 +1,260 @@
+"""``jaxfid eval``: a checkpoint on a seqio task or mixture, t5x style.
+
+``gin/evaluation.gin`` binds :func:`evaluate` (``CHECKPOINT_PATH``,
+``EVAL_OUTPUT_DIR``, ``MIXTURE_OR_TASK_NAME``, ``EVAL_SPLIT``,
+``EVAL_BATCH_SIZE``, ``EVAL_MAX_EXAMPLES``); ``gin/training.gin`` includes
+it, so every method's gin file offers ``jaxfid eval``. :func:`evaluate` runs
+``seqio.Evaluator`` on the split with the checkpoint's model functions and
+writes what :mod:`jaxfid.commands.eval_outputs` describes.
+
+The model functions come from the checkpoint's method (``method`` in its
+``jaxfid_config.json``; any other checkpoint format is a FiD reader),
+looked up in :data:`METHODS`: FiD and ReAtt generate answers over passages
+for the QA tasks (:class:`jaxfid.fid.checkpoint_eval.
+FidCheckpointEvaluator`, configured by the FiD gin macros), ReFusion ranks
+the label words of the LM-BFF / GLUE prompt tasks with its fused neighbours
+(:class:`jaxfid.refusion.checkpoint_eval.ReFusionCheckpointEvaluator`,
+configured by its run). A method evaluator gets seqio-free NumPy batches of
+the feature converter's model features (``EVAL_BATCH_SIZE`` rows, the last
+batch padded by repeating its first row) and answers
+
+* ``kind``: ``"qa"`` or ``"classification"`` (the tasks it can evaluate);
+* ``step``: the step of the loaded parameters (``metrics.jsonl``'s
+  ``step``);
+* ``sequence_length(task_spec)``: seqio's task feature lengths;
+* ``prepare(examples, task_spec)``: once per task, its examples (dicts of
+  NumPy values, evaluation order) and LM-BFF spec (None for QA);
+* ``predict(indices, batch)``: int32 ``[B, T]`` ids (one length: NumPy 2
+  refuses ragged predictions); ``score(indices, batch)``: float32 ``[B]``
+  target log-likelihoods.
+
+This module imports nothing heavy at its top (gin imports it when parsing
+``gin/evaluation.gin``); seqio and the tasks are imported by
+:func:`evaluate`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Iterator
+
+import gin
+import numpy as np
+
+from jaxfid.core.errors import InputError
+from jaxfid.core.registry import Registry
+
+
+def _fid_evaluator():
+  from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+  return FidCheckpointEvaluator
+
+
+def _refusion_evaluator():
+  from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
+  return ReFusionCheckpointEvaluator
+
+
+# run config "method" -> a function returning the method's evaluator class
+METHODS: Registry = Registry(
+    "evaluation method", hint="jaxfid eval evaluates FiD, ReAtt and ReFusion "
+    "checkpoints")
+METHODS.register("fid", _fid_evaluator)
+METHODS.register("reatt", _fid_evaluator)
+METHODS.register("refusion", _refusion_evaluator)
+DEFAULT_METHOD = "fid"  # checkpoints without a run config: HF, T5X, FiD
+
+
+def run_config_of(path: str) -> dict:
+  """A MODEL_DIR's ``jaxfid_config.json``; {} for other checkpoints."""
+  from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
+  if not os.path.exists(path):
+    raise InputError(path, "no such checkpoint (CHECKPOINT_PATH)")
+  if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+    return {}
+  try:
+    return read_run_config(path)
+  except json.JSONDecodeError as e:
+    raise InputError(os.path.join(path, CONFIG_FILE), f"bad JSON: {e.msg}",
+                     where=e.lineno) from None
+
+
+def configured(cls):
+  """``cls`` with its gin bindings when a gin file configures it."""
+  try:
+    return gin.get_configurable(cls)
+  except (KeyError, ValueError):
+    return cls
+
+
+def eval_tasks(name: str, split: str) -> list[tuple[str, str, Any]]:
+  """``[(task name, kind, LM-BFF spec or None), ...]`` of mixture or task
+  ``name``; every task must be a jaxfid QA or prompt task with ``split``."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  from tasks import lmbff, qa  # pylint: disable=g-import-not-at-top
+  where = "MIXTURE_OR_TASK_NAME"
+  try:
+    provider = seqio.get_mixture_or_task(name)
+  except ValueError:
+    raise InputError(where, f"no seqio task or mixture {name!r} is "
+                     "registered") from None
+  out = []
+  for task in seqio.get_subtasks(provider):
+    spec = lmbff.task_spec(task.name)
+    if task.name in qa.FID_TASKS:
+      kind = "qa"
+    elif spec is not None:
+      kind = "classification"
+    else:
+      raise InputError(where, f"task {task.name!r} is neither a FiD QA task "
+                       "nor an LM-BFF/GLUE prompt task")
+    if split not in task.splits:
+      raise InputError("EVAL_SPLIT", f"task {task.name!r} has no {split!r} "
+                       f"split (it has {', '.join(task.splits)})")
+    out.append((task.name, kind, spec))
+  return out
+
+
+def _merged_lengths(evaluator, specs: list) -> dict:
+  """One ``sequence_length`` for all tasks (the longest of each feature)."""
+  merged: dict = {}
+  for spec in specs:
+    for key, value in evaluator.sequence_length(spec).items():
+      old = merged.get(key)
+      merged[key] = value if old is None else (
+          tuple(max(a, b) for a, b in zip(old, value))
+          if isinstance(value, tuple) else max(old, value))
+  return merged
+
+
+def batches(dataset, batch_size: int
+            ) -> Iterator[tuple[np.ndarray, dict, int]]:
+  """``(indices, batch, real rows)`` of an enumerated seqio model dataset;
+  every batch has ``batch_size`` rows (the last repeats its first row)."""
+  rows: list = []
+
+  def stack():
+    real = len(rows)
+    full = rows + [rows[0]] * (batch_size - real)
+    indices = np.asarray([int(i) for i, _ in full], np.int64)
+    batch = {k: np.stack([np.asarray(f[k]) for _, f in full])
+             for k in full[0][1]}
+    return indices, batch, real
+
+  for index, features in dataset.as_numpy_iterator():
+    rows.append((index, features))
+    if len(rows) == batch_size:
+      yield stack()
+      rows = []
+  if rows:
+    yield stack()
+
+
+class ModelFunctions:
+  """seqio's ``predict_fn`` / ``score_fn`` over a method evaluator.
+
+  seqio calls them with one task's enumerated model dataset at a time; the
+  task is recognised by that dataset (the Evaluator's cached one), and the
+  evaluator is prepared with the task's examples before its first batch.
+  """
+
+  def __init__(self, evaluator, seqio_evaluator, specs: dict,
+               batch_size: int, progress: bool):
+    self.evaluator = evaluator
+    self.seqio_evaluator = seqio_evaluator
+    self.specs = specs
+    self.batch_size = batch_size
+    self.progress = progress
+    self._names = {id(ds): name for name, ds in
+                   seqio_evaluator.cached_model_datasets.items()}
+    self._current = None
+
+  def _run(self, dataset, fn, desc: str) -> list[tuple[int, Any]]:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    name = self._names[id(dataset)]
+    if name != self._current:
+      examples = list(
+          self.seqio_evaluator.cached_task_datasets[name].as_numpy_iterator())
+      self.evaluator.prepare(examples, self.specs[name])
+      self._current = name
+    out = []
+    for indices, batch, real in tqdm(
+        batches(dataset, self.batch_size), desc=f"{desc} {name}",
+        disable=not self.progress, file=sys.stderr, leave=False):
+      values = fn(indices, batch)
+      out.extend((int(i), values[j]) for j, i in enumerate(indices[:real]))
+    return out
+
+  def predict(self, dataset) -> list[tuple[int, np.ndarray]]:
+    return self._run(dataset, self.evaluator.predict, "predict")
+
+  def score(self, dataset) -> list[tuple[int, float]]:
+    return self._run(dataset, lambda i, b: [float(s) for s in
+                                            self.evaluator.score(i, b)],
+                     "score")
+
+
+def evaluate(*, checkpoint_path: str, output_dir: str,
+             mixture_or_task_name: str | None = None,
+             split: str = "validation", batch_size: int = 8,
+             max_examples: int | None = None, progress: bool = True) -> dict:
+  """Evaluates a checkpoint on a seqio task or mixture (module docstring).
+
+  Returns:
+    ``{"step", "split", "output_dir", "metrics": {task: {name: value}}}``.
+  """
+  if not mixture_or_task_name:
+    raise InputError("MIXTURE_OR_TASK_NAME", "required: the seqio task or "
+                     "mixture to evaluate")
+  if int(batch_size) < 1:
+    raise InputError("EVAL_BATCH_SIZE", f"must be at least 1, got "
+                     f"{batch_size}")
+  if max_examples is not None and int(max_examples) < 1:
+    raise InputError("EVAL_MAX_EXAMPLES", f"must be at least 1, got "
+                     f"{max_examples}")
+  run = run_config_of(os.fspath(checkpoint_path))
+  method = run.get("method", DEFAULT_METHOD)
+  evaluator_cls = METHODS.get(method, "CHECKPOINT_PATH")()
+
+  from jaxfid.commands import seqio_tasks  # pylint: disable=g-import-not-at-top
+  seqio_tasks.import_tasks()
+  import seqio  # pylint: disable=g-import-not-at-top
+  from jaxfid.commands.eval_outputs import EvalOutputs, metric_values  # pylint: disable=g-import-not-at-top
+  from tasks.feature_converter import FidFeatureConverter  # pylint: disable=g-import-not-at-top
+
+  found = eval_tasks(mixture_or_task_name, split)
+  for name, kind, _ in found:
+    if kind != evaluator_cls.kind:
+      raise InputError("MIXTURE_OR_TASK_NAME", f"a {method} checkpoint "
+                       f"evaluates {evaluator_cls.kind} tasks; {name!r} is a "
+                       f"{kind} task")
+  specs = {name: spec for name, _, spec in found}
+  evaluator = configured(evaluator_cls)(os.fspath(checkpoint_path), run)
+  converter = (FidFeatureConverter() if evaluator_cls.kind == "qa"
+               else seqio.EncDecFeatureConverter(pack=False))
+
+  def logger(output_dir):
+    return EvalOutputs(output_dir, split=split)
+
+  seqio_evaluator = seqio.Evaluator(
+      mixture_or_task_name, converter, eval_split=split,
+      sequence_length=_merged_lengths(evaluator, list(specs.values())),
+      num_examples=max_examples, use_memory_cache=True,
+      async_compute_metrics=False, logger_cls=[logger], log_dir=output_dir)
+  try:
+    fns = ModelFunctions(evaluator, seqio_evaluator, specs, int(batch_size),
+                         progress)
+    result, _ = seqio_evaluator.evaluate(
+        compute_metrics=True, step=evaluator.step, predict_fn=fns.predict,
+        score_fn=fns.score)
+    metrics = result.result()
+  finally:
+    seqio_evaluator.close()
+  return {"step": evaluator.step, "split": split, "output_dir": output_dir,
+          "metrics": {task: metric_values(values)
+                      for task, values in metrics.items()}}
+
+
+__all__ = ["METHODS", "ModelFunctions", "batches", "configured",
+           "eval_tasks", "evaluate"]

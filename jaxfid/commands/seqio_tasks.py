@@ -1,0 +1,49 @@
+"""The seqio tasks, loaded by a command only when it needs them.
+
+jaxfid's library never imports seqio, TensorFlow or the ``tasks`` package;
+``jaxfid train`` (with ``MIXTURE_OR_TASK_NAME``) and ``jaxfid eval`` call
+:func:`import_tasks` inside their command functions. TensorFlow only runs
+``tf.data`` pipelines here, so it is kept off the accelerators (t5x does the
+same): JAX keeps all of their memory.
+"""
+from __future__ import annotations
+
+import gin
+
+from jaxfid.core.errors import InputError
+
+MIXTURE_OR_TASK_NAME = "MIXTURE_OR_TASK_NAME"
+_HINT = "install jaxfid with its seqio dependencies (tensorflow, seqio)"
+
+
+def gin_macro(name: str, default=None):
+  """The value gin's macro ``name`` is bound to (after parsing), else
+  ``default``."""
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return default
+
+
+def import_tasks(where: str = MIXTURE_OR_TASK_NAME):
+  """Imports (and so registers) jaxfid's seqio tasks; returns the package.
+
+  Raises:
+    InputError: seqio, TensorFlow or the ``tasks`` package is missing.
+  """
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise InputError(where, f"seqio tasks need TensorFlow: {_HINT}") from None
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError:  # TensorFlow already initialised its devices
+    pass
+  try:
+    import tasks  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    if e.name not in ("tasks", "seqio"):
+      raise
+    raise InputError(where, f"the seqio tasks cannot be imported ({e}): "
+                     f"{_HINT}") from None
+  return tasks

@@ -1,0 +1,169 @@
+"""A FiD checkpoint as the model of a ``jaxfid eval``: generation and scores.
+
+``jaxfid eval`` (:mod:`jaxfid.commands.seqio_eval`) runs ``seqio.Evaluator``
+on a task or mixture and asks the checkpoint's method for its model
+functions; for FiD (and ReAtt, whose checkpoints load and generate the same
+way) that is a :class:`FidCheckpointEvaluator`. It knows no seqio: it gets
+fixed-size batches of NumPy model features (the FiD feature converter's
+``encoder_input_tokens`` [B, P, L], ``passage_mask`` [B, P],
+``decoder_target_tokens`` [B, T]) and returns
+
+* :meth:`~FidCheckpointEvaluator.predict`: generated ids int32 [B,
+  answer_maxlength] (greedy or beam search, 0 after EOS: one length for
+  every row, as NumPy 2 needs), exactly ``jaxfid predict``'s decoding;
+* :meth:`~FidCheckpointEvaluator.score`: each example's target
+  log-likelihood (teacher forcing, padding excluded).
+
+The FiD settings (``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``,
+``EVAL_BEAMS``) come from gin (``gin/fid/base.gin`` binds them), else from
+the checkpoint's ``jaxfid_config.json`` (a FiD MODEL_DIR records them).
+:func:`checkpoint_step` names the step of the parameters that were loaded.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.checkpoints.model_dir import CONFIG_FILE
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid.predict import make_predict_fn
+from jaxfid.t5.model import shift_right
+
+_T5X_STEP = re.compile(r"^checkpoint_(\d+)$")
+# restore_params' choices: which -> the MODEL_DIR subdirectories tried, in order
+_MODEL_DIR_ORDER = {"best": ("best",), "latest": ("checkpoints",),
+                    "auto": ("best", "checkpoints")}
+
+
+def _saved_steps(directory: str) -> list[int]:
+  """The finished orbax steps in ``directory`` (temporary dirs excluded)."""
+  try:
+    names = os.listdir(directory)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  return sorted(int(n) for n in names
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def checkpoint_step(path: str, which: str = "auto") -> int:
+  """The training step of the parameters ``load_checkpoint(path)`` loads.
+
+  A jaxfid MODEL_DIR: the step of the checkpoint ``which`` selects ('auto':
+  the best one when there is one, else the latest, as
+  ``jaxfid.checkpoints.model_dir.restore_params`` chooses); a T5X checkpoint:
+  its ``checkpoint_<step>``; anything else (Hugging Face, FiD readers): 0.
+  """
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, CONFIG_FILE)):
+    for sub in _MODEL_DIR_ORDER[which]:
+      steps = _saved_steps(os.path.join(path, sub))
+      if steps:
+        return steps[-1]
+    return 0
+  from jaxfid.checkpoints import detect_format, t5x
+  if detect_format(path) in ("t5x", "t5x-orbax"):
+    located, _ = t5x.locate(path)
+    for part in reversed(located.parts):
+      match = _T5X_STEP.match(part)
+      if match:
+        return int(match.group(1))
+  return 0
+
+
+def target_log_likelihood(logits, targets) -> jax.Array:
+  """float32 [B]: the sum of ``log p(target token)`` over non-padding
+  targets (EOS included)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
+  token = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)
+
+
+class FidCheckpointEvaluator:
+  """Generation and target scores of a FiD (or ReAtt) checkpoint.
+
+  Args:
+    checkpoint: anything ``load_checkpoint`` reads (a MODEL_DIR: its best
+      checkpoint, else the latest, as ``jaxfid predict``).
+    run_config: the checkpoint's ``jaxfid_config.json`` ({} for other
+      formats), the fallback of the settings below.
+    n_context, text_maxlength, answer_maxlength: the FiD lengths (gin's
+      ``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``).
+    num_beams, alpha: beam search (1: greedy) and its length penalty.
+    dtype: activation dtype override.
+  """
+  kind = "qa"
+
+  def __init__(self, checkpoint: str, run_config: dict | None = None, *,
+               n_context: int | None = None,
+               text_maxlength: int | None = None,
+               answer_maxlength: int | None = None, num_beams: int = 1,
+               alpha: float = 0.6, dtype: str | None = None):
+    run = run_config or {}
+    settings = {}
+    for name, macro, value in (("n_context", "N_CONTEXT", n_context),
+                               ("text_maxlength", "TEXT_MAXLENGTH",
+                                text_maxlength),
+                               ("answer_maxlength", "ANSWER_MAXLENGTH",
+                                answer_maxlength)):
+      value = run.get(name) if value is None else value
+      if value is None:
+        raise InputError(macro, f"required to evaluate {checkpoint} (a FiD "
+                         "gin file sets it; a FiD MODEL_DIR records it)")
+      if int(value) < 1:
+        raise InputError(macro, f"must be at least 1, got {value}")
+      settings[name] = int(value)
+    if int(num_beams) < 1:
+      raise InputError("EVAL_BEAMS", f"must be at least 1, got {num_beams}")
+    self.n_context = settings["n_context"]
+    self.text_maxlength = settings["text_maxlength"]
+    self.answer_maxlength = settings["answer_maxlength"]
+    self.model, self.params, spiece = load_checkpoint(checkpoint, dtype=dtype)
+    self.tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece
+                                    else None)
+    self.step = checkpoint_step(checkpoint)
+    self._predict = make_predict_fn(self.model,
+                                    max_decode_len=self.answer_maxlength,
+                                    num_beams=int(num_beams), alpha=alpha)
+    model = self.model
+    self._score = jax.jit(lambda p, b: target_log_likelihood(
+        model.logits(p, b["encoder_input_tokens"],
+                     shift_right(b["decoder_target_tokens"]),
+                     passage_mask=b["passage_mask"]),
+        b["decoder_target_tokens"]))
+
+  def sequence_length(self, task_spec=None) -> dict:
+    """seqio's task feature lengths for this evaluation."""
+    del task_spec
+    return {"inputs": (self.n_context, self.text_maxlength),
+            "targets": self.answer_maxlength}
+
+  def prepare(self, examples: Sequence[dict], task_spec=None) -> None:
+    """Nothing to do before a task: FiD reads its passages from ``inputs``."""
+    del examples, task_spec
+
+  @staticmethod
+  def _inputs(batch: dict, with_targets: bool = False) -> dict:
+    keys = ["encoder_input_tokens", "passage_mask"]
+    if with_targets:
+      keys.append("decoder_target_tokens")
+    return {k: jnp.asarray(batch[k]) for k in keys}
+
+  def predict(self, indices: np.ndarray, batch: dict) -> np.ndarray:
+    """Generated ids int32 [B, answer_maxlength]."""
+    del indices
+    return np.asarray(jax.device_get(
+        self._predict(self.params, self._inputs(batch))), np.int32)
+
+  def score(self, indices: np.ndarray, batch: dict) -> np.ndarray:
+    """Target log-likelihoods float32 [B]."""
+    del indices
+    return np.asarray(jax.device_get(
+        self._score(self.params, self._inputs(batch, with_targets=True))),
+        np.float32)

@@ -1,0 +1,60 @@
+"""jaxfid's FiD trainer on a seqio task or mixture: the ``seqio`` example source.
+
+``MIXTURE_OR_TASK_NAME`` makes :class:`jaxfid.fid.task.FidTask` ask
+``jaxfid.fid.task.EXAMPLE_SOURCES`` for ``"seqio"``, which importing
+:mod:`tasks` registers as :func:`read_components`: every FiD QA task of the
+mixture (a task alone is a mixture of one, rate 1) is read from its *source*
+(its raw fields, :mod:`tasks.sources`) into ``FidExample``s, unshuffled and
+in file order, with its mixing rate and dataset. The trainer then builds the
+batches itself with the same Python preprocessing as for FiD files
+(``jaxfid.fid.batches.FidBatcher``: deterministic per (seed, step),
+resumable, mixtures sampled by rate), so a task over a file trains on
+exactly the batches ``TRAIN_DATA=<that file>`` gives.
+"""
+from __future__ import annotations
+
+import seqio
+
+from jaxfid.core.errors import InputError
+from jaxfid.fid.task import EXAMPLE_SOURCES, SEQIO, Component
+from tasks import qa, sources
+
+WHERE = "MIXTURE_OR_TASK_NAME"
+
+
+def tasks_and_rates(name: str) -> list[tuple[seqio.Task, float]]:
+  """The tasks of mixture or task ``name`` with their mixing rates."""
+  try:
+    provider = seqio.get_mixture_or_task(name)
+  except ValueError:
+    raise InputError(WHERE, f"no seqio task or mixture {name!r} is "
+                     "registered (FiD tasks: "
+                     f"{', '.join(sorted(qa.FID_TASKS))})") from None
+  if isinstance(provider, seqio.Task):
+    return [(provider, 1.0)]
+  return [(task, float(provider.get_rate(task))) for task in provider.tasks]
+
+
+def read_components(name: str, split: str) -> list[Component]:
+  """``[Component(task, rate, dataset, examples), ...]`` of ``name``'s
+  ``split``, one per FiD QA task of the mixture (or the task itself).
+
+  Raises:
+    InputError: an unknown name, a task that is not a FiD QA task, a split
+      the task lacks, or a bad source file.
+  """
+  components = []
+  for task, rate in tasks_and_rates(name):
+    if task.name not in qa.FID_TASKS:
+      raise InputError(WHERE, f"{name!r}: task {task.name!r} is not a FiD "
+                       "QA task (register it with tasks.qa.add_fid_task)")
+    if split not in task.splits:
+      raise InputError(WHERE, f"task {task.name!r} has no {split!r} split "
+                       f"(it has {', '.join(task.splits)})")
+    components.append(Component(
+        task.name, rate, qa.FID_TASKS[task.name],
+        sources.source_examples(task.source, split, task.name)))
+  return components
+
+
+EXAMPLE_SOURCES.register(SEQIO, read_components)
