@@ -246,8 +246,8 @@ def _nan_at_step_4(monkeypatch):
   import jax
   import jax.numpy as jnp
 
-  from jaxfid.fid import task as fid_task
-  real_make = fid_task.make_train_step
+  from jaxfid.training import task as task_lib
+  real_make = task_lib.make_train_step
 
   def make_train_step(*args, **kwargs):
     real = real_make(*args, **kwargs)
@@ -262,7 +262,7 @@ def _nan_at_step_4(monkeypatch):
                           state), metrics
     return step
 
-  monkeypatch.setattr(fid_task, "make_train_step", make_train_step)
+  monkeypatch.setattr(task_lib, "make_train_step", make_train_step)
 
 
 def test_non_finite_loss_stops_naming_the_step_without_a_checkpoint(

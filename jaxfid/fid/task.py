@@ -27,9 +27,8 @@ from jaxfid.fid.predict import QaEvaluator
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.training import state as state_lib
-from jaxfid.training.step import make_train_step
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, train_state)
+                                  Task, loss_phase)
 
 
 class Component(NamedTuple):
@@ -193,15 +192,8 @@ class FidTask(Task):
 
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
-    schedule = optimizer.schedule_fn(settings.train_steps)
-    tx = optimizer.make(schedule)
-    loss = lambda p, b, rng, norm: self.model.loss(p, b, rng, normalizer=norm)
-    return [Phase("train", settings.train_steps,
-                  make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
-                  step=make_train_step(
-                      loss, tx, seed=settings.seed,
-                      accumulation_steps=settings.accumulation_steps),
-                  learning_rate=schedule)]
+    return [loss_phase(self.model, settings, optimizer,
+                       optimizer.schedule_fn(settings.train_steps))]
 
   def initial_params(self, path: str) -> dict:
     return initial_fid_params(path, self.model_config)

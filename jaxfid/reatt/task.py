@@ -33,9 +33,8 @@ from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
 from jaxfid.training import state as state_lib
-from jaxfid.training.step import make_train_step
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, train_state)
+                                  Task, loss_phase)
 
 LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
           "retrieval_own_accuracy", "head_max_prob", "retrieval_head",
@@ -147,14 +146,7 @@ class ReAttTask(Task):
                                        self.iteration_steps))
     schedule = optimizer.schedule_fn(settings.train_steps, restarts=restarts,
                                      warmup_fraction=self.warmup_fraction)
-    tx = optimizer.make(schedule)
-    loss = lambda p, b, rng, norm: self.model.loss(p, b, rng, normalizer=norm)
-    return [Phase("train", settings.train_steps,
-                  make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
-                  step=make_train_step(
-                      loss, tx, seed=settings.seed,
-                      accumulation_steps=settings.accumulation_steps),
-                  learning_rate=schedule)]
+    return [loss_phase(self.model, settings, optimizer, schedule)]
 
   def log_fields(self, metrics: dict) -> dict:
     return {k: float(metrics[k]) for k in LOGGED}

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfid.training import optim
+from jaxfid.training.step import make_train_step
 
 State = dict  # {"step", "params", "opt_state", ...}
 
@@ -102,6 +103,20 @@ class Phase:
   step: Callable[[State, Any], tuple[State, dict]]
   learning_rate: Callable[[int], Any]
   fresh_params: str = "carry"
+
+
+def loss_phase(model, settings: Settings, optimizer: OptimizerSettings,
+               schedule: optax.Schedule, name: str = "train") -> Phase:
+  """The usual single phase: ``model.loss`` minimised by one optimizer over
+  ``[0, TRAIN_STEPS)``, with exact gradient accumulation."""
+  tx = optimizer.make(schedule)
+  loss = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
+  return Phase(name, settings.train_steps,
+               make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
+               step=make_train_step(
+                   loss, tx, seed=settings.seed,
+                   accumulation_steps=settings.accumulation_steps),
+               learning_rate=schedule)
 
 
 @dataclasses.dataclass
