@@ -48,13 +48,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.textio import open_binary
 from jaxfid.core.tokenization import (
     DECODER_START_ID, PAD_ID, Tokenizer, encode_padded)
 
 QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"
 PASSAGE_PREFIX = "context:"
-_GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -203,22 +203,6 @@ def parse_record(record, path, where,
 # -------------------------------------------------------------------- reading
 
 
-def _open_binary(path: str):
-  if not os.path.exists(path):
-    raise InputError(path, "no such file")
-  if os.path.isdir(path):
-    raise InputError(path, "is a directory, expected a FiD JSON or JSONL file")
-  try:
-    f = open(path, "rb")
-  except OSError as e:
-    raise InputError(path, f"cannot open: {e.strerror or e}") from e
-  if f.read(2) == _GZIP_MAGIC:
-    f.seek(0)
-    return gzip.GzipFile(fileobj=f, mode="rb"), f
-  f.seek(0)
-  return f, f
-
-
 def _decode(line: bytes, path, lineno: int) -> str:
   try:
     return line.decode("utf-8")
@@ -279,7 +263,7 @@ def iter_fid_examples(path: str | os.PathLike,
     InputError: a missing, empty, non-UTF-8, corrupt or malformed file.
   """
   path = os.fspath(path)
-  stream, raw = _open_binary(path)
+  stream = open_binary(path, expected="a FiD JSON or JSONL file")
   try:
     lines = enumerate(stream, start=1)
     first = None
@@ -300,7 +284,6 @@ def iter_fid_examples(path: str | os.PathLike,
     raise InputError(path, f"corrupt gzip file: {e}") from None
   finally:
     stream.close()
-    raw.close()
 
 
 def read_fid_examples(path: str | os.PathLike, *,
