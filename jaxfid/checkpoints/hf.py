@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from jaxfid.checkpoints import names
-from jaxfid.core.atomic_dirs import atomic_directory, check_destination
+from jaxfid.core.files import atomic_directory, check_destination
 from jaxfid.checkpoints.configs import (as_fields, config_from_hf_json,
                                         hf_json_from_config, replace)
 from jaxfid.core.errors import InputError

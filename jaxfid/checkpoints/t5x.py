@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from jaxfid.checkpoints import names
-from jaxfid.core.atomic_dirs import (
-    atomic_directory, check_destination, write_bytes_atomic)
+from jaxfid.core.files import (
+    atomic_directory, check_destination, write_atomic)
 from jaxfid.checkpoints.configs import config_from_params, t5x_activations
 from jaxfid.checkpoints.hf import check_params
 from jaxfid.core.errors import InputError
@@ -422,5 +422,5 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
                                               "state": state}}
       (tmp / CHECKPOINT_FILE).write_bytes(
           serialization.msgpack_serialize(contents))
-  write_bytes_atomic(model_dir / "config.gin", _gin_text(fields).encode())
+  write_atomic(model_dir / "config.gin", _gin_text(fields))
   return final

@@ -41,13 +41,13 @@ import itertools
 import json
 import math
 import os
-import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import open_binary
 from jaxfid.core.tokenization import (
     DECODER_START_ID, PAD_ID, Tokenizer, encode_padded)
@@ -352,28 +352,19 @@ def write_fid_examples(path: str | os.PathLike,
   path = os.fspath(path)
   name = path[:-3] if path.endswith(".gz") else path
   as_list = name.endswith(".json")
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-",
-                             suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, "wb") as raw:
-      f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.endswith(
-          ".gz") else raw
-      records = (example_to_record(e) for e in examples)
-      if as_list:
-        f.write(json.dumps(list(records), ensure_ascii=False,
-                           indent=1).encode("utf-8"))
-        f.write(b"\n")
-      else:
-        for r in records:
-          f.write(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n")
-      if f is not raw:
-        f.close()
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_write(path, "wb") as raw:
+    f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.endswith(
+        ".gz") else raw
+    records = (example_to_record(e) for e in examples)
+    if as_list:
+      f.write(json.dumps(list(records), ensure_ascii=False,
+                         indent=1).encode("utf-8"))
+      f.write(b"\n")
+    else:
+      for r in records:
+        f.write(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n")
+    if f is not raw:
+      f.close()
 
 
 # ------------------------------------------------------------ model inputs

@@ -27,6 +27,7 @@ import re
 from typing import Sequence
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
 
 _TRIPLE = re.compile(r"^(?P<label>[^:]+):(?P<n>\d+):(?P<path>.+)$")
 _NAMED = re.compile(r"^(?P<label>.+)_n(?P<n>\d+)\.jsonl$")
@@ -202,16 +203,8 @@ def collect_points(runs: Sequence[Run]) -> dict[str, list[Point]]:
 
 
 def _atomic_savefig(figure, output: str, fmt: str) -> None:
-  directory = os.path.dirname(os.path.abspath(output))
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory,
-                     f".{os.path.basename(output)}.tmp{os.getpid()}")
-  try:
-    figure.savefig(tmp, format=fmt)
-    os.replace(tmp, output)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with atomic_write(output, "wb") as f:
+    figure.savefig(f, format=fmt)
 
 
 def output_format(output: str) -> str:

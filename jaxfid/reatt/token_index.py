@@ -53,7 +53,7 @@ from jaxfid.t5.config import T5Config
 from jaxfid.t5.network import EncoderLayer
 from jaxfid.core.files import atomic_directory
 from jaxfid.retrieval.store.corpus import read_corpus
-from jaxfid.retrieval.index_dir import write_meta
+from jaxfid.retrieval.index_dir import check_output, write_meta
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 from jaxfid.retrieval.search import register_index_type
@@ -244,7 +244,7 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     if value < 1:
       raise InputError(name, "must be at least 1")
   dim = encoder.config.d_kv
-  with atomic_directory(output) as tmp:
+  with atomic_directory(output, check=check_output) as tmp:
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:

@@ -62,6 +62,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxfid.core.files import write_atomic
+
 SPLITS = ("train", "dev", "test")
 SENTENCE_FILE = "sentences.txt"
 
@@ -201,12 +203,6 @@ def make_task(seed: int, *, train_per_class: int = 16,
                        sentences=[sentences[i] for i in order])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)
-
-
 def write_task(task: SyntheticTask, data_dir: str | os.PathLike) -> Path:
   """Writes ``train.tsv``, ``dev.tsv``, ``test.tsv`` (SST-2 layout) and the
   database sentences ``sentences.txt`` into ``data_dir``; returns it."""
@@ -214,8 +210,8 @@ def write_task(task: SyntheticTask, data_dir: str | os.PathLike) -> Path:
   data_dir.mkdir(parents=True, exist_ok=True)
   for split in SPLITS:
     lines = ["sentence\tlabel"] + [f"{s}\t{l}" for s, l in task.examples[split]]
-    _write_atomic(data_dir / f"{split}.tsv", "\n".join(lines) + "\n")
-  _write_atomic(data_dir / SENTENCE_FILE, "\n".join(task.sentences) + "\n")
+    write_atomic(data_dir / f"{split}.tsv", "\n".join(lines) + "\n")
+  write_atomic(data_dir / SENTENCE_FILE, "\n".join(task.sentences) + "\n")
   return data_dir
 
 

@@ -26,7 +26,7 @@ from jaxfid.core.files import atomic_directory
 from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
 from jaxfid.retrieval.bm25.builder import BM25Builder
 from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
-from jaxfid.retrieval.index_dir import write_meta
+from jaxfid.retrieval.index_dir import check_output, write_meta
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 
@@ -50,7 +50,7 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "
                      f"b={params.b} (need k1 >= 0, 0 <= b <= 1)")
-  with atomic_directory(output) as tmp:
+  with atomic_directory(output, check=check_output) as tmp:
     builder = BM25Builder(spill_dir=tmp / "chunks")
     with PassageStoreWriter(tmp, source=corpus) as store:
       for lineno, passage in tqdm(read_corpus(corpus), desc="indexing",

@@ -38,7 +38,8 @@ from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE, build_faiss_index, make_index)
-from jaxfid.retrieval.index_dir import write_meta
+from jaxfid.core.files import replace_directory
+from jaxfid.retrieval.index_dir import check_output, write_meta
 
 _ALLOWED = {
     ("numpy.core.multiarray", "_reconstruct"),
@@ -167,7 +168,7 @@ def import_embeddings(embeddings: str | Sequence[str],
   """
   from jaxfid.retrieval.dense import index as dense
   output = Path(output)
-  dense._check_output(output)  # pylint: disable=protected-access
+  check_output(output)
   files = expand_files(embeddings)
   loaded = None
   if query_encoder is not None:
@@ -185,7 +186,7 @@ def import_embeddings(embeddings: str | Sequence[str],
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
-  dense.publish(staging, output)
+  replace_directory(staging, output)
   return {"index": str(output), **summary}
 
 

@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -51,7 +50,8 @@ from jaxfid.retrieval.dense.embedding_store import (
 from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE, ShardedIndex, build_faiss_index,
     make_index)
-from jaxfid.retrieval.index_dir import read_meta, write_meta
+from jaxfid.core.files import replace_directory
+from jaxfid.retrieval.index_dir import check_output, read_meta, write_meta
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 from jaxfid.retrieval.search import register_index_type
@@ -127,31 +127,10 @@ def store_fingerprint(directory: str | os.PathLike) -> str:
   return h.hexdigest()
 
 
-def _check_output(output: Path) -> None:
-  if output.exists() and not (output.is_dir() and (
-      not any(output.iterdir()) or (output / "meta.json").exists())):
-    raise InputError(output, "output exists and is not an index directory; "
-                     "remove it or choose another --output")
-
-
 def staging_dir(output: str | os.PathLike) -> Path:
   """Where a build of ``output`` happens (and resumes from)."""
   output = Path(output)
   return output.parent / f".{output.name}.partial"
-
-
-def publish(staging: Path, output: Path) -> None:
-  """Moves a finished staging directory to ``output`` (replacing it)."""
-  os.chmod(staging, 0o755)
-  old = None
-  if output.exists():
-    old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old",
-                                dir=str(output.parent)))
-    os.rmdir(old)
-    os.replace(output, old)
-  os.replace(staging, output)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_store(corpus, staging: Path,
@@ -265,7 +244,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
   """
   from jaxfid.dual_encoder.checkpoint import load_dual_encoder
   output = Path(output)
-  _check_output(output)
+  check_output(output)
   loaded = encoder if encoder is not None else load_dual_encoder(
       checkpoint, dtype=dtype, **settings)
   dim = loaded.encoder.dim
@@ -299,7 +278,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
       embeddings={"dtype": embedding_dtype, "shard_size": shard_size,
                   "num_shards": writer.num_shards})
   del store, embeddings
-  publish(staging, output)
+  replace_directory(staging, output)
   return {"index": str(output), "type": INDEX_TYPE,
           "num_passages": meta["num_passages"], "dim": dim,
           "factory": factory, "index_shards": index_shards,
