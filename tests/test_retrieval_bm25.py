@@ -3,7 +3,6 @@ import json
 import math
 import os
 
-import bm25s
 import numpy as np
 import pytest
 
@@ -112,6 +111,7 @@ def _random_corpus(seed, n_docs, max_len):
 
 @pytest.mark.parametrize("lucene_norms, max_len", [(False, 80), (True, 23)])
 def test_equals_bm25s_lucene_method(lucene_norms, max_len):
+  bm25s = pytest.importorskip("bm25s")  # the `test` and `bench` extras
   texts, words = _random_corpus(1, 60, max_len)
   analyzer = EnglishAnalyzer()
   tokens = [analyzer.analyze(t) for t in texts]
@@ -128,13 +128,20 @@ def test_equals_bm25s_lucene_method(lucene_norms, max_len):
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
 
 
-def test_save_load_round_trip_and_bm25s_reads_it(tmp_path):
+def test_save_load_round_trip(tmp_path):
   texts, _ = _random_corpus(3, 40, 50)
   index = build_index(texts)
   index.save(tmp_path)
   loaded = BM25Index.load(tmp_path)
   for query in ("w1x w2x", "alpha w3x w3x w3x", "gamma"):
     assert loaded.search(query, 7) == index.search(query, 7)
+
+
+def test_bm25s_reads_a_saved_index(tmp_path):
+  bm25s = pytest.importorskip("bm25s")  # the `test` and `bench` extras
+  texts, _ = _random_corpus(3, 40, 50)
+  index = build_index(texts)
+  index.save(tmp_path)
   other = bm25s.BM25.load(tmp_path)
   terms = EnglishAnalyzer().analyze("w1x w2x")
   rows, scores = index.match("w1x w2x")
