@@ -107,6 +107,14 @@ def test_lazy_attributes():
     jaxfid.not_there  # pylint: disable=pointless-statement
 
 
+def test_load_t5_registers_every_method():
+  """``jaxfid.load_t5`` loads a MODEL_DIR of any method: it imports them all."""
+  modules = _modules_after("import jaxfid\njaxfid.load_t5")
+  assert {"jaxfid.methods", "jaxfid.checkpoints.load", "jaxfid.reatt.checkpoint",
+          "jaxfid.refusion.model",
+          "jaxfid.dual_encoder.checkpoint"} <= modules
+
+
 def test_console_script_entry_point():
   try:
     dist = importlib.metadata.distribution("jaxfid")

@@ -35,10 +35,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.checkpoints import hf, names
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.configs import config_from_hf_json
+from jaxfid.checkpoints.detect import detect_format, load_flat
+from jaxfid.checkpoints.load import (
+    METHOD_LOADERS, load_checkpoint, load_encoder_decoder)
 from jaxfid.core.errors import InputError
-from jaxfid.t5.config import T5Config
+from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.model import (
     DualEncoder, DualEncoderConfig, params_fingerprint)
+from jaxfid.t5.config import T5Config
 
 METHOD = "dual_encoder"
 _ENCODER_PREFIXES = ("token_embedder/", "encoder/")
@@ -70,8 +77,7 @@ class LoadedEncoder:
 
 
 def _unflatten(flat: dict[str, np.ndarray]) -> dict:
-  from jaxfid.checkpoints.load import unflatten
-  return unflatten({k: jnp.asarray(np.asarray(v, np.float32))
+  return names.unflatten({k: jnp.asarray(np.asarray(v, np.float32))
                     for k, v in flat.items()})
 
 
@@ -85,8 +91,6 @@ def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
     InputError: missing config or weights, missing or mis-shaped encoder
       tensors, or encoder tensors that are no T5 parameter.
   """
-  from jaxfid.checkpoints import hf, names
-  from jaxfid.checkpoints.configs import config_from_hf_json
   directory = Path(directory)
   config_path = directory / "config.json"
   if not config_path.is_file():
@@ -128,17 +132,12 @@ def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
 # sentence-transformers modules
 
 
-def _read_json(path: Path) -> Any:
-  from jaxfid.checkpoints.hf import read_json
-  return read_json(path)
-
-
 def _module_dirs(directory: Path) -> dict[str, Path]:
   """sentence-transformers module kind ('Transformer', ...) -> folder."""
   modules_file = directory / "modules.json"
   found: dict[str, Path] = {}
   if modules_file.is_file():
-    modules = _read_json(modules_file)
+    modules = hf.read_json(modules_file)
     if not isinstance(modules, list):
       raise InputError(modules_file, "expected a JSON list of modules")
     for entry in modules:
@@ -156,8 +155,7 @@ def _module_dirs(directory: Path) -> dict[str, Path]:
 
 def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
   """The projection of a sentence-transformers Dense module."""
-  from jaxfid.checkpoints import hf
-  config = _read_json(folder / "config.json")
+  config = hf.read_json(folder / "config.json")
   activation = str(config.get("activation_function", "")).rsplit(".", 1)[-1]
   activations = {"Identity": "identity", "Tanh": "tanh", "": "identity"}
   if activation not in activations:
@@ -190,7 +188,7 @@ def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
 
 
 def _pooling(folder: Path) -> str:
-  config = _read_json(folder / "config.json")
+  config = hf.read_json(folder / "config.json")
   if config.get("pooling_mode_mean_tokens"):
     return "mean"
   if config.get("pooling_mode_cls_token"):
@@ -223,7 +221,6 @@ def _load_hf_like(path: Path):
 
 
 def _restore_dual_encoder(path: str, run: dict, which: str):
-  from jaxfid.checkpoints import model_dir as checkpointing
   config = T5Config.from_dict(run["model"])
   settings = DualEncoderConfig.from_dict(run.get(METHOD, {}))
   encoder = DualEncoder(config, settings)
@@ -241,7 +238,6 @@ def _restore_dual_encoder(path: str, run: dict, which: str):
 def write_dual_encoder_config(model_dir: str, encoder: DualEncoder,
                               **extra) -> None:
   """``jaxfid_config.json`` of a dual encoder's MODEL_DIR."""
-  from jaxfid.checkpoints import model_dir as checkpointing
   checkpointing.write_run_config(model_dir, {
       "method": METHOD, "model": encoder.config.to_dict(),
       METHOD: encoder.settings.to_dict(), **extra})
@@ -266,9 +262,6 @@ def load_dual_encoder(path, *, dtype: str | None = None,
   Raises:
     InputError: a missing or unreadable checkpoint.
   """
-  from jaxfid import checkpoints
-  from jaxfid.core.tokenization import load_tokenizer
-  from jaxfid.checkpoints import model_dir as checkpointing
   source = os.fspath(path)
   path = Path(source)
   if not path.exists():
@@ -285,13 +278,12 @@ def load_dual_encoder(path, *, dtype: str | None = None,
       encoder, params = _restore_dual_encoder(source, run, which)
       settings = encoder.settings
     else:
-      from jaxfid.checkpoints.load import load_checkpoint
       kind = "jaxfid"
       model, full, _ = load_checkpoint(source, which=which)
       settings = DualEncoderConfig()
       encoder = DualEncoder(model.config, settings)
       params = encoder.from_encoder_params(full)
-  elif (path / "modules.json").is_file() or checkpoints.detect_format(
+  elif (path / "modules.json").is_file() or detect_format(
       path) in ("hf", "fid"):
     kind, fields, t5, projection, found, spiece_dir = _load_hf_like(path)
     settings = DualEncoderConfig().replace(**found)
@@ -299,7 +291,7 @@ def load_dual_encoder(path, *, dtype: str | None = None,
     params = encoder.from_encoder_params(t5, projection)
   else:
     kind = "t5x"
-    fields, flat, spiece = checkpoints.load_flat(path)
+    fields, flat, spiece = load_flat(path)
     flat = {k: v for k, v in flat.items() if k.startswith(_ENCODER_PREFIXES)}
     settings = DualEncoderConfig()
     encoder = DualEncoder(T5Config.from_dict(fields), settings)
@@ -317,3 +309,9 @@ def load_dual_encoder(path, *, dtype: str | None = None,
       params, json.dumps(dataclasses.asdict(config), sort_keys=True))
   return LoadedEncoder(encoder, params, load_tokenizer(spiece_dir), source,
                        kind, fingerprint)
+
+
+# As a plain T5 (load_checkpoint), a dual encoder's MODEL_DIR is its
+# encoder-decoder config with the shared tower's weights: what ReFusion
+# reads an encoder as.
+METHOD_LOADERS.register(METHOD, load_encoder_decoder)

@@ -11,7 +11,8 @@ Documents are indexed as Anserini indexes BEIR/DPR corpora: title and text
 together ("contents"). Indexing reads the corpus once, streaming passages to
 the store while tokenising them, and spills postings to disk as it goes
 (:mod:`jaxfid.retrieval.bm25.builder`); the directory appears only when
-complete.
+complete. Importing this module registers the ``"bm25"`` index type of
+:func:`jaxfid.retrieval.search.open_index`.
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_directory
-from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
 from jaxfid.retrieval.bm25.builder import BM25Builder
-from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
+from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
 from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.search import register_index_type
+from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 
@@ -90,3 +92,6 @@ class BM25Searcher:
                        "bm25 index")
     rank = self.store.id_rank
     return [self.index.search(text, top_k, rank) for text in texts]
+
+
+register_index_type(INDEX_TYPE, BM25Searcher)
