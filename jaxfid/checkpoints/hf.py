@@ -39,13 +39,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from jaxfid.checkpoints import names
-from jaxfid.core.files import atomic_directory, check_destination
-from jaxfid.checkpoints.configs import (as_fields, config_from_hf_json,
-                                        hf_json_from_config, replace)
+from jaxfid.checkpoints.configs import (
+    as_fields, config_from_hf_json, hf_json_from_config, replace)
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_directory, check_destination
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -77,7 +79,6 @@ def read_json(path) -> Any:
 
 def _safetensors_dtype(code: str, path, name: str):
   if code == "BF16":
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
     return np.dtype(ml_dtypes.bfloat16)
   table = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8",
            "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
@@ -402,7 +403,6 @@ def write_hf(directory, config: Any, flat: Mapping[str, Any],
   Returns:
     The directory.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   fields = check_params(config, flat)
   if spiece_path is not None and not Path(spiece_path).is_file():
     raise InputError(spiece_path, "SentencePiece model not found")

@@ -1,21 +1,13 @@
-"""t5x-style gin flags shared by ``jaxfid train`` and ``jaxfid bench``.
+"""t5x-style gin flags shared by ``jaxfid train``, ``bench`` and others.
 
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
-``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``). Gin files and
-their ``include``s are found relative to the working directory, then to the
-jaxfid source tree (so ``gin/fid/tiny.gin`` works from anywhere).
+``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``), parsed by
+:func:`jaxfid.core.gin_files.parse_gin` (also available here as
+``parse_gin``).
 """
 from __future__ import annotations
 
-import logging
-import os
-
-import gin
-
-from jaxfid.core.errors import InputError
-
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from jaxfid.core.gin_files import SOURCE_ROOT, parse_gin  # noqa: F401
 
 
 def add_gin_arguments(parser) -> None:
@@ -37,35 +29,3 @@ def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
     else:
       rest.append(arg)
   return bindings, rest
-
-
-def _resolve(path: str, search: list[str]) -> str:
-  if os.path.exists(path):
-    return path
-  for root in search:
-    candidate = os.path.join(root, path)
-    if os.path.exists(candidate):
-      return candidate
-  raise InputError(path, "no such gin file")
-
-
-def parse_gin(gin_files: list[str], bindings: list[str],
-              search_paths: list[str] = ()) -> None:
-  """Parse files then bindings; a gin error becomes a one-line InputError."""
-  search = [os.getcwd(), *search_paths, SOURCE_ROOT]
-  for root in search:
-    gin.add_config_file_search_path(root)
-  files = [_resolve(f, search) for f in gin_files]
-  if not files:
-    raise InputError("--gin_file", "at least one gin file is required")
-  gin.clear_config()
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)  # gin logs every search path it tries
-  try:
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
-  except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
-    where = files[-1] if not bindings else "gin bindings"
-    raise InputError(where, f"gin: {' '.join(str(e).split())}") from None
-  finally:
-    root.setLevel(level)

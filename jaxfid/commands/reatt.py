@@ -23,6 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands import gin_flags
+from jaxfid.core.errors import InputError
+from jaxfid.reatt import adaptation as adapt
+from jaxfid.reatt import iterate as reatt_iterate
+from jaxfid.retrieval.store.corpus import iter_passages
+
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser("reatt", help="ReAtt utilities (adaptation data, iterative training)")
@@ -46,7 +52,6 @@ def add_parser(subparsers) -> None:
 
 
 def _add_iterate(sub) -> None:
-  from jaxfid.commands import gin_flags
   p = sub.add_parser(
       "iterate", help="iterative training: train, re-index, re-retrieve",
       description="Train a ReAtt run (gin) in N iterations of S steps (after "
@@ -69,7 +74,6 @@ def _add_iterate(sub) -> None:
 
 
 def run_iterate(args: argparse.Namespace) -> int:
-  from jaxfid.reatt import iterate as reatt_iterate
   summary = reatt_iterate.run_iterations(
       args.gin_file, args.gin_bindings, corpus=args.corpus,
       queries=args.queries, iterations=args.iterations,
@@ -81,9 +85,6 @@ def run_iterate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.reatt import adaptation as adapt
-  from jaxfid.core.errors import InputError
-  from jaxfid.retrieval.store.corpus import iter_passages
   if args.mode == "ir":
     for name in ("queries", "qrels"):
       if not getattr(args, name):

@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
+
+import gin
+import jax
+
+import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.commands import gin_flags
+from jaxfid.core.errors import InputError
+from jaxfid.training import launch
 
 
 def add_parser(subparsers) -> None:
-  from jaxfid.commands import gin_flags
   p = subparsers.add_parser(
       "train", help="train a model from gin files (FiD, ReAtt, ReFusion)",
       description="Train from gin files; rerunning the same command resumes "
@@ -19,25 +27,17 @@ def add_parser(subparsers) -> None:
 
 def maybe_initialize_distributed(requested: bool) -> None:
   """Multi-host start-up: TPU pods auto-detect; GPUs read JAX_* variables."""
-  import os
-
-  import jax
   if requested or os.environ.get("JAX_COORDINATOR_ADDRESS"):
     jax.distributed.initialize()
 
 
 def run(args) -> int:
-  import gin
-
-  from jaxfid.commands import gin_flags
-  from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   maybe_initialize_distributed(args.distributed)
   try:
     result = gin.get_configurable(launch.run)()
   except TypeError as e:
     if "gin.REQUIRED" in str(e) or "required" in str(e):
-      from jaxfid.core.errors import InputError
       raise InputError("gin", " ".join(str(e).split())) from None
     raise
   print(json.dumps({k: v for k, v in result.items()

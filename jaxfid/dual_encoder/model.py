@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfid.core import sharding as shd
+from jaxfid.core.tokenization import pad_ids
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 
@@ -306,7 +307,6 @@ class Embedder:
 
   def tokenize(self, texts: Sequence[str], max_length: int) -> np.ndarray:
     """int32 [len(texts), L]: EOS-terminated ids, L a bucket <= max_length."""
-    from jaxfid.core.tokenization import pad_ids
     ids = self.tokenizer.encode_batch(list(texts))
     longest = max((len(i) + 1 for i in ids), default=1)
     length = min(max_length, _round_up(longest, self.length_bucket))

@@ -26,6 +26,10 @@ import os
 import re
 from typing import Sequence
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
 
@@ -214,7 +218,6 @@ def output_format(output: str) -> str:
   Raises:
     InputError: an unknown or missing suffix.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
   supported = FigureCanvasAgg.get_supported_filetypes()
   fmt = os.path.splitext(output)[1].lstrip(".").lower()
   if fmt not in supported:
@@ -230,10 +233,6 @@ def plot_em_vs_passages(series: dict[str, list[Point]], output: str,
   Raises:
     InputError: the output name has no image format matplotlib writes.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  from matplotlib.ticker import FixedLocator, NullLocator
-
   fmt = output_format(output)
   figure = Figure(figsize=(5.0, 3.6), dpi=150)
   FigureCanvasAgg(figure)

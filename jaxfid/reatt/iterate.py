@@ -50,7 +50,20 @@ import sys
 import time
 from typing import Callable, Sequence
 
+import gin
+
+from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
+from jaxfid.core.gin_files import parse_gin
+from jaxfid.fid import examples as fid_format
+from jaxfid.reatt import token_index
+from jaxfid.reatt import trainer as reatt_trainer
+from jaxfid.retrieval import evaluate
+from jaxfid.retrieval.search import retrieve_to_file
+from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.training import launch
+from jaxfid.training.metrics_log import read_records
 
 STATE_FILE = "iterate.json"
 DEFAULT_WORK_DIR = "iterate"  # under MODEL_DIR
@@ -71,9 +84,8 @@ class GinRun:
 
   def parse(self, extra: Sequence[str] = ()) -> None:
     """Parses the run (and ``extra`` bindings, which win); clears any other."""
-    from jaxfid.commands import gin_flags
-    gin_flags.parse_gin(list(self.files), [*self.bindings, *extra],
-                        list(self.search_paths))
+    parse_gin(list(self.files), [*self.bindings, *extra],
+              list(self.search_paths))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +126,6 @@ def plan_iterations(train_data: str, work_dir: str, iterations: int,
 
 
 def _value(name: str, defaults: dict):
-  import gin
   try:
     value = gin.query_parameter(f"{TRAINER}.{name}")
   except ValueError:  # not bound: the trainer's default
@@ -126,9 +137,6 @@ def _value(name: str, defaults: dict):
 
 def read_trainer_settings(run: GinRun) -> dict:
   """What the ReAtt trainer will be called with, for the names in SETTINGS."""
-  import gin
-
-  from jaxfid.reatt import trainer as reatt_trainer
   run.parse()
   try:
     try:
@@ -178,7 +186,6 @@ def check_settings(settings: dict, steps_per_iteration: int) -> None:
 
 def check_queries(path: str) -> int:
   """The training queries must all carry answers (they become TRAIN_DATA)."""
-  from jaxfid.retrieval.store.queries import read_queries
   queries = read_queries(path)
   if not queries:
     raise InputError(path, "no queries")
@@ -192,7 +199,6 @@ def check_queries(path: str) -> int:
 
 def claim_work_dir(work_dir: str, identity: dict) -> None:
   """Writes DIR/iterate.json, or checks that DIR belongs to this run."""
-  from jaxfid.core.files import atomic_write
   path = os.path.join(work_dir, STATE_FILE)
   if os.path.exists(path):
     try:
@@ -219,7 +225,6 @@ def claim_work_dir(work_dir: str, identity: dict) -> None:
 
 def latest_step(model_dir: str) -> int:
   """MODEL_DIR's latest train-state step (0 without checkpoints)."""
-  from jaxfid.checkpoints import model_dir as checkpointing
   if not os.path.isdir(os.path.join(model_dir, "checkpoints")):
     return 0
   ckpts = checkpointing.RunCheckpoints(model_dir)
@@ -248,9 +253,6 @@ def resume_step(it: Iteration, model_dir: str) -> int:
 
 def train_round(run: GinRun, it: Iteration, steps_per_iteration: int) -> int:
   """Trains MODEL_DIR to ``it.end_step``; returns the step it reached."""
-  import gin
-
-  from jaxfid.training import launch
   run.parse([f"{TRAINER}.train_steps = {it.end_step}",
              f"{TRAINER}.train_data = {it.train_data!r}",
              f"{TRAINER}.iteration_steps = {steps_per_iteration}",
@@ -264,7 +266,6 @@ def train_round(run: GinRun, it: Iteration, steps_per_iteration: int) -> int:
 
 def _close_sets(path: str, n_context: int) -> dict:
   """question id (or text) -> the set of its best ``n_context`` passages."""
-  from jaxfid.fid import examples as fid_format
   out = {}
   examples = fid_format.iter_fid_examples(path)
   try:
@@ -288,7 +289,6 @@ def changed_share(before: str, after: str, n_context: int) -> float | None:
 
 def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
   """The last value of ``name`` in MODEL_DIR/metrics.jsonl at or before a step."""
-  from jaxfid.training.metrics_log import read_records
   value = None
   for record in read_records(model_dir):
     if name in record and record.get("step", 0) <= max_step:
@@ -300,8 +300,6 @@ def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
                   queries: str, top_k: int, token_top_k: int,
                   index_batch_size: int, progress: bool | None) -> dict:
   """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA."""
-  from jaxfid.reatt import token_index
-  from jaxfid.retrieval.search import retrieve_to_file
   out = {}
   if not os.path.exists(os.path.join(it.index_dir, "meta.json")):
     meta = token_index.build_from_checkpoint(
@@ -315,7 +313,6 @@ def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
 
 def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
                      n_context: int, seconds: float) -> dict:
-  from jaxfid.retrieval import evaluate
   ks = sorted({k for k in ANSWER_KS if k < top_k} | {top_k})
   recall = evaluate.evaluate_with_answers(it.train_file, ks=ks)
   changed = changed_share(it.train_data, it.train_file, n_context)
@@ -345,7 +342,6 @@ def run_iterations(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
   ``"complete": False`` when training stopped early (SIGTERM): rerun to
   resume.
   """
-  from jaxfid.core.files import atomic_write
   emit = emit or (lambda record: None)
   for name, value in (("--iterations", iterations),
                       ("--steps-per-iteration", steps_per_iteration),
