@@ -10,6 +10,7 @@ files raise :class:`jaxfid.core.errors.InputError` naming file and tensor.
   parameter shapes and counts;
 * :mod:`.configs`: config.json <-> fields, fields from T5X parameter shapes;
 * :mod:`.hf`: ``read_hf`` / ``write_hf`` (safetensors, sharded, torch .bin);
+* :mod:`.torch_bin`: ``pytorch_model.bin`` read without torch;
 * :mod:`.t5x`: ``read_t5x`` / ``write_t5x`` (msgpack + TensorStore, orbax);
 * :mod:`.detect`: ``detect_format``, ``load_flat``, ``register_loader``.
 """

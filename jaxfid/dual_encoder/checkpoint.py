@@ -41,6 +41,7 @@ from jaxfid.checkpoints.configs import config_from_hf_json
 from jaxfid.checkpoints.detect import detect_format, load_flat
 from jaxfid.checkpoints.load import (
     METHOD_LOADERS, load_checkpoint, load_encoder_decoder)
+from jaxfid.checkpoints.torch_bin import read_torch_bin
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.model import (
@@ -166,7 +167,7 @@ def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
     path = folder / candidate
     if path.is_file():
       tensors = (hf.read_safetensors(path) if candidate.endswith("safetensors")
-                 else hf.read_torch_bin(path))
+                 else read_torch_bin(path))
       break
   else:
     raise InputError(folder, "Dense module without model.safetensors or "
