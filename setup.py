@@ -2,7 +2,8 @@
 
 Dependencies are pinned to the versions the test suite runs against; the
 ``test`` extra adds what the tests compare with (PyTorch + Hugging Face
-transformers as the reference T5, pytest). The T5 SentencePiece vocabulary
+transformers as the reference T5, bm25s, pytest), the ``bench`` extra what
+the benchmarks compare with (bm25s). The T5 SentencePiece vocabulary
 ships inside the package (``jaxfid/assets``).
 """
 import os
@@ -23,7 +24,6 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets==4.9.10",
     "sentencepiece==0.2.3",
     "protobuf==7.36.2",
-    "bm25s==0.3.16",
     "PyStemmer==3.1.0",
     "regex==2026.11.19",
     "safetensors==0.8.0",
@@ -31,6 +31,11 @@ INSTALL_REQUIRES = [
     "tqdm==4.70.1",
     "matplotlib==3.11.2",
     "tensorboardX==2.6.5",
+]
+
+# What benchmarks/ compares jaxfid with (bm25s: bench_bm25.py).
+BENCH_REQUIRES = [
+    "bm25s==0.3.16",
 ]
 
 TEST_REQUIRES = [
@@ -65,7 +70,9 @@ setup(
     package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    # the tests also compare BM25 scores and index files with bm25s's
+    extras_require={"test": TEST_REQUIRES + BENCH_REQUIRES,
+                    "bench": BENCH_REQUIRES},
     entry_points={"console_scripts": ["jaxfid=jaxfid.cli:main"]},
     zip_safe=False,
 )

@@ -58,7 +58,7 @@ def measure_embed(args) -> dict:
   import jax
 
   from jaxfid.t5.config import T5Config
-  from jaxfid.retrieval.dense.index import build_dense_index
+  from jaxfid.dual_encoder.index import build_dense_index
   from jaxfid.dual_encoder.checkpoint import LoadedEncoder
   from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
   from jaxfid.core.tokenization import load_tokenizer

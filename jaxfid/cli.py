@@ -9,27 +9,18 @@ line and the process exits with status 2, with no traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
+import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
+from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
+                             evaluate, index, plot, predict, reatt, refusion,
+                             retrieve, train)
+from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError
 
-# command modules, imported lazily so that `jaxfid --help` stays fast.
-COMMAND_MODULES = (
-    "jaxfid.commands.convert",
-    "jaxfid.commands.predict",
-    "jaxfid.commands.train",
-    "jaxfid.commands.evaluate",
-    "jaxfid.commands.index",
-    "jaxfid.commands.retrieve",
-    "jaxfid.commands.corpus",
-    "jaxfid.commands.eval_retrieval",
-    "jaxfid.commands.plot",
-    "jaxfid.commands.bench",
-    "jaxfid.commands.demo",
-    "jaxfid.commands.reatt",
-    "jaxfid.commands.refusion",
-)
+# in the order `jaxfid --help` lists them
+COMMANDS = (convert, predict, train, evaluate, index, retrieve, corpus, eval_retrieval,
+            plot, bench, demo, reatt, refusion)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,14 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
       prog="jaxfid",
       description="Retrieval-augmented T5 (FiD, ReAtt, ReFusion) in JAX.")
   sub = parser.add_subparsers(dest="command", required=True)
-  for name in COMMAND_MODULES:
-    try:
-      module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-      if e.name == name:  # command not built (yet): leave it out
-        continue
-      raise
-    module.add_parser(sub)
+  for command in COMMANDS:
+    command.add_parser(sub)
   return parser
 
 
@@ -52,7 +37,6 @@ def main(argv=None) -> int:
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
-    from jaxfid.commands.gin_flags import split_gin_bindings
     args.gin_bindings, unknown = split_gin_bindings(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")

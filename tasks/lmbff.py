@@ -61,7 +61,8 @@ import tensorflow as tf
 from jaxfid.core.errors import InputError
 from jaxfid.evaluation import classification as class_metrics
 from jaxfid.refusion import lmbff
-from jaxfid.core.tokenization import Tokenizer, seqio_vocabulary
+from jaxfid.core.tokenization import Tokenizer
+from tasks.vocabulary import seqio_vocabulary
 
 LMBFF_DIR_ENV = "JAXFID_LMBFF_DIR"
 SEEDS = lmbff.SEEDS

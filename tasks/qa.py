@@ -43,8 +43,8 @@ import functools
 
 import seqio
 
-from jaxfid.core.tokenization import seqio_vocabulary
 from tasks import metrics, preprocessors, sources
+from tasks.vocabulary import seqio_vocabulary
 
 # FiD-file tasks: name -> dataset (its subdirectory of the data directory)
 FID_FILE_TASKS = {

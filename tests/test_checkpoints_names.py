@@ -52,7 +52,7 @@ def test_param_shapes_follow_the_t5x_layout():
   assert relu["encoder/layers_0/mlp/wi/kernel"] == (32, 64)
   assert "decoder/logits_dense/kernel" not in relu
   assert "decoder/layers_3/mlp/wo/kernel" not in relu
-  assert configs.count_parameters(V10) == sum(
+  assert names.count_parameters(V10) == sum(
       int(np.prod(s)) for s in relu.values())
 
 
@@ -220,6 +220,6 @@ def test_as_fields_and_describe():
   assert configs.as_fields(duck) == V10
   with pytest.raises(ValueError, match="lacks fields"):
     configs.as_fields({"d_model": 3})
-  line = configs.describe(V11)
+  line = names.describe(V11)
   assert "2+3 layers" in line and "gated-gelu" in line and "untied" in line
-  assert f"{configs.count_parameters(V11):,} parameters" in line
+  assert f"{names.count_parameters(V11):,} parameters" in line

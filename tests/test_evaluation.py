@@ -4,9 +4,11 @@ import math
 import numpy as np
 import pytest
 
+from jaxfid.evaluation.classification import (
+    accuracy, binary_f1, classification_metrics, matthews_corrcoef, pearson,
+    spearman)
 from jaxfid.evaluation.qa import (
-    accuracy, binary_f1, exact_match, f1_score, matthews_corrcoef,
-    normalize_answer, pearson, qa_metrics, spearman)
+    exact_match, f1_score, normalize_answer, qa_metrics)
 
 
 @pytest.mark.parametrize("raw, normalized", [
@@ -98,6 +100,26 @@ def test_matthews_corrcoef():
   t, q = np.array([2, 2, 2]), np.array([2, 3, 1])
   expected = (c * s - t @ q) / math.sqrt((s * s - q @ q) * (s * s - t @ t))
   assert matthews_corrcoef(yp, yt) == pytest.approx(expected)
+  # labels of any comparable type; -1 (no label word) is a class of its own
+  assert matthews_corrcoef(["b", "a", "a"], ["a", "a", "b"]) == pytest.approx(
+      matthews_corrcoef([1, 0, 0], [0, 0, 1]))
+  assert matthews_corrcoef([-1, 1, 0], [0, 1, 0]) == pytest.approx(
+      (2 * 3 - (1 * 2 + 1 * 1 + 1 * 0)) / math.sqrt((9 - 3) * (9 - 5)))
+  # exact integer counts: no overflow or rounding at large sizes
+  big = np.tile([1, 0, 1, 0], 250_000)
+  assert matthews_corrcoef(big, big) == 1.0
+
+
+def test_classification_metrics_use_the_same_scores():
+  rng = np.random.default_rng(1)
+  labels = rng.integers(0, 2, size=200)
+  predictions = np.where(rng.random(200) < 0.8, labels, 1 - labels)
+  predictions[:5] = -1
+  assert classification_metrics("f1", predictions, labels) == {
+      "accuracy": accuracy(predictions, labels),
+      "f1": binary_f1(predictions, labels)}
+  assert classification_metrics("mcc", predictions, labels)["mcc"] == (
+      matthews_corrcoef(predictions, labels))
 
 
 def test_correlations_against_scipy():

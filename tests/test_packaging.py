@@ -13,22 +13,53 @@ import jaxfid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+LISTS = ("INSTALL_REQUIRES", "TEST_REQUIRES", "BENCH_REQUIRES")
+
+
 def _setup_lists() -> dict[str, list[str]]:
-  """The INSTALL_REQUIRES / TEST_REQUIRES literals of setup.py."""
+  """The INSTALL_REQUIRES / TEST_REQUIRES / BENCH_REQUIRES literals."""
   with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
     tree = ast.parse(f.read())
   out = {}
   for node in tree.body:
     if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-      if node.targets[0].id in ("INSTALL_REQUIRES", "TEST_REQUIRES"):
+      if node.targets[0].id in LISTS:
         out[node.targets[0].id] = ast.literal_eval(node.value)
   return out
 
 
+def _imported_top_names(directory: str) -> set[str]:
+  names = set()
+  for root, _, files in os.walk(os.path.join(ROOT, directory)):
+    for name in files:
+      if name.endswith(".py"):
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+          tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+          if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+          elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add((node.module or "").split(".")[0])
+  return names
+
+
+def test_bench_extras_stay_out_of_the_library():
+  """What only benchmarks (and tests) compare with is not installed by
+  default, and nothing under jaxfid/ imports it."""
+  lists = _setup_lists()
+  bench = {spec.partition("==")[0] for spec in lists["BENCH_REQUIRES"]}
+  assert bench == {"bm25s"}
+  installed = {spec.partition("==")[0] for spec in lists["INSTALL_REQUIRES"]}
+  assert not bench & installed
+  assert not bench & (_imported_top_names("jaxfid")
+                      | _imported_top_names("tasks"))
+
+
 def test_pins_match_installed_versions():
   lists = _setup_lists()
-  assert set(lists) == {"INSTALL_REQUIRES", "TEST_REQUIRES"}
-  for spec in lists["INSTALL_REQUIRES"] + lists["TEST_REQUIRES"]:
+  assert set(lists) == set(LISTS)
+  for spec in (lists["INSTALL_REQUIRES"] + lists["TEST_REQUIRES"]
+               + lists["BENCH_REQUIRES"]):
     name, sep, pinned = spec.partition("==")
     assert sep, f"{spec} is not pinned"
     installed = importlib.metadata.version(name)
@@ -74,6 +105,14 @@ def test_lazy_attributes():
   assert "load_t5" in dir(jaxfid)
   with pytest.raises(AttributeError, match="no attribute 'not_there'"):
     jaxfid.not_there  # pylint: disable=pointless-statement
+
+
+def test_load_t5_registers_every_method():
+  """``jaxfid.load_t5`` loads a MODEL_DIR of any method: it imports them all."""
+  modules = _modules_after("import jaxfid\njaxfid.load_t5")
+  assert {"jaxfid.methods", "jaxfid.checkpoints.load", "jaxfid.reatt.checkpoint",
+          "jaxfid.refusion.model",
+          "jaxfid.dual_encoder.checkpoint"} <= modules
 
 
 def test_console_script_entry_point():

@@ -14,8 +14,9 @@ import pytest
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.core.errors import InputError
 from jaxfid.refusion import neighbours as nb
-from jaxfid.retrieval.dense import index as dense
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.index import build_dense_index, open_dense_index
+from jaxfid.retrieval.dense.index import DenseSearcher
 
 SENTENCES = [
     "the film was a delight from start to finish",
@@ -43,13 +44,13 @@ def db(tmp_path_factory):
                                  d_kv=4, d_ff=32, num_heads=2, num_layers=1,
                                  num_decoder_layers=1)
   loaded = load_dual_encoder(ckpt)
-  dense.build_dense_index(None, d / "sentences.txt", d / "db", encoder=loaded,
+  build_dense_index(None, d / "sentences.txt", d / "db", encoder=loaded,
                           shard_size=5, progress=False)
   return d / "db"
 
 
 def _brute_force(db, texts, k):
-  searcher = dense.open_dense_index(db)
+  searcher = open_dense_index(db)
   q = searcher.embed_queries(texts)
   scores = q @ searcher.vectors(np.arange(len(SENTENCES))).T
   order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -65,7 +66,7 @@ def test_shapes_vectors_and_brute_force(db):
   rows, scores = _brute_force(db, QUERIES, 4)
   np.testing.assert_array_equal(got.rows[:, 0], rows)
   np.testing.assert_allclose(got.scores[:, 0], scores, rtol=1e-5, atol=1e-6)
-  searcher = dense.open_dense_index(db)
+  searcher = open_dense_index(db)
   np.testing.assert_array_equal(
       got.vectors.reshape(-1, 16), searcher.vectors(got.rows.reshape(-1)))
   assert nb.db_width(db) == 16
@@ -113,8 +114,8 @@ def test_cache_is_reused_and_invalidated(db, tmp_path, monkeypatch):
   def no_search(*args, **kwargs):
     raise AssertionError("searched although cached")
 
-  monkeypatch.setattr(dense.DenseSearcher, "embed_queries", no_search)
-  monkeypatch.setattr(dense.DenseSearcher, "search_vectors", no_search)
+  monkeypatch.setattr(DenseSearcher, "embed_queries", no_search)
+  monkeypatch.setattr(DenseSearcher, "search_vectors", no_search)
   again = nb.retrieve_neighbours(db, queries, 3, cache_dir=tmp_path)
   for field in ("vectors", "mask", "rows", "scores"):
     np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
@@ -135,22 +136,22 @@ def test_default_cache_lives_in_the_database(db, monkeypatch):
   queries = [["the museum"]]
   nb.retrieve_neighbours(db, queries, 2)
   assert len(list((db / nb.CACHE_SUBDIR).glob("neighbours-*.npz"))) == 1
-  monkeypatch.setattr(dense.DenseSearcher, "embed_queries",
+  monkeypatch.setattr(DenseSearcher, "embed_queries",
                       lambda *a, **k: pytest.fail("searched although cached"))
   assert nb.retrieve_neighbours(db, queries, 2).rows.shape == (1, 1, 2)
 
 
 def test_cache_key_follows_the_database(db, tmp_path):
-  searcher = dense.open_dense_index(db)
+  searcher = open_dense_index(db)
   key = nb.cache_key(searcher, [["a"]], 3)
-  assert key == nb.cache_key(dense.open_dense_index(db), [["a"]], 3)
+  assert key == nb.cache_key(open_dense_index(db), [["a"]], 3)
   assert nb.cache_key(searcher, [["a"]], 4) != key
   searcher.meta = {**searcher.meta, "faiss": {**searcher.meta["faiss"],
                                               "factory": "HNSW32"}}
   assert nb.cache_key(searcher, [["a"]], 3) != key
-  assert nb.cache_key(dense.open_dense_index(db), [["a"]], 3,
+  assert nb.cache_key(open_dense_index(db), [["a"]], 3,
                       {"nprobe": 8}) != key
-  assert nb.cache_key(dense.open_dense_index(db), [["a", ""]], 3) != key
+  assert nb.cache_key(open_dense_index(db), [["a", ""]], 3) != key
 
 
 def test_bad_input(db, tmp_path):

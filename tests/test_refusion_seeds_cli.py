@@ -61,8 +61,7 @@ def world(tmp_path, monkeypatch):
       raise KeyError(f"no task {name}; known: {sorted(specs)}")
     return specs[name]
 
-  monkeypatch.setitem(sys.modules, "jaxfid.refusion.lmbff",
-                      types.SimpleNamespace(get_task=get_task))
+  monkeypatch.setattr(seeds, "get_task", get_task)
   data = tmp_path / "k-shot"
   for task in ("SST-2", "MRPC"):
     for seed in ACCURACY:

@@ -26,7 +26,7 @@ from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import fusion as F
 from jaxfid.refusion import search
 from jaxfid.refusion.model import ReFusionModel, is_arch_path, load_refusion
-from jaxfid.retrieval.dense import index as dense
+from jaxfid.dual_encoder.index import build_dense_index
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.training.step import make_train_step
 
@@ -48,7 +48,7 @@ def db(tmp_path_factory):
   ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=8,
                                  d_kv=4, d_ff=16, num_heads=2, num_layers=1,
                                  num_decoder_layers=1)
-  dense.build_dense_index(None, d / "sentences.txt", d / "db",
+  build_dense_index(None, d / "sentences.txt", d / "db",
                           encoder=load_dual_encoder(ckpt), progress=False)
   return d / "db"
 
@@ -309,7 +309,7 @@ def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):
   ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=16,
                                  d_kv=4, d_ff=32, num_heads=2, num_layers=1,
                                  num_decoder_layers=1)
-  dense.build_dense_index(None, d / "sentences.txt", d / "db16",
+  build_dense_index(None, d / "sentences.txt", d / "db16",
                           encoder=load_dual_encoder(ckpt), progress=False)
   out = d / "hidden"
   assert main(_args(out, d / "db16", steps=2, extra=[

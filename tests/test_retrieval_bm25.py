@@ -3,14 +3,13 @@ import json
 import math
 import os
 
-import bm25s
 import numpy as np
 import pytest
 
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, LENGTH_TABLE, byte4_to_int, int_to_byte4, top_k)
-from jaxfid.retrieval.bm25.builder import BM25Builder
+from jaxfid.retrieval.bm25.builder import BM25Builder, build_index
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "retrieval")
 LUCENE = os.path.join(DATA, "lucene_reference")
@@ -34,7 +33,7 @@ def test_hand_computed_three_documents():
   #        d2 = idf * 2/(2 + 0.945) = 0.3191875
   # "cat dog": d2 = 0.3191875 + 0.2416471 = 0.5608346
   #            d3 = idf * 1/(1 + 0.81) = 0.2596705, d1 = 0.2416471
-  index = BM25Index.build(["cat sat mat", "cat cat dog", "dog ran"])
+  index = build_index(["cat sat mat", "cat cat dog", "dog ran"])
   cat = dict(index.search("cat", 10))
   assert cat == pytest.approx({0: 0.2416471, 1: 0.3191875}, rel=1e-6)
   both = index.search("cat dog", 10)
@@ -68,7 +67,7 @@ def test_equals_lucene_on_edge_cases(name, k1, b, k):
             encoding="utf-8") as f:
     queries = [line.rstrip("\n").split("\t") for line in f]
   expected = _read_trec(os.path.join(LUCENE, f"{name}.trec"))
-  index = BM25Index.build([text for _, text in docs], BM25Params(k1, b))
+  index = build_index([text for _, text in docs], BM25Params(k1, b))
   ids = np.array([d.encode() for d, _ in docs])
   rank = np.argsort(np.argsort(ids, kind="stable"))
   for qid, text in queries:
@@ -86,7 +85,7 @@ def test_equals_lucene_on_squad_sample():
   with open(os.path.join(DATA, "squad_sample", "questions.jsonl"),
             encoding="utf-8") as f:
     questions = [json.loads(line) for line in f]
-  index = BM25Index.build(d["title"] + "\n" + d["text"] for d in docs)
+  index = build_index(d["title"] + "\n" + d["text"] for d in docs)
   expected = _read_trec(os.path.join(LUCENE, "squad_sample.trec"))
   ids = np.array([d["_id"].encode() for d in docs])
   rank = np.argsort(np.argsort(ids, kind="stable"))
@@ -95,7 +94,7 @@ def test_equals_lucene_on_squad_sample():
            for row, s in index.search(q["question"], 5, rank)]
     assert got == expected[q["id"]], q["question"]
   # without Lucene's length quantisation, scores (and some rankings) differ
-  exact = BM25Index.build((d["title"] + "\n" + d["text"] for d in docs),
+  exact = build_index((d["title"] + "\n" + d["text"] for d in docs),
                           BM25Params(lucene_norms=False))
   differ = sum(
       [str(np.float32(s)) for _, s in exact.search(q["question"], 5, rank)]
@@ -112,12 +111,13 @@ def _random_corpus(seed, n_docs, max_len):
 
 @pytest.mark.parametrize("lucene_norms, max_len", [(False, 80), (True, 23)])
 def test_equals_bm25s_lucene_method(lucene_norms, max_len):
+  bm25s = pytest.importorskip("bm25s")  # the `test` and `bench` extras
   texts, words = _random_corpus(1, 60, max_len)
   analyzer = EnglishAnalyzer()
   tokens = [analyzer.analyze(t) for t in texts]
   reference = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
   reference.index(tokens, show_progress=False)
-  index = BM25Index.build(texts, BM25Params(lucene_norms=lucene_norms))
+  index = build_index(texts, BM25Params(lucene_norms=lucene_norms))
   rng = np.random.default_rng(2)
   for _ in range(25):
     query = " ".join(rng.choice(words, size=rng.integers(1, 5), replace=False))
@@ -128,13 +128,20 @@ def test_equals_bm25s_lucene_method(lucene_norms, max_len):
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
 
 
-def test_save_load_round_trip_and_bm25s_reads_it(tmp_path):
+def test_save_load_round_trip(tmp_path):
   texts, _ = _random_corpus(3, 40, 50)
-  index = BM25Index.build(texts)
+  index = build_index(texts)
   index.save(tmp_path)
   loaded = BM25Index.load(tmp_path)
   for query in ("w1x w2x", "alpha w3x w3x w3x", "gamma"):
     assert loaded.search(query, 7) == index.search(query, 7)
+
+
+def test_bm25s_reads_a_saved_index(tmp_path):
+  bm25s = pytest.importorskip("bm25s")  # the `test` and `bench` extras
+  texts, _ = _random_corpus(3, 40, 50)
+  index = build_index(texts)
+  index.save(tmp_path)
   other = bm25s.BM25.load(tmp_path)
   terms = EnglishAnalyzer().analyze("w1x w2x")
   rows, scores = index.match("w1x w2x")
@@ -142,7 +149,7 @@ def test_save_load_round_trip_and_bm25s_reads_it(tmp_path):
 
 
 def test_repeated_query_terms_are_boosted():
-  index = BM25Index.build(["apple pie", "apple apple tart", "pear"])
+  index = build_index(["apple pie", "apple apple tart", "pear"])
   once = dict(index.search("apple", 3))
   thrice = dict(index.search("apple apple apple", 3))
   for row in once:
@@ -167,7 +174,7 @@ def test_spilled_chunks_equal_one_batch(tmp_path):
   small = builder.finish(directory=tmp_path / "index")
   assert not (tmp_path / "chunks").exists()
   small.save(tmp_path / "index")
-  big = BM25Index.build(texts)
+  big = build_index(texts)
   assert BM25Index.load(tmp_path / "index").search("w1x w2x", 9) == (
       big.search("w1x w2x", 9))
   assert np.array_equal(small.indptr, big.indptr)
@@ -180,7 +187,7 @@ def test_indexed_terms_equal_the_analyzers():
   with open(os.path.join(LUCENE, "analysis.tsv"), encoding="utf-8") as f:
     texts = [line.split("\t")[0] for line in f][:200]
   texts += ["___ x_y John's ’s", "a" * 600 + "'s", ""]
-  index = BM25Index.build(texts)
+  index = build_index(texts)
   analyzer = EnglishAnalyzer()
   columns = {col: term for term, col in index.vocab.items()}
   postings = [set() for _ in texts]
@@ -195,7 +202,7 @@ def test_indexed_terms_equal_the_analyzers():
 
 def test_dense_candidate_search_equals_exhaustive_ranking():
   texts, words = _random_corpus(5, 400, 30)
-  index = BM25Index.build(texts)
+  index = build_index(texts)
   rank = np.random.default_rng(6).permutation(len(texts))
   rng = np.random.default_rng(7)
   dense_queries = 0

@@ -14,9 +14,10 @@ import pytest
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.dense import index as dense
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.index import build_dense_index
 from jaxfid.dual_encoder.model import Embedder
+from jaxfid.retrieval.dense import index as dense
 from jaxfid.retrieval.search import open_index
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "retrieval",
@@ -137,12 +138,12 @@ def test_interrupted_build_resumes(files, tmp_path, monkeypatch):
   monkeypatch.setattr(dense, "build_faiss_index", interrupt)
   kwargs = {"shard_size": 16, "progress": False}
   with pytest.raises(KeyboardInterrupt):
-    dense.build_dense_index(files["ckpt"], files["corpus"], out, **kwargs)
+    build_dense_index(files["ckpt"], files["corpus"], out, **kwargs)
   monkeypatch.undo()
   staging = dense.staging_dir(out)
   assert not out.exists() and len(list(staging.glob("embeddings_*"))) == 3
   (staging / "embeddings_00001.npy").unlink()
-  summary = dense.build_dense_index(files["ckpt"], files["corpus"], out,
+  summary = build_dense_index(files["ckpt"], files["corpus"], out,
                                     **kwargs)
   assert (summary["embedded"], summary["reused"]) == (16, 24)
   assert out.is_dir() and not staging.exists()
@@ -168,7 +169,7 @@ def test_sentences_key_value_store(files, tmp_path):
   sentences = tmp_path / "sentences.txt"
   sentences.write_text("the first sentence\n\nanother one here\nlast\n")
   loaded = load_dual_encoder(files["ckpt"])
-  dense.build_dense_index(None, sentences, tmp_path / "kv", encoder=loaded,
+  build_dense_index(None, sentences, tmp_path / "kv", encoder=loaded,
                           progress=False)
   searcher = open_index(tmp_path / "kv")
   assert searcher.store.ids([0, 1, 2]) == ["0", "1", "2"]

@@ -14,8 +14,10 @@ import pytest
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
 from jaxfid.core.errors import InputError
+from jaxfid.dual_encoder.index import import_dpr_embeddings
 from jaxfid.retrieval.dense import index as dense
-from jaxfid.retrieval.dense.dpr_import import import_embeddings, load_pickle
+from jaxfid.retrieval.dense.dpr_import import import_embeddings
+from jaxfid.retrieval.dense.vector_files import load_pickle
 from jaxfid.retrieval.search import open_index
 
 N, DIM = 30, 16
@@ -86,8 +88,8 @@ def test_import_with_a_query_encoder(data, tmp_path):
                                  d_model=DIM, d_kv=4, d_ff=32, num_heads=2,
                                  num_layers=1, num_decoder_layers=1)
   out = tmp_path / "index"
-  import_embeddings(data["glob"], data["corpus"], out, query_encoder=ckpt,
-                    factory="HNSW16", progress=False)
+  import_dpr_embeddings(data["glob"], data["corpus"], out,
+                        query_encoder=ckpt, factory="HNSW16", progress=False)
   searcher = open_index(out)
   assert searcher.meta["query_encoder"]["dim"] == DIM
   assert (out / "faiss_00000.index").is_file()
@@ -97,8 +99,8 @@ def test_import_with_a_query_encoder(data, tmp_path):
                                   d_model=8, d_kv=4, d_ff=16, num_heads=2,
                                   num_layers=1, num_decoder_layers=1)
   with pytest.raises(InputError, match="encoder gives 8-d vectors"):
-    import_embeddings(data["glob"], data["corpus"], tmp_path / "x",
-                      query_encoder=other, progress=False)
+    import_dpr_embeddings(data["glob"], data["corpus"], tmp_path / "x",
+                          query_encoder=other, progress=False)
   assert not dense.staging_dir(tmp_path / "x").exists()
 
 

@@ -10,7 +10,8 @@ import pytest
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import (
     DECODER_START_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, bundled_vocab_path,
-    encode_padded, load_tokenizer, seqio_vocabulary)
+    encode_padded, load_tokenizer)
+from tasks.vocabulary import seqio_vocabulary
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

@@ -299,29 +299,6 @@ def t5x_activations(feed_forward_proj: str) -> tuple[str, ...]:
   raise ValueError(f"unknown feed_forward_proj {feed_forward_proj!r}")
 
 
-def count_parameters(fields: Any) -> int:
-  """Number of parameters of a config (jaxfid layout)."""
-  # names imports this module, hence the late import.
-  from jaxfid.checkpoints.names import param_shapes
-  total = 0
-  for shape in param_shapes(fields).values():
-    size = 1
-    for dim in shape:
-      size *= dim
-    total += size
-  return total
-
-
-def describe(config: Any) -> str:
-  """One line: sizes, activation and tying, e.g. for the convert summary."""
-  f = as_fields(config)
-  tie = "tied" if f["tie_word_embeddings"] else "untied"
-  return (f"{f['num_layers']}+{f['num_decoder_layers']} layers, d_model "
-          f"{f['d_model']}, {f['num_heads']}x{f['d_kv']} heads, d_ff "
-          f"{f['d_ff']}, {f['feed_forward_proj']}, {tie} embeddings, vocab "
-          f"{f['vocab_size']}, {count_parameters(f):,} parameters")
-
-
 def replace(config: Any, **changes) -> dict:
   """``as_fields(config)`` with some fields changed."""
   fields = as_fields(config)
@@ -335,5 +312,5 @@ def replace(config: Any, **changes) -> dict:
 __all__ = [
     "FIELDS", "FEED_FORWARD_PROJS", "as_fields", "config_from_hf_json",
     "hf_json_from_config", "config_from_params", "t5x_activations",
-    "count_parameters", "describe", "is_gated", "replace",
+    "is_gated", "replace",
 ]

@@ -3,10 +3,10 @@
 Reading (:func:`read_hf`) takes a directory with ``config.json`` and weights in
 any of the layouts transformers writes: ``model.safetensors``, sharded
 ``model.safetensors.index.json``, ``pytorch_model.bin`` or sharded
-``pytorch_model.bin.index.json`` (the ``.bin`` forms need torch, and are read
-with ``weights_only=True``). Safetensors files are parsed here (header +
-raw bytes), so bfloat16/float16 weights load without torch; everything becomes
-float32 numpy in jaxfid's layout (:mod:`jaxfid.checkpoints.names`).
+``pytorch_model.bin.index.json``. Safetensors files are parsed here (header +
+raw bytes) and ``.bin`` files by :mod:`jaxfid.checkpoints.torch_bin`, so no
+format needs torch; everything becomes float32 numpy in jaxfid's layout
+(:mod:`jaxfid.checkpoints.names`).
 
 The original FiD readers (transformers 3.0.2 ``FiDT5``) are recognised by the
 ``encoder.encoder.`` prefix of their tensors and renamed on the way in.
@@ -39,13 +39,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from jaxfid.checkpoints import names
-from jaxfid.core.atomic_dirs import atomic_directory, check_destination
-from jaxfid.checkpoints.configs import (as_fields, config_from_hf_json,
-                                        hf_json_from_config, replace)
+from jaxfid.checkpoints.configs import (
+    as_fields, config_from_hf_json, hf_json_from_config, replace)
+from jaxfid.checkpoints.torch_bin import read_torch_bin
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_directory, check_destination
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -77,7 +80,6 @@ def read_json(path) -> Any:
 
 def _safetensors_dtype(code: str, path, name: str):
   if code == "BF16":
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
     return np.dtype(ml_dtypes.bfloat16)
   table = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8",
            "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
@@ -144,37 +146,6 @@ def read_safetensors(path, wanted=None, header=None) -> dict[str, np.ndarray]:
                          "shape or the file is truncated")
       f.seek(start + begin)
       out[name] = np.frombuffer(f.read(end - begin), dtype=dtype).reshape(shape)
-  return out
-
-
-def read_torch_bin(path) -> dict[str, np.ndarray]:
-  """Tensors of a ``pytorch_model.bin`` (torch.load, weights_only=True)."""
-  path = Path(path)
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise InputError(path, "reading pytorch_model.bin needs torch, which is "
-                     "not installed; convert it to safetensors "
-                     "elsewhere") from None
-  if not path.is_file():
-    raise InputError(path, "file not found")
-  try:
-    try:
-      state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # legacy (non-zip) serialisation cannot be mmapped
-      state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise InputError(path, f"torch.load failed: {type(e).__name__}: "
-                     f"{str(e).splitlines()[0] if str(e) else ''}") from None
-  if not isinstance(state, Mapping):
-    raise InputError(path, "expected a state dict (tensor name -> tensor)")
-  out = {}
-  for name, tensor in state.items():
-    if not isinstance(tensor, torch.Tensor):
-      raise InputError(path, f"entry {name} is not a tensor")
-    if tensor.dtype in (torch.bfloat16, torch.float16):
-      tensor = tensor.float()
-    out[name] = tensor.detach().cpu().numpy()
   return out
 
 
@@ -402,7 +373,6 @@ def write_hf(directory, config: Any, flat: Mapping[str, Any],
   Returns:
     The directory.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   fields = check_params(config, flat)
   if spiece_path is not None and not Path(spiece_path).is_file():
     raise InputError(spiece_path, "SentencePiece model not found")

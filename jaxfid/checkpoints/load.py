@@ -4,19 +4,36 @@ Formats: an HF T5 directory (config.json + safetensors / pytorch_model.bin),
 the original FiD repo's readers, T5X checkpoints, and jaxfid ``MODEL_DIR``s
 (orbax). Format detection and the rename tables live in
 ``jaxfid.checkpoints``; this module turns the result into a model and params.
+
+A ``MODEL_DIR`` is loaded by the loader registered in :data:`METHOD_LOADERS`
+for the ``"method"`` of its ``jaxfid_config.json``: the plain
+encoder-decoder of FiD (``"fid"``, :func:`load_encoder_decoder`) is built in;
+each method package registers its own (importing :mod:`jaxfid.methods`
+registers them all).
 """
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.detect import load_flat
 from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
 from jaxfid.core.errors import InputError
+from jaxfid.core.registry import Registry
+from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
+
+# fn(path, *, dtype, which) -> (model, params, spiece path or None)
+RunLoader = Callable[..., tuple[Any, dict, str | None]]
+METHOD_LOADERS: Registry[RunLoader] = Registry(
+    "MODEL_DIR loader for method",
+    "import jaxfid.methods, which registers every method's loader")
 
 
 def params_from_flat(model: EncoderDecoderModel, flat: dict[str, np.ndarray],
@@ -39,6 +56,30 @@ def params_from_flat(model: EncoderDecoderModel, flat: dict[str, np.ndarray],
                     for k, v in flat.items()})
 
 
+def load_encoder_decoder(path: str, *, dtype: str | None = None,
+                         which: str = "auto"
+                         ) -> tuple[EncoderDecoderModel, dict, str | None]:
+  """A MODEL_DIR as the plain T5 of its run config's ``"model"`` (FiD's)."""
+  run = checkpointing.read_run_config(path)
+  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
+  if dtype:
+    config = config.replace(dtype=dtype)
+  model = EncoderDecoderModel(config)
+  try:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+        model.abstract_params())
+    params, _, _ = checkpointing.restore_params(path, target, which)
+  except FileNotFoundError as e:
+    raise InputError(path, str(e).split(": ", 1)[-1]) from None
+  spiece = os.path.join(path, "spiece.model")
+  return model, params, spiece if os.path.exists(spiece) else None
+
+
+METHOD_LOADERS.register("fid", load_encoder_decoder)
+
+
 def load_checkpoint(path: str, *, dtype: str | None = None,
                     which: str = "auto") -> tuple[EncoderDecoderModel, dict, str | None]:
   """(model, params, spiece path or None) from any supported checkpoint.
@@ -46,32 +87,20 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
   Args:
     dtype: activation dtype override ('float32', 'bfloat16').
     which: for a jaxfid MODEL_DIR, 'best', 'latest' or 'auto' (best if any).
+
+  Raises:
+    InputError: a missing or unreadable checkpoint, or a MODEL_DIR of a
+      method whose loader is not registered.
   """
-  from jaxfid import checkpoints
-  from jaxfid.checkpoints import model_dir as checkpointing
   path = os.fspath(path)
   if not os.path.exists(path):
     raise InputError(path, "no such checkpoint")
-  if os.path.exists(os.path.join(path, checkpointing.CONFIG_FILE)):
-    run = checkpointing.read_run_config(path)
-    if run.get("method") == "reatt":
-      from jaxfid.reatt.model import load_reatt
-      return load_reatt(path, dtype=dtype, which=which)
-    config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
-    if dtype:
-      config = config.replace(dtype=dtype)
-    model = EncoderDecoderModel(config)
-    try:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      target = jax.tree.map(
-          lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-          model.abstract_params())
-      params, _, _ = checkpointing.restore_params(path, target, which)
-    except FileNotFoundError as e:
-      raise InputError(path, str(e).split(": ", 1)[-1]) from None
-    spiece = os.path.join(path, "spiece.model")
-    return model, params, spiece if os.path.exists(spiece) else None
-  fields, flat, spiece = checkpoints.load_flat(path)
+  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
+  if os.path.exists(config_file):
+    method = checkpointing.read_run_config(path).get("method", "fid")
+    loader = METHOD_LOADERS.get(method, where=config_file)
+    return loader(path, dtype=dtype, which=which)
+  fields, flat, spiece = load_flat(path)
   config = T5Config.from_dict(fields).replace(dropout_rate=0.0)
   if dtype:
     config = config.replace(dtype=dtype)
@@ -105,7 +134,6 @@ class LoadedT5:
 
 def load_t5(path, *, dtype: str | None = None) -> LoadedT5:
   """Load an HF directory, FiD reader, T5X checkpoint or jaxfid MODEL_DIR."""
-  from jaxfid.core.tokenization import load_tokenizer
   model, params, spiece = load_checkpoint(path, dtype=dtype)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   return LoadedT5(model, params, tokenizer)

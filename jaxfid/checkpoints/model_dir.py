@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxfid.core.files import atomic_write
+
 CONFIG_FILE = "jaxfid_config.json"
 
 
@@ -77,10 +79,8 @@ class RunCheckpoints:
       return False
     self.best.save(step, args=ocp.args.StandardSave(params), force=True)
     self.best.wait_until_finished()
-    tmp = self._best_file + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(self._best_file) as f:
       json.dump({"step": step, "name": name, "value": value}, f)
-    os.replace(tmp, self._best_file)
     return True
 
   def close(self) -> None:
@@ -124,14 +124,12 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
 
 
 def write_run_config(model_dir: str, fields: dict) -> None:
-  os.makedirs(model_dir, exist_ok=True)
-  path = os.path.join(model_dir, CONFIG_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  """Writes ``MODEL_DIR/jaxfid_config.json`` (all at once)."""
+  with atomic_write(os.path.join(model_dir, CONFIG_FILE)) as f:
     json.dump(fields, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
 
 
 def read_run_config(model_dir: str) -> dict:
+  """The parsed ``MODEL_DIR/jaxfid_config.json``."""
   with open(os.path.join(model_dir, CONFIG_FILE)) as f:
     return json.load(f)

@@ -11,8 +11,9 @@ stored as they are.
 
 The table is written once, per layer, in :data:`ENCODER_LAYER` and
 :data:`DECODER_LAYER` plus :data:`GLOBALS`; everything else here derives from
-it: :func:`renames` (all names of one config), :func:`param_shapes`,
-:func:`to_hf` / :func:`from_hf` for single names.
+it: :func:`renames` (all names of one config), :func:`param_shapes` (and
+:func:`count_parameters`, :func:`describe`), :func:`to_hf` / :func:`from_hf`
+for single names.
 
 The original FiD code (facebookresearch/FiD, transformers 3.0.2) wraps the HF
 encoder: its readers name encoder tensors ``encoder.encoder.block.{i}...``,
@@ -150,6 +151,27 @@ def param_shapes(config: Any) -> dict[str, tuple[int, ...]]:
       shape = (d, d_ff)
     shapes[path] = shape
   return shapes
+
+
+def count_parameters(fields: Any) -> int:
+  """Number of parameters of a config (jaxfid layout)."""
+  total = 0
+  for shape in param_shapes(fields).values():
+    size = 1
+    for dim in shape:
+      size *= dim
+    total += size
+  return total
+
+
+def describe(config: Any) -> str:
+  """One line: sizes, activation and tying, e.g. for the convert summary."""
+  f = as_fields(config)
+  tie = "tied" if f["tie_word_embeddings"] else "untied"
+  return (f"{f['num_layers']}+{f['num_decoder_layers']} layers, d_model "
+          f"{f['d_model']}, {f['num_heads']}x{f['d_kv']} heads, d_ff "
+          f"{f['d_ff']}, {f['feed_forward_proj']}, {tie} embeddings, vocab "
+          f"{f['vocab_size']}, {count_parameters(f):,} parameters")
 
 
 def hf_shape(rename: Rename, shape: tuple[int, ...]) -> tuple[int, ...]:

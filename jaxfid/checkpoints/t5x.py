@@ -39,14 +39,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+from flax import serialization
 
 from jaxfid.checkpoints import names
-from jaxfid.core.atomic_dirs import (
-    atomic_directory, check_destination, write_bytes_atomic)
 from jaxfid.checkpoints.configs import config_from_params, t5x_activations
 from jaxfid.checkpoints.hf import check_params
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_directory, check_destination, write_atomic
 
 CHECKPOINT_FILE = "checkpoint"
 _STEP_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -146,7 +149,6 @@ def find_params(tree: Any) -> Mapping | None:
 
 
 def _open_zarr(spec: dict, where: Path, name: str) -> np.ndarray:
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
   if not (where / ".zarray").is_file():
     raise InputError(where, f"missing TensorStore array for parameter {name}")
   try:
@@ -177,7 +179,6 @@ def _read_ts_spec(ckpt_dir: Path, spec: Mapping, name: str) -> np.ndarray:
 
 
 def _read_msgpack(ckpt_dir: Path) -> tuple[dict[str, np.ndarray], Path]:
-  from flax import serialization  # pylint: disable=g-import-not-at-top
   file = ckpt_dir / CHECKPOINT_FILE
   raw = file.read_bytes()
   if raw.startswith(b"model_checkpoint_path"):
@@ -219,8 +220,6 @@ def _numpy_restore_args(checkpointer, path: str):
   Arrays saved sharded carry their device mesh in the metadata; restoring
   them as numpy avoids needing that mesh here.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   metadata = checkpointer.metadata(path)
   item = getattr(metadata, "item_metadata", metadata)
   tree = getattr(item, "tree", item)
@@ -234,7 +233,6 @@ def _numpy_restore_args(checkpointer, path: str):
 
 
 def _read_orbax(ckpt_dir: Path) -> tuple[dict[str, np.ndarray], Path]:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   path = str(ckpt_dir.resolve())
   checkpointer = ocp.PyTreeCheckpointer()
   try:
@@ -395,12 +393,9 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
             for p, a in flat.items()}
   state = {"step": np.asarray(step, dtype=np.int32)}
   if use_orbax:
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     ocp.PyTreeCheckpointer().save(str(final.resolve()), {
         "target": names.unflatten(params), "state": state}, force=overwrite)
   else:
-    import tensorstore as ts  # pylint: disable=g-import-not-at-top
-    from flax import serialization  # pylint: disable=g-import-not-at-top
     with atomic_directory(final, overwrite) as tmp:
       leaves = {}
       for path, array in params.items():
@@ -422,5 +417,5 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
                                               "state": state}}
       (tmp / CHECKPOINT_FILE).write_bytes(
           serialization.msgpack_serialize(contents))
-  write_bytes_atomic(model_dir / "config.gin", _gin_text(fields).encode())
+  write_atomic(model_dir / "config.gin", _gin_text(fields))
   return final

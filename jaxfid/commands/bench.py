@@ -17,9 +17,16 @@ from __future__ import annotations
 import json
 import sys
 
+import gin
+
+from jaxfid.commands import gin_flags
+from jaxfid.core.errors import InputError
+from jaxfid.fid import bench
+from jaxfid.t5 import config as config_lib
+from jaxfid.training import launch
+
 
 def add_parser(subparsers) -> None:
-  from jaxfid.commands import gin_flags
   p = subparsers.add_parser("bench", help="benchmark training or decoding")
   p.add_argument("mode", choices=("train", "decode", "memory"))
   p.add_argument("--steps", type=int, default=10,
@@ -31,7 +38,6 @@ def add_parser(subparsers) -> None:
 
 
 def _macro(name):
-  import gin
   return gin.query_parameter(f"%{name}")
 
 
@@ -43,13 +49,6 @@ def _macro_or(name, default):
 
 
 def run(args) -> int:
-  import gin
-
-  from jaxfid.fid import bench
-  from jaxfid.commands import gin_flags
-  from jaxfid.core.errors import InputError
-  from jaxfid.t5 import config as config_lib
-  from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   try:
     cfg = gin.get_configurable(config_lib.T5Config)()
@@ -81,8 +80,6 @@ def run(args) -> int:
 
 def _memory(cfg, shape) -> dict:
   """``bench.memory_estimate`` per microbatch of the gin ACCUMULATION_STEPS."""
-  from jaxfid.fid import bench
-  from jaxfid.core.errors import InputError
   accumulation = _macro_or("ACCUMULATION_STEPS", 1)
   try:
     return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.retrieval.store.corpus import iter_passages
+from jaxfid.retrieval.store.splitter import split_into_passages, write_dpr_tsv
+
 
 def _positive(text: str) -> int:
   value = int(text)
@@ -38,8 +41,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.store.corpus import iter_passages
-  from jaxfid.retrieval.store.splitter import split_into_passages, write_dpr_tsv
   passages = split_into_passages(iter_passages(args.input), words=args.words,
                                  sequential_ids=args.sequential_ids)
   count = write_dpr_tsv(args.output, passages)

@@ -21,6 +21,19 @@ import os
 import sys
 import time
 
+import gin
+
+import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.commands import gin_flags
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid import demo_world as synthetic
+from jaxfid.fid import predict as predict_lib
+from jaxfid.fid.examples import read_fid_examples
+from jaxfid.retrieval.bm25.index import build_bm25_index
+from jaxfid.retrieval.search import retrieve_to_file
+from jaxfid.training import launch
+
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser("demo", help="train and evaluate a tiny FiD on "
@@ -54,9 +67,6 @@ def _write_questions(path: str, questions) -> None:
 def prepare_data(output: str, *, n_context: int, train_entities: int,
                  test_questions: int, seed: int) -> dict:
   """Generate, index and retrieve; returns file paths and retrieval recall."""
-  from jaxfid.fid import demo_world as synthetic
-  from jaxfid.retrieval.bm25.index import build_bm25_index
-  from jaxfid.retrieval.search import retrieve_to_file
   world = synthetic.make_demo_data(num_train_entities=train_entities,
                                    num_test_entities=max(test_questions // 4, 10),
                                    seed=seed)
@@ -83,15 +93,6 @@ def prepare_data(output: str, *, n_context: int, train_entities: int,
 
 
 def run(args) -> int:
-  import gin
-
-  from jaxfid.fid import predict as predict_lib
-  from jaxfid.commands import gin_flags
-  from jaxfid.fid.examples import read_fid_examples
-  from jaxfid.checkpoints.load import load_checkpoint
-  from jaxfid.core.tokenization import load_tokenizer
-  from jaxfid.training import launch
-
   t0 = time.time()
   out = os.path.abspath(args.output)
   print(f"[1/3] generating data and retrieving with BM25 into {out}/data",

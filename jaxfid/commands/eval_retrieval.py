@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.retrieval import evaluate
+
 
 def _ks(text: str) -> list[int]:
   try:
@@ -41,7 +43,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval import evaluate
   if args.qrels:
     metrics = evaluate.evaluate_with_qrels(args.run, args.qrels,
                                            recall_ks=args.k or (100,))

@@ -1,22 +1,19 @@
-"""t5x-style gin flags shared by ``jaxfid train``, ``eval`` and ``bench``.
+"""t5x-style gin flags shared by ``jaxfid train``, ``eval``, ``bench`` and others.
 
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
-``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``). Gin files and
-their ``include``s are found relative to the working directory, then to the
-jaxfid source tree (so ``gin/fid/tiny.gin`` works from anywhere).
+``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``), parsed by
+:func:`jaxfid.core.gin_files.parse_gin` (also available here as
+``parse_gin``).
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 
 import gin
 
 from jaxfid.core.errors import InputError
-
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from jaxfid.core.gin_files import SOURCE_ROOT, parse_gin  # noqa: F401
+from jaxfid.training import launch
 
 
 def add_gin_arguments(parser) -> None:
@@ -38,38 +35,6 @@ def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
     else:
       rest.append(arg)
   return bindings, rest
-
-
-def _resolve(path: str, search: list[str]) -> str:
-  if os.path.exists(path):
-    return path
-  for root in search:
-    candidate = os.path.join(root, path)
-    if os.path.exists(candidate):
-      return candidate
-  raise InputError(path, "no such gin file")
-
-
-def parse_gin(gin_files: list[str], bindings: list[str],
-              search_paths: list[str] = ()) -> None:
-  """Parse files then bindings; a gin error becomes a one-line InputError."""
-  search = [os.getcwd(), *search_paths, SOURCE_ROOT]
-  for root in search:
-    gin.add_config_file_search_path(root)
-  files = [_resolve(f, search) for f in gin_files]
-  if not files:
-    raise InputError("--gin_file", "at least one gin file is required")
-  gin.clear_config()
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)  # gin logs every search path it tries
-  try:
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
-  except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
-    where = files[-1] if not bindings else "gin bindings"
-    raise InputError(where, f"gin: {' '.join(str(e).split())}") from None
-  finally:
-    root.setLevel(level)
 
 
 def gin_literal(value) -> str:
@@ -104,7 +69,6 @@ class GinRun:
 
   def train(self, macros: dict | None = None) -> dict:
     """Runs ``launch.run`` (the trainer) with ``macros`` overridden."""
-    from jaxfid.training import launch
     self.parse(macros)
     try:
       return call_configurable(gin.get_configurable(launch.run))

@@ -3,17 +3,16 @@
 ``jaxfid index bm25 --corpus CORPUS --output INDEX_DIR [--k1 0.9 --b 0.4]``
 is defined here. Other index types live in their own command modules
 (``jaxfid.commands.index_dense``, ``jaxfid.commands.index_reatt``), each
-exposing ``add_parser(index_subparsers)``; they are added when present.
+exposing ``add_parser(index_subparsers)``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 
-# modules adding more `jaxfid index <type>` subcommands, when they exist
-INDEX_COMMAND_MODULES = ("jaxfid.commands.index_dense",
-                         "jaxfid.commands.index_reatt")
+from jaxfid.commands import index_dense, index_reatt
+from jaxfid.retrieval.bm25.index import build_bm25_index
+from jaxfid.retrieval.bm25.scoring import BM25Params
 
 
 def add_parser(subparsers) -> None:
@@ -24,14 +23,8 @@ def add_parser(subparsers) -> None:
   types = p.add_subparsers(dest="index_type", required=True,
                            metavar="{bm25,...}")
   _add_bm25(types)
-  for name in INDEX_COMMAND_MODULES:
-    try:
-      module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-      if e.name == name:
-        continue
-      raise
-    module.add_parser(types)
+  index_dense.add_parser(types)
+  index_reatt.add_parser(types)
 
 
 def _add_bm25(types) -> None:
@@ -52,8 +45,6 @@ def _add_bm25(types) -> None:
 
 
 def run_bm25(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.bm25.scoring import BM25Params
-  from jaxfid.retrieval.bm25.index import build_bm25_index
   params = BM25Params(k1=args.k1, b=args.b,
                       lucene_norms=not args.exact_lengths)
   meta = build_bm25_index(args.corpus, args.output, params)

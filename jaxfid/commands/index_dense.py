@@ -6,13 +6,16 @@ T5 / GTR / Sentence-T5 directory or a jaxfid MODEL_DIR, mean-pooled) and
 builds a FAISS index; ``jaxfid index import-embeddings --embeddings
 'wiki_passages_*' --corpus psgs_w100.tsv --output INDEX_DIR`` builds one from
 DPR's precomputed passage embeddings. ``jaxfid retrieve --index INDEX_DIR``
-searches either. The logic lives in :mod:`jaxfid.retrieval.dense.index` and
-:mod:`jaxfid.retrieval.dense.dpr_import`.
+searches either. The logic lives in :mod:`jaxfid.dual_encoder.index` (with
+:mod:`jaxfid.retrieval.dense.index` and
+:mod:`jaxfid.retrieval.dense.dpr_import`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+
+from jaxfid.dual_encoder.index import build_dense_index, import_dpr_embeddings
 
 
 def _positive(text: str) -> int:
@@ -90,7 +93,6 @@ def add_parser(types) -> None:
 
 
 def run_dense(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.dense.index import build_dense_index
   summary = build_dense_index(
       args.checkpoint, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
@@ -105,8 +107,7 @@ def run_dense(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.dense.dpr_import import import_embeddings
-  summary = import_embeddings(
+  summary = import_dpr_embeddings(
       args.embeddings, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
       shard_size=args.shard_size, embedding_dtype=args.embedding_dtype,

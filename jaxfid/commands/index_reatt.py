@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.reatt.token_index import build_from_checkpoint
+
 
 def add_parser(types) -> None:
   p = types.add_parser(
@@ -39,7 +41,6 @@ def add_parser(types) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.reatt.token_index import build_from_checkpoint
   meta = build_from_checkpoint(
       args.checkpoint, args.corpus, args.output, which=args.which,
       doc_maxlength=args.doc_maxlength, query_maxlength=args.query_maxlength,

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 
+from jaxfid.core.errors import InputError
+from jaxfid.fid import plot as plotting
+
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
@@ -27,9 +30,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  from jaxfid.fid import plot as plotting
-  from jaxfid.core.errors import InputError
-
   plotting.output_format(args.output)  # before reading any run
   runs = []
   for spec in args.runs:

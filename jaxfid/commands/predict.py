@@ -10,7 +10,15 @@ checkpoint, else the latest).
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid import predict as predict_lib
+from jaxfid.fid.examples import read_fid_examples
 
 
 def add_parser(subparsers) -> None:
@@ -33,21 +41,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  from jaxfid.core.errors import InputError
-  from jaxfid.fid.examples import read_fid_examples
-
   for name in ("n_context", "text_maxlength", "answer_maxlength", "batch_size",
                "beam_size"):
     if getattr(args, name) < 1:
       raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
   # Validate the data before loading anything heavy.
   examples = read_fid_examples(args.data)
-
-  import os
-
-  from jaxfid.fid import predict as predict_lib
-  from jaxfid.checkpoints.load import load_checkpoint
-  from jaxfid.core.tokenization import load_tokenizer
   model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   preds = predict_lib.generate(

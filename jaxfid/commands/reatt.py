@@ -23,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands import gin_flags
 from jaxfid.commands.gin_flags import GinRun
 from jaxfid.core.errors import InputError
+from jaxfid.reatt import adaptation as adapt
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.task import ReAttTask
+from jaxfid.retrieval.store.corpus import iter_passages
 
 
 def add_parser(subparsers) -> None:
@@ -51,7 +54,6 @@ def add_parser(subparsers) -> None:
 
 
 def _add_iterate(sub) -> None:
-  from jaxfid.commands import gin_flags
   p = sub.add_parser(
       "iterate", help="iterative training: train, re-index, re-retrieve",
       description="Train a ReAtt run (gin) in N iterations of S steps (after "
@@ -111,9 +113,6 @@ def run_iterate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.reatt import adaptation as adapt
-  from jaxfid.core.errors import InputError
-  from jaxfid.retrieval.store.corpus import iter_passages
   if args.mode == "ir":
     for name in ("queries", "qrels"):
       if not getattr(args, name):

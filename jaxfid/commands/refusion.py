@@ -18,10 +18,13 @@ import json
 import os
 import sys
 
+from jaxfid.commands import gin_flags
+from jaxfid.core.files import atomic_write
+from jaxfid.refusion import seeds as seeds_lib
+from jaxfid.refusion.seeds import DEFAULT_SEEDS
+
 
 def add_parser(subparsers) -> None:
-  from jaxfid.commands import gin_flags
-  from jaxfid.refusion.seeds import DEFAULT_SEEDS
   p = subparsers.add_parser("refusion", help="ReFusion utilities (5-seed "
                             "few-shot runs)")
   sub = p.add_subparsers(dest="refusion_command", required=True)
@@ -42,8 +45,6 @@ def add_parser(subparsers) -> None:
 
 
 def run_seeds(args: argparse.Namespace) -> int:
-  from jaxfid.refusion import seeds as seeds_lib
-  from jaxfid.core.files import atomic_write
   runs = seeds_lib.run_seeds(
       args.task, args.data_root, args.model_dir_root,
       seeds_lib.parse_seeds(args.seeds), args.gin_file,

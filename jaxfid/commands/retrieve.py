@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
+import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.retrieval.search import retrieve_to_file
+
 
 def _key_value(text: str) -> tuple[str, str]:
   name, sep, value = text.partition("=")
@@ -55,7 +58,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from jaxfid.retrieval.search import retrieve_to_file
   options = dict(args.search_option)
   if args.token_top_k is not None:
     options["token_top_k"] = args.token_top_k

@@ -6,10 +6,18 @@ With the ``MIXTURE_OR_TASK_NAME`` macro set, the seqio tasks are imported
 from __future__ import annotations
 
 import json
+import os
+
+import gin
+import jax
+
+import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.commands import gin_flags, seqio_tasks
+from jaxfid.core.errors import InputError
+from jaxfid.training import launch
 
 
 def add_parser(subparsers) -> None:
-  from jaxfid.commands import gin_flags
   p = subparsers.add_parser(
       "train", help="train a model from gin files (FiD, ReAtt, ReFusion)",
       description="Train from gin files; rerunning the same command resumes "
@@ -23,18 +31,11 @@ def add_parser(subparsers) -> None:
 
 def maybe_initialize_distributed(requested: bool) -> None:
   """Multi-host start-up: TPU pods auto-detect; GPUs read JAX_* variables."""
-  import os
-
-  import jax
   if requested or os.environ.get("JAX_COORDINATOR_ADDRESS"):
     jax.distributed.initialize()
 
 
 def run(args) -> int:
-  import gin
-
-  from jaxfid.commands import gin_flags, seqio_tasks
-  from jaxfid.training import launch
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
     seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source

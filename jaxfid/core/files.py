@@ -1,21 +1,62 @@
 """All-or-nothing outputs: a file or directory appears complete, or not at all.
 
-Everything the retrieval commands write (run files, passage TSVs, index
-directories) goes through these helpers: content is written to a temporary
-sibling in the same directory and moved into place with ``os.replace`` only
-when it is complete, so an interrupted or failed command never leaves a
-half-written output behind.
+Everything jaxfid writes for a user or a later run (run files, passage
+TSVs, index directories, checkpoints, run configs) goes through these
+helpers: content is written to a temporary sibling in the same directory
+and moved into place with ``os.replace`` only when it is complete, so an
+interrupted or failed write never leaves a half-written output behind.
+Temporary names carry the process id and a random part
+(``.NAME.<pid>.<random>.tmp``), so concurrent writers never share one.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from jaxfid.core.errors import InputError
+
+
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def _temp_prefix(path: Path) -> str:
+  return f".{path.name}.{os.getpid()}."
+
+
+def _parent(path: Path) -> Path:
+  parent = path.parent if str(path.parent) else Path(".")
+  parent.mkdir(parents=True, exist_ok=True)
+  return parent
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+  """Yields a fresh temporary name next to ``path``; renamed to it on success.
+
+  The body creates the file under that name (``np.save``, ``os.link``,
+  ``faiss.write_index``, ...). If the body raises, whatever it created is
+  removed and ``path`` is left untouched. Missing parent directories are
+  created.
+  """
+  path = Path(path)
+  tmp = _parent(path) / (_temp_prefix(path) + secrets.token_hex(6) + ".tmp")
+  try:
+    yield tmp
+    os.replace(tmp, path)
+    if os.path.lexists(tmp):  # both names were links to one file: a no-op
+      os.unlink(tmp)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
 
 
 @contextlib.contextmanager
@@ -24,7 +65,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w",
   """Opens a temporary file next to ``path``; renames it to ``path`` on success.
 
   Args:
-    path: the final file name.
+    path: the final file name (missing parent directories are created).
     mode: ``"w"`` (text, with ``encoding``) or ``"wb"``.
     encoding: text encoding; ignored in binary mode.
 
@@ -32,68 +73,105 @@ def atomic_write(path: str | os.PathLike, mode: str = "w",
     The open temporary file. If the body raises, the temporary file is removed
     and ``path`` is left untouched.
   """
-  path = Path(path)
-  if path.parent and not path.parent.exists():
-    path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                             dir=str(path.parent))
-  try:
+  exclusive = mode.replace("w", "x")
+  with atomic_path(path) as tmp:
     if "b" in mode:
-      f = os.fdopen(fd, mode)
+      f = open(tmp, exclusive)  # pylint: disable=unspecified-encoding
     else:
-      f = os.fdopen(fd, mode, encoding=encoding, newline="")
+      f = open(tmp, exclusive, encoding=encoding, newline="")
     with f:
       yield f
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates files 0600
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
 
 
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+  """Writes ``data`` (text as UTF-8) to ``path`` with :func:`atomic_write`."""
+  with atomic_write(path, "wb") as f:
+    f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
-def _is_replaceable_dir(path: Path) -> bool:
-  """An existing output dir may be replaced if it is empty or an index."""
-  if not path.is_dir():
-    return False
-  entries = list(path.iterdir())
-  return not entries or (path / "meta.json").exists()
+def check_destination(path: str | os.PathLike, overwrite: bool) -> Path:
+  """Refuses a non-empty existing destination directory unless ``overwrite``."""
+  path = Path(path)
+  if path.exists():
+    if not path.is_dir():
+      raise InputError(path, "exists and is not a directory")
+    if any(path.iterdir()) and not overwrite:
+      raise InputError(path, "already exists and is not empty (pass "
+                       "overwrite=True / --overwrite to replace it)")
+  return path
+
+
+def _publishable(directory: Path) -> None:
+  """Gives a finished tree ordinary permissions (mkdtemp/mkstemp: 0700/0600)."""
+  mask = _umask()
+  os.chmod(directory, 0o777 & ~mask)
+  for root, dirs, files in os.walk(directory):
+    for name in dirs:
+      os.chmod(os.path.join(root, name), 0o777 & ~mask)
+    for name in files:
+      os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def replace_directory(source: str | os.PathLike,
+                      path: str | os.PathLike) -> None:
+  """Moves the finished directory ``source`` to ``path``, replacing it.
+
+  ``source`` must be a sibling of ``path`` (the same file system). An
+  existing ``path`` is first renamed into a temporary directory and deleted
+  after the swap, so ``path`` always holds either the old tree or the new one.
+  """
+  source, path = Path(source), Path(path)
+  _publishable(source)
+  old = None
+  if path.exists():
+    old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old",
+                                dir=str(_parent(path))))
+    os.replace(path, old / path.name)
+  os.replace(source, path)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-  """Yields a temporary directory that becomes ``path`` on success.
+def atomic_directory(path: str | os.PathLike, overwrite: bool = False, *,
+                     check: Callable[[Path], object] | None = None
+                     ) -> Iterator[Path]:
+  """Yields a temporary directory that becomes ``path`` on a clean exit.
 
-  An existing ``path`` is replaced only if it is empty or holds an index (has a
-  ``meta.json``); anything else is refused with an :class:`InputError`, so a
-  mistyped ``--output`` cannot delete unrelated files.
+  On an exception the temporary directory is removed and ``path`` is left as
+  it was.
+
+  Args:
+    path: the final directory.
+    overwrite: replace a non-empty existing ``path`` (by default only an
+      empty one is replaced; see :func:`check_destination`).
+    check: instead of that rule, a function of ``path`` that raises
+      :class:`InputError` when it must not be replaced (an index directory
+      may replace another index, say).
   """
   path = Path(path)
-  if path.exists() and not _is_replaceable_dir(path):
-    raise InputError(path, "output exists and is not an index directory; "
-                     "remove it or choose another --output")
-  parent = path.parent if str(path.parent) else Path(".")
-  parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp",
-                              dir=str(parent)))
+  if check is None:
+    check_destination(path, overwrite)
+  else:
+    check(path)
+  tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp",
+                              dir=str(_parent(path))))
   try:
     yield tmp
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates directories 0700
-  old = None
-  if path.exists():
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old",
-                                dir=str(parent)))
-    os.rmdir(old)
-    os.replace(path, old)
-  os.replace(tmp, path)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
+  replace_directory(tmp, path)
+
+
+def link_or_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
+  """Makes ``path`` a hard link to ``source`` (a copy where links fail)."""
+  with atomic_path(path) as tmp:
+    try:
+      os.link(source, tmp)
+    except OSError:
+      shutil.copyfile(source, tmp)
+
+
+__all__ = ["atomic_path", "atomic_write", "write_atomic", "link_or_copy",
+           "atomic_directory", "check_destination", "replace_directory"]

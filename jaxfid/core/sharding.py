@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 # Parameter axes.
@@ -94,7 +95,6 @@ def parse_mesh(spec: str, devices=None) -> Mesh:
   device on ``data``; a mesh smaller than the device count uses the first
   devices (``'data=1'``: one device).
   """
-  import numpy as np
   devices = list(devices if devices is not None else jax.devices())
   sizes = {a: 1 for a in MESH_AXES}
   spec = (spec or "").strip()

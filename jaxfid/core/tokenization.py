@@ -19,8 +19,8 @@ Encoding never adds EOS; :func:`encode_padded` adds it and pads to a fixed
 length, keeping the EOS inside the length on truncation exactly like an HF
 tokenizer called with ``truncation=True``.
 
-Everything here is pure Python + NumPy; seqio (and so TensorFlow) is imported
-only by :func:`seqio_vocabulary`.
+Everything here is pure Python + NumPy; the seqio vocabulary of the same
+model is :func:`tasks.vocabulary.seqio_vocabulary`.
 """
 from __future__ import annotations
 
@@ -176,17 +176,6 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike | None = None
     if os.path.isfile(own):
       return Tokenizer(own)
   return Tokenizer()
-
-
-def seqio_vocabulary(path: str | os.PathLike | None = None):
-  """A ``seqio.SentencePieceVocabulary`` (100 extra ids) for seqio tasks.
-
-  Imports seqio (and TensorFlow) on first use.
-  """
-  import seqio  # pylint: disable=g-import-not-at-top
-  return seqio.SentencePieceVocabulary(
-      str(path) if path is not None else bundled_vocab_path(),
-      extra_ids=NUM_EXTRA_IDS)
 
 
 def pad_ids(token_lists: Sequence[Sequence[int]], max_length: int,

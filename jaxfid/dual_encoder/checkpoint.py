@@ -39,12 +39,14 @@ from jaxfid.checkpoints import hf, names
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.checkpoints.configs import config_from_hf_json
 from jaxfid.checkpoints.detect import detect_format, load_flat
-from jaxfid.checkpoints.load import load_checkpoint, unflatten
+from jaxfid.checkpoints.load import (
+    METHOD_LOADERS, load_checkpoint, load_encoder_decoder)
+from jaxfid.checkpoints.torch_bin import read_torch_bin
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
-from jaxfid.t5.config import T5Config
 from jaxfid.dual_encoder.model import (
     DualEncoder, DualEncoderConfig, params_fingerprint)
+from jaxfid.t5.config import T5Config
 
 METHOD = "dual_encoder"
 _ENCODER_PREFIXES = ("token_embedder/", "encoder/")
@@ -76,7 +78,7 @@ class LoadedEncoder:
 
 
 def _unflatten(flat: dict[str, np.ndarray]) -> dict:
-  return unflatten({k: jnp.asarray(np.asarray(v, np.float32))
+  return names.unflatten({k: jnp.asarray(np.asarray(v, np.float32))
                     for k, v in flat.items()})
 
 
@@ -131,16 +133,12 @@ def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
 # sentence-transformers modules
 
 
-def _read_json(path: Path) -> Any:
-  return hf.read_json(path)
-
-
 def _module_dirs(directory: Path) -> dict[str, Path]:
   """sentence-transformers module kind ('Transformer', ...) -> folder."""
   modules_file = directory / "modules.json"
   found: dict[str, Path] = {}
   if modules_file.is_file():
-    modules = _read_json(modules_file)
+    modules = hf.read_json(modules_file)
     if not isinstance(modules, list):
       raise InputError(modules_file, "expected a JSON list of modules")
     for entry in modules:
@@ -158,7 +156,7 @@ def _module_dirs(directory: Path) -> dict[str, Path]:
 
 def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
   """The projection of a sentence-transformers Dense module."""
-  config = _read_json(folder / "config.json")
+  config = hf.read_json(folder / "config.json")
   activation = str(config.get("activation_function", "")).rsplit(".", 1)[-1]
   activations = {"Identity": "identity", "Tanh": "tanh", "": "identity"}
   if activation not in activations:
@@ -169,7 +167,7 @@ def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
     path = folder / candidate
     if path.is_file():
       tensors = (hf.read_safetensors(path) if candidate.endswith("safetensors")
-                 else hf.read_torch_bin(path))
+                 else read_torch_bin(path))
       break
   else:
     raise InputError(folder, "Dense module without model.safetensors or "
@@ -191,7 +189,7 @@ def _read_dense(folder: Path, d_model: int) -> tuple[dict, dict]:
 
 
 def _pooling(folder: Path) -> str:
-  config = _read_json(folder / "config.json")
+  config = hf.read_json(folder / "config.json")
   if config.get("pooling_mode_mean_tokens"):
     return "mean"
   if config.get("pooling_mode_cls_token"):
@@ -312,3 +310,9 @@ def load_dual_encoder(path, *, dtype: str | None = None,
       params, json.dumps(dataclasses.asdict(config), sort_keys=True))
   return LoadedEncoder(encoder, params, load_tokenizer(spiece_dir), source,
                        kind, fingerprint)
+
+
+# As a plain T5 (load_checkpoint), a dual encoder's MODEL_DIR is its
+# encoder-decoder config with the shared tower's weights: what ReFusion
+# reads an encoder as.
+METHOD_LOADERS.register(METHOD, load_encoder_decoder)

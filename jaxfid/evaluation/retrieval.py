@@ -30,7 +30,7 @@ import os
 from typing import Mapping, Sequence
 
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.store.corpus import iter_lines
+from jaxfid.core.textio import iter_lines
 
 Qrels = Mapping[str, Mapping[str, int]]
 

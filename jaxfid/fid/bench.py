@@ -24,11 +24,18 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxfid.t5 import decoding
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
+from jaxfid.training.step import make_train_step
+
+try:  # the private helper behind jax.ad_checkpoint.print_saved_residuals
+  from jax._src.ad_checkpoint import saved_residuals
+except ImportError:  # another JAX: memory_estimate says so
+  saved_residuals = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +132,9 @@ def memory_estimate(cfg: T5Config, shape: Shape, *, accumulation_steps: int = 1,
                      f"{accumulation_steps} microbatches")
   micro = dataclasses.replace(
       shape, batch_size=shape.batch_size // accumulation_steps)
-  try:
-    from jax._src.ad_checkpoint import saved_residuals
-  except ImportError as e:  # private helper behind print_saved_residuals
+  if saved_residuals is None:
     raise RuntimeError(f"this JAX ({jax.__version__}) has no saved_residuals "
-                       f"helper: {e}") from None
+                       "helper")
   model = EncoderDecoderModel(cfg)
   params = model.abstract_params()
   param_bytes = sum(_nbytes(x) for x in jax.tree.leaves(params))
@@ -175,9 +180,6 @@ def _time(fn, args, steps):
 def bench_train(cfg: T5Config, shape: Shape, *, steps: int, learning_rate=1e-4,
                 seed: int = 0) -> dict:
   """Time the full train step (forward, backward, Adam update)."""
-  import optax
-
-  from jaxfid.training.step import make_train_step
   model = EncoderDecoderModel(cfg)
   opt = optax.adam(learning_rate)
   params = jax.jit(lambda: model.init_params(seed))()

@@ -41,13 +41,14 @@ import itertools
 import json
 import math
 import os
-import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
+from jaxfid.core.textio import open_binary
 from jaxfid.core.tokenization import (
     DECODER_START_ID, PAD_ID, Tokenizer, encode_padded)
 
@@ -55,7 +56,6 @@ QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"
 PASSAGE_PREFIX = "context:"
 TRIVIA_QA = "trivia_qa"  # the dataset whose drawn answers are title-cased
-_GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -204,22 +204,6 @@ def parse_record(record, path, where,
 # -------------------------------------------------------------------- reading
 
 
-def _open_binary(path: str):
-  if not os.path.exists(path):
-    raise InputError(path, "no such file")
-  if os.path.isdir(path):
-    raise InputError(path, "is a directory, expected a FiD JSON or JSONL file")
-  try:
-    f = open(path, "rb")
-  except OSError as e:
-    raise InputError(path, f"cannot open: {e.strerror or e}") from e
-  if f.read(2) == _GZIP_MAGIC:
-    f.seek(0)
-    return gzip.GzipFile(fileobj=f, mode="rb"), f
-  f.seek(0)
-  return f, f
-
-
 def _decode(line: bytes, path, lineno: int) -> str:
   try:
     return line.decode("utf-8")
@@ -280,7 +264,7 @@ def iter_fid_examples(path: str | os.PathLike,
     InputError: a missing, empty, non-UTF-8, corrupt or malformed file.
   """
   path = os.fspath(path)
-  stream, raw = _open_binary(path)
+  stream = open_binary(path, expected="a FiD JSON or JSONL file")
   try:
     lines = enumerate(stream, start=1)
     first = None
@@ -301,7 +285,6 @@ def iter_fid_examples(path: str | os.PathLike,
     raise InputError(path, f"corrupt gzip file: {e}") from None
   finally:
     stream.close()
-    raw.close()
 
 
 def read_fid_examples(path: str | os.PathLike, *,
@@ -370,28 +353,19 @@ def write_fid_examples(path: str | os.PathLike,
   path = os.fspath(path)
   name = path[:-3] if path.endswith(".gz") else path
   as_list = name.endswith(".json")
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-",
-                             suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, "wb") as raw:
-      f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.endswith(
-          ".gz") else raw
-      records = (example_to_record(e) for e in examples)
-      if as_list:
-        f.write(json.dumps(list(records), ensure_ascii=False,
-                           indent=1).encode("utf-8"))
-        f.write(b"\n")
-      else:
-        for r in records:
-          f.write(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n")
-      if f is not raw:
-        f.close()
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_write(path, "wb") as raw:
+    f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.endswith(
+        ".gz") else raw
+    records = (example_to_record(e) for e in examples)
+    if as_list:
+      f.write(json.dumps(list(records), ensure_ascii=False,
+                         indent=1).encode("utf-8"))
+      f.write(b"\n")
+    else:
+      for r in records:
+        f.write(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n")
+    if f is not raw:
+      f.close()
 
 
 # ------------------------------------------------------------ model inputs

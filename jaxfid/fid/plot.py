@@ -26,7 +26,12 @@ import os
 import re
 from typing import Sequence
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_write
 
 _TRIPLE = re.compile(r"^(?P<label>[^:]+):(?P<n>\d+):(?P<path>.+)$")
 _NAMED = re.compile(r"^(?P<label>.+)_n(?P<n>\d+)\.jsonl$")
@@ -202,16 +207,8 @@ def collect_points(runs: Sequence[Run]) -> dict[str, list[Point]]:
 
 
 def _atomic_savefig(figure, output: str, fmt: str) -> None:
-  directory = os.path.dirname(os.path.abspath(output))
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory,
-                     f".{os.path.basename(output)}.tmp{os.getpid()}")
-  try:
-    figure.savefig(tmp, format=fmt)
-    os.replace(tmp, output)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with atomic_write(output, "wb") as f:
+    figure.savefig(f, format=fmt)
 
 
 def output_format(output: str) -> str:
@@ -221,7 +218,6 @@ def output_format(output: str) -> str:
   Raises:
     InputError: an unknown or missing suffix.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
   supported = FigureCanvasAgg.get_supported_filetypes()
   fmt = os.path.splitext(output)[1].lstrip(".").lower()
   if fmt not in supported:
@@ -237,10 +233,6 @@ def plot_em_vs_passages(series: dict[str, list[Point]], output: str,
   Raises:
     InputError: the output name has no image format matplotlib writes.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  from matplotlib.ticker import FixedLocator, NullLocator
-
   fmt = output_format(output)
   figure = Figure(figsize=(5.0, 3.6), dpi=150)
   FigureCanvasAgg(figure)

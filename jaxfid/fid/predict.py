@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxfid.core.files import atomic_write
 from jaxfid.evaluation import qa as evaluation
 from jaxfid.fid import batches as pipeline
 from jaxfid.fid.examples import FidExample
@@ -96,24 +97,16 @@ def write_predictions(path: str, examples: Sequence[FidExample],
                       passage_scores: Sequence[Sequence[float]] | None = None
                       ) -> None:
   """One JSON line per example, input order; atomic."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      for i, (ex, pred) in enumerate(zip(examples, predictions)):
-        record = {"id": ex.id if ex.id is not None else i,
-                  "question": ex.question, "prediction": pred,
-                  "answers": list(ex.answers),
-                  "em": scores["per_example_em"][i],
-                  "f1": scores["per_example_f1"][i]}
-        if passage_scores is not None:
-          record["passage_scores"] = passage_scores[i]
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with atomic_write(path) as f:
+    for i, (ex, pred) in enumerate(zip(examples, predictions)):
+      record = {"id": ex.id if ex.id is not None else i,
+                "question": ex.question, "prediction": pred,
+                "answers": list(ex.answers),
+                "em": scores["per_example_em"][i],
+                "f1": scores["per_example_f1"][i]}
+      if passage_scores is not None:
+        record["passage_scores"] = passage_scores[i]
+      f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 class QaEvaluator:

@@ -37,27 +37,29 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+import faiss
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from jaxfid.checkpoints import names
 from flax import nnx
 from tqdm.auto import tqdm
 
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints import names
 from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
-from jaxfid.t5 import layers
-from jaxfid.reatt import model as reatt
-from jaxfid.t5.config import T5Config
-from jaxfid.t5.network import EncoderLayer
 from jaxfid.core.files import atomic_directory
+from jaxfid.core.tokenization import (
+    Tokenizer, encode_padded, load_tokenizer, pad_ids)
+from jaxfid.fid.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
+from jaxfid.reatt import model as reatt
+from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.corpus import read_corpus
-from jaxfid.retrieval.index_dir import write_meta
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
-from jaxfid.retrieval.search import register_index_type
-from jaxfid.core.tokenization import Tokenizer, encode_padded, pad_ids
+from jaxfid.t5 import layers
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.network import EncoderLayer
 
 Array = jax.Array
 INDEX_TYPE = "reatt"
@@ -197,7 +199,6 @@ def _batches(items, size: int):
 
 
 def _faiss_flat(keys: np.ndarray):
-  import faiss
   index = faiss.IndexFlatIP(keys.shape[1])
   for start in range(0, len(keys), 1 << 20):
     index.add(np.ascontiguousarray(keys[start:start + (1 << 20)], np.float32))
@@ -206,7 +207,6 @@ def _faiss_flat(keys: np.ndarray):
 
 def _faiss_ivfpq(keys: np.ndarray, nlist: int, pq_m: int, pq_bits: int,
                  seed: int = 0):
-  import faiss
   dim = keys.shape[1]
   if dim % pq_m:
     raise InputError("--pq-m", f"{pq_m} does not divide the key width {dim}")
@@ -244,7 +244,7 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     if value < 1:
       raise InputError(name, "must be at least 1")
   dim = encoder.config.d_kv
-  with atomic_directory(output) as tmp:
+  with atomic_directory(output, check=check_output) as tmp:
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:
@@ -270,7 +270,6 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     np.save(tmp / "doc_offsets.npy", np.asarray(offsets, np.int64))
     num_tokens = offsets[-1]
     if faiss_type == "ivfpq":
-      import faiss
       keys = np.memmap(tmp / "keys.f32", np.float32, "r", shape=(num_tokens, dim))
       faiss.write_index(_faiss_ivfpq(keys, nlist, pq_m, pq_bits),
                         str(tmp / "tokens.faiss"))
@@ -294,8 +293,6 @@ def build_from_checkpoint(checkpoint: str, corpus: str, output: str, *,
                           query_maxlength: int | None = None,
                           which: str = "auto", **kwargs) -> dict:
   """``jaxfid index reatt``: index a corpus with a ReAtt MODEL_DIR's model."""
-  from jaxfid.core.tokenization import load_tokenizer
-  from jaxfid.checkpoints import model_dir as checkpointing
   model, params, spiece = reatt.load_reatt(checkpoint, which=which)
   run = checkpointing.read_run_config(checkpoint)
   length = int(run.get("text_maxlength", 250))
@@ -338,7 +335,6 @@ class TokenSearcher:
                                 reatt.ReAttConfig.from_dict(meta["reatt"]),
                                 params, int(meta["head"]))
     if meta["faiss"] == "ivfpq":
-      import faiss
       self.index = faiss.read_index(str(self.directory / "tokens.faiss"))
     else:
       self.index = _faiss_flat(self.keys)

@@ -18,19 +18,23 @@ encoder running once per example; the prediction is the best-scoring class.
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.load import METHOD_LOADERS, load_encoder_decoder
+from jaxfid.refusion import fusion as fusion_lib
+from jaxfid.refusion.fusion import FusionConfig
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.t5.network import T5
-from jaxfid.refusion import fusion as fusion_lib
-from jaxfid.refusion.fusion import FusionConfig
 
 Array = jax.Array
 ARCH_PARAM = "fusion_alpha"
@@ -155,10 +159,6 @@ def load_refusion(model_dir: str, which: str = "latest"
   The structure comes from ``refusion_structure.json`` (written when the
   search ends); runs without a search keep their configured scheme.
   """
-  import json
-  import os
-
-  from jaxfid.checkpoints import model_dir as checkpointing
   run = checkpointing.read_run_config(model_dir)
   if run.get("method") != "refusion":
     raise ValueError(f"{model_dir} is not a ReFusion run")
@@ -173,3 +173,9 @@ def load_refusion(model_dir: str, which: str = "latest"
   params, _, _ = checkpointing.restore_params(
       model_dir, model.abstract_params(), which=which)
   return model, params
+
+
+# As a plain T5 (load_checkpoint, e.g. to initialise another run), a
+# ReFusion MODEL_DIR loads as its backbone, the run config's "model";
+# load_refusion loads the model with its fusion modules.
+METHOD_LOADERS.register("refusion", load_encoder_decoder)

@@ -41,11 +41,13 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
-from jaxfid.retrieval.dense.index import open_dense_index, store_fingerprint
+from jaxfid.dual_encoder.index import open_dense_index
 from jaxfid.retrieval.dense.embedding_store import shard_name
+from jaxfid.retrieval.dense.index import store_fingerprint
 from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.store.passage_store import PassageStore
 
@@ -179,7 +181,6 @@ def _search(searcher, texts: list[str], top_k: int, batch_size: int,
             options: Mapping[str, object], progress: bool
             ) -> tuple[np.ndarray, np.ndarray]:
   """rows int64 [len(texts), K] (-1 = none) and scores float32 [.., K]."""
-  from tqdm.auto import tqdm
   rows = np.full((len(texts), top_k), -1, np.int64)
   scores = np.zeros((len(texts), top_k), np.float32)
   starts = range(0, len(texts), batch_size)

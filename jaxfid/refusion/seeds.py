@@ -31,7 +31,11 @@ import sys
 import threading
 from typing import Sequence, TextIO
 
+import numpy as np
+
 from jaxfid.core.errors import InputError
+from jaxfid.refusion.lmbff import get_task
+from jaxfid.training.metrics_log import read_records
 
 DEFAULT_SEEDS = (13, 21, 42, 87, 100)
 K_SHOT = 16
@@ -77,7 +81,6 @@ def parse_seeds(text: str) -> list[int]:
 def lookup_task(name: str):
   """The task's :class:`jaxfid.refusion.lmbff.TaskSpec` (``name``,
   ``lmbff_dir``, ``metric``); InputError for an unknown task."""
-  from jaxfid.refusion.lmbff import get_task
   try:
     return get_task(name)
   except (KeyError, ValueError) as e:
@@ -107,15 +110,15 @@ def train_argv(gin_files: Sequence[str], bindings: Sequence[str],
 
 def read_test_metrics(model_dir: str | os.PathLike) -> dict | None:
   """The last record of ``MODEL_DIR/metrics.jsonl`` with ``test_accuracy``."""
-  from jaxfid.training.metrics_log import read_records
   found = [r for r in read_records(os.fspath(model_dir)) if DONE_KEY in r]
   return found[-1] if found else None
 
 
 def _child_env() -> dict:
   """The environment with this jaxfid importable by the child."""
-  import jaxfid
-  root = os.path.dirname(os.path.dirname(os.path.abspath(jaxfid.__file__)))
+  # the directory holding the jaxfid package (jaxfid/refusion/seeds.py)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
   env = dict(os.environ)
   paths = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                     if p and p != root]
@@ -233,7 +236,6 @@ def run_seeds(task: str, data_root: str, model_dir_root: str,
 def summarize(task: str, metric: str, runs: Sequence[SeedRun]) -> dict:
   """``{"task", "seeds", "metric", "mean", "std", "per_seed"}`` in percent,
   over the seeds that have results."""
-  import numpy as np
   per_seed = {str(r.seed): 100.0 * float(r.metrics[f"test_{metric}"])
               for r in runs if r.metrics is not None}
   values = np.asarray(list(per_seed.values()), np.float64)

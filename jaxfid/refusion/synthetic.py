@@ -62,6 +62,16 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxfid.checkpoints import names
+from jaxfid.checkpoints.hf import write_hf
+from jaxfid.core.files import write_atomic
+from jaxfid.core.tokenization import bundled_vocab_path
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.index import build_dense_index
+from jaxfid.refusion import neighbours as nb_lib
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import EncoderDecoderModel
+
 SPLITS = ("train", "dev", "test")
 SENTENCE_FILE = "sentences.txt"
 
@@ -201,12 +211,6 @@ def make_task(seed: int, *, train_per_class: int = 16,
                        sentences=[sentences[i] for i in order])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)
-
-
 def write_task(task: SyntheticTask, data_dir: str | os.PathLike) -> Path:
   """Writes ``train.tsv``, ``dev.tsv``, ``test.tsv`` (SST-2 layout) and the
   database sentences ``sentences.txt`` into ``data_dir``; returns it."""
@@ -214,8 +218,8 @@ def write_task(task: SyntheticTask, data_dir: str | os.PathLike) -> Path:
   data_dir.mkdir(parents=True, exist_ok=True)
   for split in SPLITS:
     lines = ["sentence\tlabel"] + [f"{s}\t{l}" for s, l in task.examples[split]]
-    _write_atomic(data_dir / f"{split}.tsv", "\n".join(lines) + "\n")
-  _write_atomic(data_dir / SENTENCE_FILE, "\n".join(task.sentences) + "\n")
+    write_atomic(data_dir / f"{split}.tsv", "\n".join(lines) + "\n")
+  write_atomic(data_dir / SENTENCE_FILE, "\n".join(task.sentences) + "\n")
   return data_dir
 
 
@@ -229,11 +233,6 @@ def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
   ``vector_scale``, which scales every mean-pooled vector by it. It loads
   with :func:`jaxfid.dual_encoder.checkpoint.load_dual_encoder`.
   """
-  from jaxfid.checkpoints import names
-  from jaxfid.checkpoints.hf import write_hf
-  from jaxfid.t5.config import T5Config
-  from jaxfid.t5.model import EncoderDecoderModel
-  from jaxfid.core.tokenization import bundled_vocab_path
   config = T5Config(vocab_size=32128, d_model=d_model,
                     d_kv=max(d_model // num_heads, 1), d_ff=2 * d_model,
                     num_heads=num_heads, num_layers=num_layers,
@@ -259,12 +258,10 @@ def build_database(sentence_file: str | os.PathLike,
   ``metric`` are those of the index (unit vectors, inner product: GTR's
   setting).
   """
-  from jaxfid.retrieval.dense import index as dense
-  from jaxfid.dual_encoder.checkpoint import load_dual_encoder
   directory = Path(directory)
   encoder = write_random_encoder(directory / "encoder", d_model=d_model,
                                  vector_scale=vector_scale, seed=seed)
-  dense.build_dense_index(
+  build_dense_index(
       None, sentence_file, directory / "db", metric=metric, progress=False,
       encoder=load_dual_encoder(encoder, normalize=normalize))
   return directory / "db"
@@ -280,7 +277,6 @@ def retrieval_hit_rate(task: SyntheticTask, db_dir: str | os.PathLike,
   are) and ``label_precision`` (the share carrying the query's label).
   The database must hold ``task.sentences`` in order.
   """
-  from jaxfid.refusion import neighbours as nb_lib
   all_items = task.all_items()
   position = {(item.split, item.name): i for i, item in enumerate(all_items)}
   queries, own = [], []

@@ -29,6 +29,19 @@ def write_meta(directory: str | os.PathLike, index_type: str,
   return meta
 
 
+def check_output(output: str | os.PathLike) -> None:
+  """Refuses an ``--output`` that exists and is neither empty nor an index.
+
+  Rebuilding an index replaces the old one; anything else is kept, so a
+  mistyped ``--output`` cannot delete unrelated files.
+  """
+  output = Path(output)
+  if output.exists() and not (output.is_dir() and (
+      not any(output.iterdir()) or (output / META_FILE).exists())):
+    raise InputError(output, "output exists and is not an index directory; "
+                     "remove it or choose another --output")
+
+
 def read_meta(directory: str | os.PathLike) -> dict:
   """Reads ``meta.json``; InputError if the directory is not an index."""
   path = Path(directory) / META_FILE

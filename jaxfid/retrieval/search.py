@@ -9,28 +9,26 @@ registry of loaders and returns a *searcher*: an object with
   index-specific (``token_top_k`` for token-level indexes); a searcher
   rejects options it does not know with an InputError.
 
-``"bm25"`` is built in. Other index types register themselves with
-:func:`register_index_type` when their module is imported; the modules
-``jaxfid.retrieval.dense.index`` and ``jaxfid.reatt.token_index`` are imported
-on demand when an index of an unknown type is opened, so they need no other
-wiring.
+Index types register themselves with :func:`register_index_type` when their
+module is imported: ``"bm25"`` (:mod:`jaxfid.retrieval.bm25.index`),
+``"dense"`` (:mod:`jaxfid.dual_encoder.index`) and ``"reatt"``
+(:mod:`jaxfid.reatt.token_index`); :mod:`jaxfid.methods` imports them all.
+Opening an index of a type nobody registered is an InputError that says so.
 """
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
-from jaxfid.core.errors import InputError
+from jaxfid.core.registry import Registry
 from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.runs import run_format, write_fid_json, write_trec
 from jaxfid.retrieval.store.passage_store import PassageStore
 from jaxfid.retrieval.store.queries import Query, read_queries
 
-PLUGIN_MODULES = ("jaxfid.retrieval.dense.index", "jaxfid.reatt.token_index")
 BATCH_SIZE = 256  # queries per searcher call (progress granularity)
 
 
@@ -43,42 +41,20 @@ class Searcher(Protocol):
 
 
 Loader = Callable[[Path, dict], Searcher]
-_LOADERS: dict[str, Loader] = {}
+INDEX_TYPES: Registry[Loader] = Registry(
+    "index type", "import jaxfid.methods, which registers every index type")
 
 
 def register_index_type(name: str, loader: Loader) -> None:
   """Makes ``open_index`` use ``loader(directory, meta)`` for type ``name``."""
-  _LOADERS[name] = loader
-
-
-def _load_bm25(directory: Path, meta: dict) -> Searcher:
-  from jaxfid.retrieval.bm25.index import BM25Searcher
-  return BM25Searcher(directory, meta)
-
-
-register_index_type("bm25", _load_bm25)
-
-
-def _import_plugins() -> None:
-  for name in PLUGIN_MODULES:
-    try:
-      importlib.import_module(name)
-    except ModuleNotFoundError as e:
-      if e.name != name:
-        raise
+  INDEX_TYPES.register(name, loader)
 
 
 def open_index(directory: str | os.PathLike) -> Searcher:
   """The searcher for an index directory, chosen by its meta.json type."""
   directory = Path(directory)
   meta = read_meta(directory)
-  if meta["type"] not in _LOADERS:
-    _import_plugins()
-  loader = _LOADERS.get(meta["type"])
-  if loader is None:
-    raise InputError(directory, f"unknown index type {meta['type']!r} "
-                     f"(known: {', '.join(sorted(_LOADERS))})")
-  return loader(directory, meta)
+  return INDEX_TYPES.get(meta["type"], where=str(directory))(directory, meta)
 
 
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,

@@ -15,6 +15,8 @@ stay sorted by document). With ``directory`` those arrays are memory-mapped
 files written in place; then peak memory is one chunk plus per-document and
 per-term arrays, not the collection's postings, which is what makes a
 21M-passage Wikipedia index possible on an ordinary machine.
+
+:func:`build_index` indexes an iterable of texts in memory.
 """
 from __future__ import annotations
 
@@ -22,12 +24,13 @@ import array
 import os
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
-from jaxfid.retrieval.text.analysis import EnglishAnalyzer, raw_tokens
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
+from jaxfid.retrieval.text.analysis import EnglishAnalyzer, raw_tokens
 
 _FIELDS = ("terms", "docs", "tfs")
 
@@ -174,3 +177,12 @@ class BM25Builder:
                         dtype=np.float32, shape=(size,)),
             open_memmap(d / "indices.csc.index.npy", mode="w+",
                         dtype=np.int32, shape=(size,)))
+
+
+def build_index(texts: Iterable[str], params: BM25Params = BM25Params(),
+                analyzer: EnglishAnalyzer | None = None) -> BM25Index:
+  """Indexes ``texts`` (document i is row i) in memory."""
+  builder = BM25Builder(analyzer)
+  for text in texts:
+    builder.add(text)
+  return builder.finish(params)

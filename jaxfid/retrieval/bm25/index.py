@@ -11,7 +11,8 @@ Documents are indexed as Anserini indexes BEIR/DPR corpora: title and text
 together ("contents"). Indexing reads the corpus once, streaming passages to
 the store while tokenising them, and spills postings to disk as it goes
 (:mod:`jaxfid.retrieval.bm25.builder`); the directory appears only when
-complete.
+complete. Importing this module registers the ``"bm25"`` index type of
+:func:`jaxfid.retrieval.search.open_index`.
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_directory
-from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
 from jaxfid.retrieval.bm25.builder import BM25Builder
+from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
+from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
-from jaxfid.retrieval.index_dir import write_meta
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 
@@ -50,7 +52,7 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "
                      f"b={params.b} (need k1 >= 0, 0 <= b <= 1)")
-  with atomic_directory(output) as tmp:
+  with atomic_directory(output, check=check_output) as tmp:
     builder = BM25Builder(spill_dir=tmp / "chunks")
     with PassageStoreWriter(tmp, source=corpus) as store:
       for lineno, passage in tqdm(read_corpus(corpus), desc="indexing",
@@ -90,3 +92,6 @@ class BM25Searcher:
                        "bm25 index")
     rank = self.store.id_rank
     return [self.index.search(text, top_k, rank) for text in texts]
+
+
+register_index_type(INDEX_TYPE, BM25Searcher)

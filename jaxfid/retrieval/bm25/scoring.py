@@ -45,7 +45,6 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -173,16 +172,6 @@ class BM25Index:
     self.params = params
     self.analyzer = analyzer
     self.stats = stats
-
-  @classmethod
-  def build(cls, texts: Iterable[str], params: BM25Params = BM25Params(),
-            analyzer: EnglishAnalyzer | None = None) -> "BM25Index":
-    """Indexes ``texts`` (document i is row i) in memory."""
-    from jaxfid.retrieval.bm25.builder import BM25Builder
-    builder = BM25Builder(analyzer)
-    for text in texts:
-      builder.add(text)
-    return builder.finish(params)
 
   # -- queries
   def query_terms(self, text: str) -> tuple[np.ndarray, np.ndarray]:

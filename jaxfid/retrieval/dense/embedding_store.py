@@ -28,6 +28,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import (
+    atomic_path, atomic_write, link_or_copy, write_atomic)
 
 MANIFEST = "embeddings.json"
 DTYPES = ("float32", "float16")
@@ -176,9 +178,8 @@ class ShardWriter:
                      else 0):
         with contextlib.suppress(FileNotFoundError):
           os.unlink(self.directory / shard_name(i))
-      tmp = self.directory / (MANIFEST + ".tmp")
-      tmp.write_text(json.dumps(self.layout, indent=2) + "\n")
-      os.replace(tmp, self.directory / MANIFEST)
+      write_atomic(self.directory / MANIFEST,
+                   json.dumps(self.layout, indent=2) + "\n")
 
   @property
   def num_shards(self) -> int:
@@ -216,14 +217,7 @@ class ShardWriter:
       src = other / shard_name(i)
       if not src.is_file():
         continue
-      dst = self.directory / shard_name(i)
-      tmp = dst.with_suffix(".tmp")
-      try:
-        os.link(src, tmp)
-      except OSError:
-        import shutil
-        shutil.copyfile(src, tmp)
-      os.replace(tmp, dst)
+      link_or_copy(src, self.directory / shard_name(i))
       if self.is_complete(i):
         taken += 1
     return taken
@@ -235,11 +229,8 @@ class ShardWriter:
     if array.shape != (end - start, self.layout["dim"]):
       raise ValueError(f"shard {i}: shape {array.shape}, expected "
                        f"{(end - start, self.layout['dim'])}")
-    path = self.directory / shard_name(i)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(self.directory / shard_name(i), "wb") as f:
       np.save(f, array)
-    os.replace(tmp, path)
 
   @contextlib.contextmanager
   def scatter(self) -> Iterator[Sequence[np.ndarray]]:
@@ -248,22 +239,20 @@ class ShardWriter:
     The shards become visible (renamed into place) only when the block ends
     without an exception.
     """
-    maps, tmps = [], []
-    for i in range(self.num_shards):
-      start, end = self.shard_rows(i)
-      tmp = self.directory / f".{shard_name(i)}.tmp"
-      tmps.append(tmp)
-      maps.append(np.lib.format.open_memmap(
-          tmp, mode="w+", dtype=self.layout["dtype"],
-          shape=(end - start, self.layout["dim"])))
-    try:
-      yield maps
-    except BaseException:
-      maps.clear()  # drop our references to the memory maps before unlinking
-      for tmp in tmps:
-        with contextlib.suppress(FileNotFoundError):
-          os.unlink(tmp)
-      raise
-    for i, array in enumerate(maps):
-      array.flush()
-      os.replace(tmps[i], self.directory / shard_name(i))
+    with contextlib.ExitStack() as renames:
+      maps = []
+      for i in range(self.num_shards):
+        start, end = self.shard_rows(i)
+        tmp = renames.enter_context(
+            atomic_path(self.directory / shard_name(i)))
+        maps.append(np.lib.format.open_memmap(
+            tmp, mode="w+", dtype=self.layout["dtype"],
+            shape=(end - start, self.layout["dim"])))
+      try:
+        yield maps
+      except BaseException:
+        maps.clear()  # drop our references to the memory maps before unlinking
+        raise
+      for array in maps:
+        array.flush()
+      maps.clear()

@@ -27,9 +27,12 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import faiss
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import atomic_path
 from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
 
 DEFAULT_FACTORY = "Flat"
@@ -39,13 +42,7 @@ ADD_CHUNK = 65_536
 _OPTION_NAMES = {"ef_search": "efSearch"}
 
 
-def _faiss():
-  import faiss  # pylint: disable=g-import-not-at-top
-  return faiss
-
-
 def faiss_metric(metric: str) -> int:
-  faiss = _faiss()
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
   return faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
@@ -57,7 +54,6 @@ def is_flat(factory: str) -> bool:
 
 def make_index(dim: int, factory: str = DEFAULT_FACTORY, metric: str = "ip"):
   """An empty FAISS index; a bad factory string is an InputError."""
-  faiss = _faiss()
   try:
     return faiss.index_factory(int(dim), factory, faiss_metric(metric))
   except RuntimeError as e:
@@ -97,7 +93,6 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
     The ``faiss`` entry of ``meta.json``: factory, metric, and the parts
     (``{"start", "end", "file"}``; ``file`` is None for flat indexes).
   """
-  from tqdm.auto import tqdm
   directory = Path(directory)
   ranges = split_rows(len(store), index_shards)
   template = make_index(store.dim, factory, metric)
@@ -115,17 +110,14 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
                        f"{len(sample)} vectors failed: "
                        f"{str(e).strip().splitlines()[-1]}") from None
     info["train_size"] = int(len(sample))
-  faiss = _faiss()
   disable = None if progress is None else not progress
   with tqdm(total=len(store), desc="adding to faiss", unit=" vectors",
             disable=disable) as bar:
     for k, (a, b) in enumerate(ranges):
       index = faiss.clone_index(template)
       _add_rows(index, store, a, b, bar)
-      path = directory / index_file(k)
-      tmp = directory / f".{index_file(k)}.tmp"
-      faiss.write_index(index, str(tmp))
-      os.replace(tmp, path)
+      with atomic_path(directory / index_file(k)) as tmp:
+        faiss.write_index(index, str(tmp))
       info["parts"].append({"start": a, "end": b, "file": index_file(k)})
       del index
   return info
@@ -169,7 +161,6 @@ class ShardedIndex:
     instead of reading them (for indexes larger than memory; FAISS supports
     it for flat codes and inverted lists).
     """
-    faiss = _faiss()
     directory = Path(directory)
     parts = []
     for part in info["parts"]:
@@ -201,7 +192,6 @@ class ShardedIndex:
 
   def set_options(self, source, **options) -> None:
     """Sets search parameters (nprobe, ef_search, ...) on every part."""
-    faiss = _faiss()
     space = faiss.ParameterSpace()
     for name, value in options.items():
       faiss_name = _OPTION_NAMES.get(name, name)

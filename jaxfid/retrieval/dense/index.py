@@ -1,7 +1,6 @@
-"""Dense index directories: embed a corpus with a dual encoder, search FAISS.
+"""Dense index directories: a corpus, its vectors, and FAISS over them.
 
-``jaxfid index dense --checkpoint CKPT --corpus CORPUS --output INDEX_DIR``
-(:func:`build_dense_index`) writes::
+An index directory of type ``"dense"`` holds::
 
   meta.json            {"type": "dense", "num_passages", "dim", "encoder",
                         "query_encoder", "faiss", "embeddings", "corpus", ...}
@@ -10,6 +9,14 @@
                        (jaxfid.retrieval.dense.embedding_store), fetchable by row
   faiss_00000.index .. the FAISS index parts (none for the exact "Flat"
                        default, which is filled from the embeddings on open)
+
+This module knows nothing of the model that makes the vectors. Building
+(:func:`write_dense_index`) takes a :class:`PassageEncoder`; searching
+(:class:`DenseSearcher`) takes precomputed query vectors or a
+:class:`QueryEmbedder`. The T5 dual encoder provides both, and registers the
+``"dense"`` index type of :func:`jaxfid.retrieval.search.open_index`, in
+:mod:`jaxfid.dual_encoder.index`; DPR's released embeddings are imported by
+:mod:`jaxfid.retrieval.dense.dpr_import`.
 
 The corpus is any format of :mod:`jaxfid.retrieval.store.corpus`, or *sentences*
 (ReFusion's key-value store): a ``.txt`` file with one sentence per line, or
@@ -22,14 +29,11 @@ the same command resumes from its completed embedding shards; rebuilding an
 existing index with the same encoder and corpus (another ``--faiss-factory``,
 say) reuses the index's embeddings instead of encoding again.
 
-:class:`DenseSearcher` (index type ``"dense"`` of
-:func:`jaxfid.retrieval.search.open_index`) embeds queries with the same
-encoder (loaded once, checked against the fingerprint recorded at indexing)
-and searches all FAISS parts. Search options: ``query_vectors=FILE``
-(precomputed query vectors, see :func:`jaxfid.retrieval.dense.dpr_import
-.read_query_vectors`), ``query_encoder=CKPT`` (another path for the encoder),
-``mmap=1`` (memory-map written FAISS files) and FAISS parameters
-(``nprobe``, ``ef_search``, ...).
+Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
+(precomputed query vectors, see :func:`jaxfid.retrieval.dense.vector_files
+.read_query_vectors`), the query embedder's own options, ``mmap=1``
+(memory-map written FAISS files) and FAISS parameters (``nprobe``,
+``ef_search``, ...).
 """
 from __future__ import annotations
 
@@ -37,29 +41,53 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.store.corpus import (
-    Passage, detect_format, iter_json_lines, iter_lines, read_corpus)
+from jaxfid.core.files import replace_directory
+from jaxfid.core.textio import iter_json_lines, iter_lines
 from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE, ShardedIndex, build_faiss_index,
     make_index)
-from jaxfid.retrieval.index_dir import read_meta, write_meta
+from jaxfid.retrieval.dense.vector_files import read_query_vectors
+from jaxfid.retrieval.index_dir import check_output, read_meta, write_meta
+from jaxfid.retrieval.store.corpus import Passage, detect_format, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
-from jaxfid.retrieval.search import register_index_type
 
 INDEX_TYPE = "dense"
-_PASSAGE_SETTINGS = ("pooling", "normalize", "projection_dim",
-                     "projection_bias", "projection_activation",
-                     "passage_maxlength", "passage_format")
+
+
+class PassageEncoder(Protocol):
+  """What :func:`write_dense_index` needs of the model embedding passages."""
+
+  dim: int
+
+  def entry(self) -> dict:
+    """Its ``meta.json`` description (``"encoder"`` and ``"query_encoder"``)."""
+
+  def source(self) -> dict:
+    """What its vectors depend on (weights, settings): embeddings are reused
+    only when this is identical."""
+
+  def embed(self, store: PassageStore, start: int,
+            end: int) -> Iterator[np.ndarray]:
+    """float32 ``[n, dim]`` batches of the vectors of rows [start, end)."""
+
+
+class QueryEmbedder(Protocol):
+  """What :class:`DenseSearcher` needs to embed query texts itself."""
+
+  options: tuple[str, ...]  # the search options it takes
+
+  def __call__(self, texts: Sequence[str], **options) -> np.ndarray:
+    """float32 ``[len(texts), dim]`` query vectors."""
 
 
 # --------------------------------------------------------------------------
@@ -127,31 +155,10 @@ def store_fingerprint(directory: str | os.PathLike) -> str:
   return h.hexdigest()
 
 
-def _check_output(output: Path) -> None:
-  if output.exists() and not (output.is_dir() and (
-      not any(output.iterdir()) or (output / "meta.json").exists())):
-    raise InputError(output, "output exists and is not an index directory; "
-                     "remove it or choose another --output")
-
-
 def staging_dir(output: str | os.PathLike) -> Path:
   """Where a build of ``output`` happens (and resumes from)."""
   output = Path(output)
   return output.parent / f".{output.name}.partial"
-
-
-def publish(staging: Path, output: Path) -> None:
-  """Moves a finished staging directory to ``output`` (replacing it)."""
-  os.chmod(staging, 0o755)
-  old = None
-  if output.exists():
-    old = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old",
-                                dir=str(output.parent)))
-    os.rmdir(old)
-    os.replace(output, old)
-  os.replace(staging, output)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_store(corpus, staging: Path,
@@ -161,7 +168,6 @@ def write_store(corpus, staging: Path,
   On a malformed corpus the staging directory is removed (its embeddings, if
   any, belong to another corpus) and the InputError propagates.
   """
-  from tqdm.auto import tqdm
   try:
     with PassageStoreWriter(staging, source=corpus) as writer:
       for lineno, passage in tqdm(
@@ -177,129 +183,82 @@ def write_store(corpus, staging: Path,
   return PassageStore(staging)
 
 
-def _passage_texts(store: PassageStore, start: int, end: int,
-                   passage_format: str) -> list[str]:
-  from jaxfid.dual_encoder.model import passage_text
-  return [passage_text(store.title(i), store.text(i), passage_format)
-          for i in range(start, end)]
-
-
-def embed_store(loaded, store: PassageStore, writer: ShardWriter, *,
-                batch_size: int = 128, mesh: str = "",
-                progress: bool | None = None) -> int:
+def embed_missing(encoder: PassageEncoder, store: PassageStore,
+                  writer: ShardWriter, progress: bool | None = None) -> int:
   """Embeds the passages of every missing shard; returns how many."""
-  from tqdm.auto import tqdm
-
-  from jaxfid.core import sharding as shd
-  from jaxfid.dual_encoder.model import Embedder
   missing = writer.missing()
   remaining = sum(writer.shard_rows(i)[1] - writer.shard_rows(i)[0]
-             for i in missing)
+                  for i in missing)
   if not remaining:
     return 0
-  try:
-    device_mesh = shd.parse_mesh(mesh)
-  except ValueError as e:
-    raise InputError("--mesh", str(e)) from None
-  settings = loaded.encoder.settings
-  embedder = Embedder(loaded.encoder, loaded.params, loaded.tokenizer,
-                      mesh=device_mesh, batch_size=batch_size)
   disable = None if progress is None else not progress
   with tqdm(total=len(store), initial=len(store) - remaining, desc="embedding",
             unit=" passages", disable=disable, smoothing=0.1) as bar:
     for i in missing:
       start, end = writer.shard_rows(i)
-      batches = (_passage_texts(store, a, min(a + embedder.batch_size, end),
-                                settings.passage_format)
-                 for a in range(start, end, embedder.batch_size))
       parts = []
-      for vectors in embedder.embed_batches(batches, "passage",
-                                            settings.passage_maxlength):
+      for vectors in encoder.embed(store, start, end):
         parts.append(vectors)
         bar.update(len(vectors))
       writer.write(i, np.concatenate(parts))
   return remaining
 
 
-def encoder_entry(loaded) -> dict:
-  """The ``meta.json`` description of a (query) encoder."""
-  return {"checkpoint": os.path.abspath(loaded.source), "kind": loaded.kind,
-          "fingerprint": loaded.fingerprint, "dim": loaded.encoder.dim,
-          "dtype": loaded.encoder.config.dtype,
-          "settings": loaded.encoder.settings.to_dict()}
-
-
-def build_dense_index(checkpoint: str | os.PathLike | None,
-                      corpus: str | os.PathLike,
+def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
                       output: str | os.PathLike, *,
                       factory: str = DEFAULT_FACTORY, metric: str = "ip",
-                      index_shards: int = 1, batch_size: int = 128,
+                      index_shards: int = 1,
                       shard_size: int = DEFAULT_SHARD_SIZE,
                       embedding_dtype: str = "float32",
-                      dtype: str | None = None, mesh: str = "",
                       train_size: int = DEFAULT_TRAIN_SIZE,
-                      progress: bool | None = None, encoder=None,
-                      **settings) -> dict:
+                      progress: bool | None = None) -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
   Args:
-    checkpoint: any checkpoint :func:`~jaxfid.dual_encoder.checkpoint
-      .load_dual_encoder` reads (ignored when ``encoder`` is given).
+    encoder: embeds the passages (and is recorded as the query encoder).
     corpus: a corpus or sentence file (see :func:`read_dense_corpus`).
     output: the index directory (replaced if it already holds an index).
     factory: FAISS factory string; "Flat" is exact search.
     metric: 'ip' (inner product) or 'l2'.
     index_shards: FAISS sub-indexes over contiguous row ranges.
-    batch_size: passages per device call (over all devices).
     shard_size: passages per embedding shard file.
     embedding_dtype: 'float32' or 'float16' storage of the embeddings.
-    dtype: activation dtype of the encoder ('bfloat16' on accelerators).
-    mesh: device mesh (default: every device on ``data``).
     train_size: vectors to train IVF/PQ indexes on.
-    encoder: an already loaded encoder (a LoadedEncoder).
-    **settings: DualEncoderConfig overrides (passage_maxlength, normalize,
-      pooling, ...; None = the checkpoint's).
+    progress: show progress bars (None: only on a terminal).
 
   Returns:
     ``{"index", "num_passages", "dim", "embedded", "reused", ...}``.
   """
-  from jaxfid.dual_encoder.checkpoint import load_dual_encoder
   output = Path(output)
-  _check_output(output)
-  loaded = encoder if encoder is not None else load_dual_encoder(
-      checkpoint, dtype=dtype, **settings)
-  dim = loaded.encoder.dim
+  check_output(output)
+  dim = encoder.dim
   make_index(dim, factory, metric)  # fails fast on a bad factory string
   if index_shards < 1:
     raise InputError("--index-shards", f"must be positive, got {index_shards}")
   staging = staging_dir(output)
   staging.mkdir(parents=True, exist_ok=True)
   store = write_store(corpus, staging, progress)
-  s = loaded.encoder.settings.to_dict()
-  source = {"encoder": loaded.fingerprint,
-            "dtype": loaded.encoder.config.dtype,
-            "settings": {k: s[k] for k in _PASSAGE_SETTINGS},
-            "passages": store_fingerprint(staging)}
+  source = {**encoder.source(), "passages": store_fingerprint(staging)}
   writer = ShardWriter(staging, len(store), dim, dtype=embedding_dtype,
                        shard_size=shard_size, source=source)
   if output.is_dir():
     writer.adopt(output)
-  embedded = embed_store(loaded, store, writer, batch_size=batch_size,
-                         mesh=mesh, progress=progress)
+  embedded = embed_missing(encoder, store, writer, progress)
   embeddings = EmbeddingStore(staging)
   for stale in staging.glob("faiss_*.index"):  # from an earlier attempt
     stale.unlink()
   faiss_info = build_faiss_index(embeddings, staging, factory=factory,
                                  metric=metric, index_shards=index_shards,
                                  train_size=train_size, progress=progress)
+  entry = encoder.entry()
   meta = write_meta(
       staging, INDEX_TYPE, num_passages=len(store), dim=dim,
-      corpus=os.path.abspath(corpus), encoder=encoder_entry(loaded),
-      query_encoder=encoder_entry(loaded), faiss=faiss_info,
+      corpus=os.path.abspath(corpus), encoder=entry, query_encoder=entry,
+      faiss=faiss_info,
       embeddings={"dtype": embedding_dtype, "shard_size": shard_size,
                   "num_shards": writer.num_shards})
   del store, embeddings
-  publish(staging, output)
+  replace_directory(staging, output)
   return {"index": str(output), "type": INDEX_TYPE,
           "num_passages": meta["num_passages"], "dim": dim,
           "factory": factory, "index_shards": index_shards,
@@ -310,10 +269,26 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
 # searching
 
 
-class DenseSearcher:
-  """Searches a dense index directory (the ``"dense"`` index type)."""
+def read_dense_meta(directory: str | os.PathLike) -> dict:
+  """``meta.json`` of a dense index directory (InputError if it is not one)."""
+  meta = read_meta(directory)
+  if meta["type"] != INDEX_TYPE:
+    raise InputError(directory, f"a {meta['type']!r} index, not a dense one")
+  return meta
 
-  def __init__(self, directory: str | os.PathLike, meta: dict | None = None):
+
+class DenseSearcher:
+  """Searches a dense index directory.
+
+  Args:
+    directory: the index directory.
+    meta: its ``meta.json`` (read when None).
+    query_embedder: embeds query texts; without one, queries need
+      precomputed vectors (the ``query_vectors`` search option).
+  """
+
+  def __init__(self, directory: str | os.PathLike, meta: dict | None = None,
+               query_embedder: QueryEmbedder | None = None):
     self.directory = Path(directory)
     self.meta = meta if meta is not None else read_meta(directory)
     self.store = PassageStore(self.directory)
@@ -321,16 +296,14 @@ class DenseSearcher:
     if len(self.embeddings) != len(self.store):
       raise InputError(self.directory, f"{len(self.embeddings)} embeddings "
                        f"for {len(self.store)} passages")
+    self.query_embedder = query_embedder
     self._index: ShardedIndex | None = None
     self._index_mmap = False
-    self._embedder = None
-    self._encoder_path: str | None = None
     self._query_vectors: dict[str, dict] = {}
     self._faiss_options: dict = {}
 
-  # ---- pieces, loaded on first use ---------------------------------------
-
   def index(self, mmap: bool = False) -> ShardedIndex:
+    """The FAISS index (loaded on first use)."""
     if self._index is None or self._index_mmap != mmap:
       self._index = ShardedIndex.load(self.directory, self.meta["faiss"],
                                       self.embeddings, mmap=mmap)
@@ -338,52 +311,21 @@ class DenseSearcher:
       self._faiss_options = {}
     return self._index
 
-  def embedder(self, checkpoint: str | None = None):
-    """The query embedder (the recorded encoder, or ``checkpoint``)."""
-    from jaxfid.dual_encoder.checkpoint import load_dual_encoder
-    from jaxfid.dual_encoder.model import Embedder
-    entry = self.meta.get("query_encoder")
-    if checkpoint is None:
-      if not entry:
-        raise InputError(self.directory, "this index has no query encoder "
-                         "(imported embeddings): pass precomputed vectors "
-                         "with --search-option query_vectors=FILE, or an "
-                         "encoder with --search-option query_encoder=CKPT")
-      checkpoint = entry["checkpoint"]
-    if self._embedder is None or self._encoder_path != checkpoint:
-      overrides = {}
-      if entry:
-        overrides = {k: entry["settings"][k] for k in (
-            "pooling", "normalize", "query_maxlength", "passage_maxlength",
-            "passage_format") if k in entry.get("settings", {})}
-      loaded = load_dual_encoder(checkpoint, dtype=(entry or {}).get("dtype"),
-                                 **overrides)
-      if entry and entry.get("fingerprint") not in (None, loaded.fingerprint):
-        raise InputError(checkpoint, "the query encoder's weights differ "
-                         "from those recorded when the index was built "
-                         f"({self.directory / 'meta.json'}); rebuild the "
-                         "index or pass the right --search-option "
-                         "query_encoder=CKPT")
-      if loaded.encoder.dim != self.embeddings.dim:
-        raise InputError(checkpoint, f"encoder gives {loaded.encoder.dim}-d "
-                         f"vectors, the index holds {self.embeddings.dim}-d")
-      self._embedder = Embedder(loaded.encoder, loaded.params,
-                                loaded.tokenizer)
-      self._encoder_path = checkpoint
-    return self._embedder
-
   def vectors(self, rows: Sequence[int]) -> np.ndarray:
     """float32 [len(rows), dim]: the stored embeddings of passages ``rows``."""
     return self.embeddings[rows]
 
-  # ---- search ------------------------------------------------------------
-
   def embed_queries(self, texts: Sequence[str],
                     query_vectors: str | None = None,
-                    query_encoder: str | None = None) -> np.ndarray:
-    """float32 [len(texts), dim] query vectors."""
+                    **options) -> np.ndarray:
+    """float32 [len(texts), dim] query vectors.
+
+    Args:
+      texts: the queries.
+      query_vectors: a file of precomputed vectors, looked up by text.
+      **options: options of the query embedder.
+    """
     if query_vectors is not None:
-      from jaxfid.retrieval.dense.dpr_import import read_query_vectors
       if query_vectors not in self._query_vectors:
         self._query_vectors[query_vectors] = read_query_vectors(
             query_vectors, self.embeddings.dim)
@@ -393,7 +335,11 @@ class DenseSearcher:
         raise InputError(query_vectors, f"no vector for query "
                          f"{missing[0][:80]!r}")
       return np.stack([table[t] for t in texts]).astype(np.float32)
-    return self.embedder(query_encoder).embed(texts, "query")
+    if self.query_embedder is None:
+      raise InputError(self.directory, "this index has no query encoder: "
+                       "pass precomputed vectors with --search-option "
+                       "query_vectors=FILE")
+    return self.query_embedder(texts, **options)
 
   def search_vectors(self, vectors: np.ndarray, top_k: int
                      ) -> list[list[tuple[int, float]]]:
@@ -409,8 +355,10 @@ class DenseSearcher:
     """Top ``top_k`` (store row, score) per query text, best first."""
     options = dict(options)
     query_vectors = options.pop("query_vectors", None)
-    query_encoder = options.pop("query_encoder", None)
     mmap = str(options.pop("mmap", "0")).lower() in ("1", "true", "yes")
+    embedder_names = self.query_embedder.options if self.query_embedder else ()
+    embedder_options = {name: options.pop(name) for name in embedder_names
+                        if name in options}
     if "token_top_k" in options:
       raise InputError(self.directory, "option --token-top-k does not apply "
                        "to a dense index")
@@ -420,19 +368,10 @@ class DenseSearcher:
       self._faiss_options = options
     if not texts:
       return []
-    vectors = self.embed_queries(texts, query_vectors, query_encoder)
+    vectors = self.embed_queries(texts, query_vectors, **embedder_options)
     return self.search_vectors(vectors, top_k)
 
 
-def open_dense_index(directory: str | os.PathLike) -> DenseSearcher:
-  """The searcher of a dense index directory (InputError if it is not one)."""
-  meta = read_meta(directory)
-  if meta["type"] != INDEX_TYPE:
-    raise InputError(directory, f"a {meta['type']!r} index, not a dense one")
-  return DenseSearcher(directory, meta)
-
-
-register_index_type(INDEX_TYPE, DenseSearcher)
-
-__all__ = ["build_dense_index", "read_dense_corpus", "DenseSearcher",
-           "open_dense_index", "store_fingerprint", "staging_dir"]
+__all__ = ["INDEX_TYPE", "PassageEncoder", "QueryEmbedder", "DenseSearcher",
+           "read_dense_corpus", "read_dense_meta", "write_dense_index",
+           "write_store", "embed_missing", "store_fingerprint", "staging_dir"]

@@ -26,13 +26,15 @@ memory.
 from __future__ import annotations
 
 import csv
-import gzip
-import json
 import os
 import sys
-from typing import IO, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from jaxfid.core.errors import InputError
+# read_json_document and starts_json_array are re-exported only for
+# jaxfid/dual_encoder/data.py, until it imports them from jaxfid.core.textio.
+from jaxfid.core.textio import (  # noqa: F401
+    iter_json_lines, iter_lines, read_json_document, starts_json_array)
 
 FORMATS = ("jsonl", "tsv")
 
@@ -42,79 +44,6 @@ class Passage(NamedTuple):
   id: str
   title: str
   text: str
-
-
-def open_binary(path: str | os.PathLike) -> IO[bytes]:
-  """Opens ``path`` for reading bytes, decompressing gzip transparently."""
-  try:
-    f = open(path, "rb")
-  except FileNotFoundError:
-    raise InputError(path, "no such file") from None
-  except IsADirectoryError:
-    raise InputError(path, "is a directory, expected a file") from None
-  magic = f.peek(2)[:2] if hasattr(f, "peek") else b""
-  if magic == b"\x1f\x8b":
-    return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-  return f
-
-
-def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-  """Yields (1-based line number, line without its newline) of a text file.
-
-  Raises:
-    InputError: on bytes that are not UTF-8, or a corrupt gzip stream.
-  """
-  with open_binary(path) as f:
-    lineno = 0
-    try:
-      for lineno, raw in enumerate(f, start=1):
-        try:
-          line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          raise InputError(path, f"not valid UTF-8 ({e.reason} at byte "
-                           f"{e.start})", where=lineno) from None
-        if lineno == 1 and line.startswith("\ufeff"):
-          line = line[1:]  # UTF-8 byte order mark
-        yield lineno, line.rstrip("\r\n")
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-      raise InputError(path, f"cannot read: {e}", where=lineno + 1) from None
-
-
-def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False
-                    ) -> Iterator[tuple[int, object]]:
-  """Yields (line number, parsed value) of each non-blank line of JSON lines.
-
-  Raises InputError naming the line and column of bad JSON; with
-  ``array_hint``, a first line that opens a JSON array says so instead.
-  """
-  for lineno, line in iter_lines(path):
-    if not line.strip():
-      continue
-    try:
-      value = json.loads(line)
-    except json.JSONDecodeError as e:
-      if array_hint and lineno == 1 and line.lstrip().startswith("["):
-        raise InputError(path, "expected JSON lines (one object per line), "
-                         "found a JSON array", where=lineno) from None
-      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
-                       where=lineno) from None
-    yield lineno, value
-
-
-def starts_json_array(path: str | os.PathLike) -> bool:
-  """True when the file's first non-blank byte opens a JSON array."""
-  with open_binary(path) as f:
-    return f.read(4096).lstrip().startswith(b"[")
-
-
-def read_json_document(path: str | os.PathLike) -> object:
-  """The whole file parsed as one JSON value (InputError on bad JSON)."""
-  with open_binary(path) as f:
-    try:
-      return json.loads(f.read().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
-                       where=getattr(e, "lineno", None)) from None
 
 
 def _suffix(path: str | os.PathLike) -> str:
@@ -263,5 +192,4 @@ def passage_contents(passage: Passage) -> str:
 
 
 __all__ = ["Passage", "read_corpus", "iter_passages", "detect_format",
-           "open_binary", "iter_lines", "check_id", "passage_contents",
-           "FORMATS"]
+           "check_id", "passage_contents", "FORMATS"]

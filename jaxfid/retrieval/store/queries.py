@@ -23,8 +23,9 @@ import os
 from typing import Iterator, NamedTuple
 
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.store.corpus import (
-    check_id, iter_json_lines, iter_lines, read_json_document)
+from jaxfid.core.textio import (
+    iter_json_lines, iter_lines, read_json_document)
+from jaxfid.retrieval.store.corpus import check_id
 
 _ID_KEYS = ("id", "_id", "qid")
 _TEXT_KEYS = ("question", "text", "query")

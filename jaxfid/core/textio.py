@@ -1,0 +1,120 @@
+"""Reading user text files: gzip or not, UTF-8 lines, JSON lines, JSON.
+
+Every reader of user-supplied text (corpora, queries, runs, qrels, training
+examples) goes through these helpers, so that all of them accept gzip
+(recognised by its magic bytes, whatever the file name), skip a UTF-8 byte
+order mark, and report a problem as an :class:`InputError` naming the file
+and the line.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from typing import IO, Iterator
+
+from jaxfid.core.errors import InputError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _GzipReader(gzip.GzipFile):
+  """A GzipFile that also closes the file it decompresses."""
+
+  def __init__(self, raw: IO[bytes]):
+    super().__init__(fileobj=raw, mode="rb")
+    self._raw = raw
+
+  def close(self) -> None:
+    try:
+      super().close()
+    finally:
+      self._raw.close()
+
+
+def open_binary(path: str | os.PathLike, expected: str = "a file"
+                ) -> IO[bytes]:
+  """Opens ``path`` for reading bytes, decompressing gzip transparently.
+
+  Args:
+    path: the file.
+    expected: what the file should be, for the message when it is a
+      directory (``"is a directory, expected {expected}"``).
+
+  Raises:
+    InputError: the file is missing, a directory, or cannot be opened.
+  """
+  try:
+    f = open(path, "rb")
+  except FileNotFoundError:
+    raise InputError(path, "no such file") from None
+  except IsADirectoryError:
+    raise InputError(path, f"is a directory, expected {expected}") from None
+  except OSError as e:
+    raise InputError(path, f"cannot open: {e.strerror or e}") from None
+  if f.peek(2)[:2] == GZIP_MAGIC:
+    return _GzipReader(f)  # type: ignore[return-value]
+  return f
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+  """Yields (1-based line number, line without its newline) of a text file.
+
+  Raises:
+    InputError: on bytes that are not UTF-8, or a corrupt gzip stream.
+  """
+  with open_binary(path) as f:
+    lineno = 0
+    try:
+      for lineno, raw in enumerate(f, start=1):
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise InputError(path, f"not valid UTF-8 ({e.reason} at byte "
+                           f"{e.start})", where=lineno) from None
+        if lineno == 1 and line.startswith("\ufeff"):
+          line = line[1:]  # UTF-8 byte order mark
+        yield lineno, line.rstrip("\r\n")
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+      raise InputError(path, f"cannot read: {e}", where=lineno + 1) from None
+
+
+def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False
+                    ) -> Iterator[tuple[int, object]]:
+  """Yields (line number, parsed value) of each non-blank line of JSON lines.
+
+  Raises InputError naming the line and column of bad JSON; with
+  ``array_hint``, a first line that opens a JSON array says so instead.
+  """
+  for lineno, line in iter_lines(path):
+    if not line.strip():
+      continue
+    try:
+      value = json.loads(line)
+    except json.JSONDecodeError as e:
+      if array_hint and lineno == 1 and line.lstrip().startswith("["):
+        raise InputError(path, "expected JSON lines (one object per line), "
+                         "found a JSON array", where=lineno) from None
+      raise InputError(path, f"bad JSON: {e.msg} at column {e.colno}",
+                       where=lineno) from None
+    yield lineno, value
+
+
+def starts_json_array(path: str | os.PathLike) -> bool:
+  """True when the file's first non-blank byte opens a JSON array."""
+  with open_binary(path) as f:
+    return f.read(4096).lstrip().startswith(b"[")
+
+
+def read_json_document(path: str | os.PathLike) -> object:
+  """The whole file parsed as one JSON value (InputError on bad JSON)."""
+  with open_binary(path) as f:
+    try:
+      return json.loads(f.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise InputError(path, f"bad JSON: {getattr(e, 'msg', e)}",
+                       where=getattr(e, "lineno", None)) from None
+
+
+__all__ = ["GZIP_MAGIC", "open_binary", "iter_lines", "iter_json_lines",
+           "starts_json_array", "read_json_document"]

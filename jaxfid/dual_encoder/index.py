@@ -1,0 +1,233 @@
+"""Dense indexes embedded by a T5 dual encoder: index type ``"dense"``.
+
+``jaxfid index dense --checkpoint CKPT --corpus CORPUS --output INDEX_DIR``
+(:func:`build_dense_index`) embeds every passage with a dual encoder (any
+checkpoint :func:`~jaxfid.dual_encoder.checkpoint.load_dual_encoder` reads)
+on all devices and writes a dense index directory
+(:mod:`jaxfid.retrieval.dense.index`: layout, resuming, reuse of
+embeddings); the encoder is recorded in ``meta.json`` as ``encoder`` and
+``query_encoder``. :func:`import_dpr_embeddings` imports DPR's embeddings,
+optionally recording a T5 query encoder.
+
+Importing this module registers the ``"dense"`` index type of
+:func:`jaxfid.retrieval.search.open_index`: a
+:class:`~jaxfid.retrieval.dense.index.DenseSearcher` whose queries are
+embedded by the recorded query encoder (loaded once, checked against the
+fingerprint recorded at indexing), or by another checkpoint given as the
+``query_encoder=CKPT`` search option.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from jaxfid.core import sharding as shd
+from jaxfid.core.errors import InputError
+from jaxfid.dual_encoder.checkpoint import LoadedEncoder, load_dual_encoder
+from jaxfid.dual_encoder.model import Embedder, passage_text
+from jaxfid.retrieval.dense import dpr_import
+from jaxfid.retrieval.dense.embedding_store import DEFAULT_SHARD_SIZE
+from jaxfid.retrieval.dense.faiss_index import (
+    DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE)
+from jaxfid.retrieval.dense.index import (
+    INDEX_TYPE, DenseSearcher, read_dense_meta, write_dense_index)
+from jaxfid.retrieval.index_dir import check_output
+from jaxfid.retrieval.search import register_index_type
+from jaxfid.retrieval.store.passage_store import PassageStore
+
+# the settings that change passage vectors (embeddings are reused only when
+# they, the weights and the corpus are unchanged)
+_PASSAGE_SETTINGS = ("pooling", "normalize", "projection_dim",
+                     "projection_bias", "projection_activation",
+                     "passage_maxlength", "passage_format")
+# the settings a query encoder is loaded with, as recorded at indexing
+_QUERY_SETTINGS = ("pooling", "normalize", "query_maxlength",
+                   "passage_maxlength", "passage_format")
+
+
+def encoder_entry(loaded: LoadedEncoder) -> dict:
+  """The ``meta.json`` description of a (query) encoder."""
+  return {"checkpoint": os.path.abspath(loaded.source), "kind": loaded.kind,
+          "fingerprint": loaded.fingerprint, "dim": loaded.encoder.dim,
+          "dtype": loaded.encoder.config.dtype,
+          "settings": loaded.encoder.settings.to_dict()}
+
+
+class EncoderPassages:
+  """A loaded dual encoder as the passage encoder of a dense index.
+
+  The device embedder is made on first use, so an index whose embeddings
+  are all reused never touches the devices (nor parses ``mesh``).
+  """
+
+  def __init__(self, loaded: LoadedEncoder, *, batch_size: int = 128,
+               mesh: str = ""):
+    self.loaded = loaded
+    self.dim = loaded.encoder.dim
+    self.batch_size = batch_size
+    self.mesh = mesh
+    self._embedder: Embedder | None = None
+
+  def entry(self) -> dict:
+    return encoder_entry(self.loaded)
+
+  def source(self) -> dict:
+    settings = self.loaded.encoder.settings.to_dict()
+    return {"encoder": self.loaded.fingerprint,
+            "dtype": self.loaded.encoder.config.dtype,
+            "settings": {k: settings[k] for k in _PASSAGE_SETTINGS}}
+
+  def _device_embedder(self) -> Embedder:
+    if self._embedder is None:
+      try:
+        device_mesh = shd.parse_mesh(self.mesh)
+      except ValueError as e:
+        raise InputError("--mesh", str(e)) from None
+      loaded = self.loaded
+      self._embedder = Embedder(loaded.encoder, loaded.params,
+                                loaded.tokenizer, mesh=device_mesh,
+                                batch_size=self.batch_size)
+    return self._embedder
+
+  def embed(self, store: PassageStore, start: int,
+            end: int) -> Iterator[np.ndarray]:
+    embedder = self._device_embedder()
+    settings = self.loaded.encoder.settings
+    step = embedder.batch_size
+    batches = ([passage_text(store.title(i), store.text(i),
+                             settings.passage_format)
+                for i in range(a, min(a + step, end))]
+               for a in range(start, end, step))
+    return embedder.embed_batches(batches, "passage",
+                                  settings.passage_maxlength)
+
+
+def build_dense_index(checkpoint: str | os.PathLike | None,
+                      corpus: str | os.PathLike,
+                      output: str | os.PathLike, *,
+                      factory: str = DEFAULT_FACTORY, metric: str = "ip",
+                      index_shards: int = 1, batch_size: int = 128,
+                      shard_size: int = DEFAULT_SHARD_SIZE,
+                      embedding_dtype: str = "float32",
+                      dtype: str | None = None, mesh: str = "",
+                      train_size: int = DEFAULT_TRAIN_SIZE,
+                      progress: bool | None = None,
+                      encoder: LoadedEncoder | None = None,
+                      **settings) -> dict:
+  """Indexes ``corpus`` into the directory ``output``; returns a summary.
+
+  Args:
+    checkpoint: any checkpoint :func:`~jaxfid.dual_encoder.checkpoint
+      .load_dual_encoder` reads (ignored when ``encoder`` is given).
+    corpus: a corpus or sentence file (see
+      :func:`jaxfid.retrieval.dense.index.read_dense_corpus`).
+    output: the index directory (replaced if it already holds an index).
+    factory: FAISS factory string; "Flat" is exact search.
+    metric: 'ip' (inner product) or 'l2'.
+    index_shards: FAISS sub-indexes over contiguous row ranges.
+    batch_size: passages per device call (over all devices).
+    shard_size: passages per embedding shard file.
+    embedding_dtype: 'float32' or 'float16' storage of the embeddings.
+    dtype: activation dtype of the encoder ('bfloat16' on accelerators).
+    mesh: device mesh (default: every device on ``data``).
+    train_size: vectors to train IVF/PQ indexes on.
+    progress: show progress bars (None: only on a terminal).
+    encoder: an already loaded encoder.
+    **settings: DualEncoderConfig overrides (passage_maxlength, normalize,
+      pooling, ...; None = the checkpoint's).
+
+  Returns:
+    ``{"index", "num_passages", "dim", "embedded", "reused", ...}``.
+  """
+  check_output(output)  # before the (slow) load
+  loaded = encoder if encoder is not None else load_dual_encoder(
+      checkpoint, dtype=dtype, **settings)
+  return write_dense_index(
+      EncoderPassages(loaded, batch_size=batch_size, mesh=mesh), corpus,
+      output, factory=factory, metric=metric, index_shards=index_shards,
+      shard_size=shard_size, embedding_dtype=embedding_dtype,
+      train_size=train_size, progress=progress)
+
+
+def import_dpr_embeddings(embeddings: str | Sequence[str],
+                          corpus: str | os.PathLike,
+                          output: str | os.PathLike, *,
+                          query_encoder: str | os.PathLike | None = None,
+                          **options) -> dict:
+  """:func:`jaxfid.retrieval.dense.dpr_import.import_embeddings`, recording
+  the T5 checkpoint ``query_encoder`` (if given) as the query encoder."""
+  entry = None
+  if query_encoder is not None:
+    entry = encoder_entry(load_dual_encoder(query_encoder))
+  return dpr_import.import_embeddings(embeddings, corpus, output,
+                                      query_encoder_entry=entry, **options)
+
+
+class EncoderQueries:
+  """Embeds the queries of a dense index with its recorded query encoder.
+
+  The ``query_encoder=CKPT`` search option names another path for it; the
+  weights must be those recorded at indexing (their fingerprint).
+  """
+
+  options = ("query_encoder",)
+
+  def __init__(self, directory: str | os.PathLike, meta: dict):
+    self.directory = directory
+    self.entry = meta.get("query_encoder")
+    self.dim = int(meta["dim"])
+    self._embedder: Embedder | None = None
+    self._checkpoint: str | None = None
+
+  def embedder(self, checkpoint: str | None = None) -> Embedder:
+    """The query embedder (the recorded encoder, or ``checkpoint``)."""
+    entry = self.entry
+    if checkpoint is None:
+      if not entry:
+        raise InputError(self.directory, "this index has no query encoder "
+                         "(imported embeddings): pass precomputed vectors "
+                         "with --search-option query_vectors=FILE, or an "
+                         "encoder with --search-option query_encoder=CKPT")
+      checkpoint = entry["checkpoint"]
+    if self._embedder is None or self._checkpoint != checkpoint:
+      overrides = {}
+      if entry:
+        recorded = entry.get("settings", {})
+        overrides = {k: recorded[k] for k in _QUERY_SETTINGS if k in recorded}
+      loaded = load_dual_encoder(checkpoint, dtype=(entry or {}).get("dtype"),
+                                 **overrides)
+      if entry and entry.get("fingerprint") not in (None, loaded.fingerprint):
+        raise InputError(checkpoint, "the query encoder's weights differ "
+                         "from those recorded when the index was built "
+                         f"({os.path.join(self.directory, 'meta.json')}); "
+                         "rebuild the index or pass the right "
+                         "--search-option query_encoder=CKPT")
+      if loaded.encoder.dim != self.dim:
+        raise InputError(checkpoint, f"encoder gives {loaded.encoder.dim}-d "
+                         f"vectors, the index holds {self.dim}-d")
+      self._embedder = Embedder(loaded.encoder, loaded.params,
+                                loaded.tokenizer)
+      self._checkpoint = checkpoint
+    return self._embedder
+
+  def __call__(self, texts: Sequence[str],
+               query_encoder: str | None = None) -> np.ndarray:
+    return self.embedder(query_encoder).embed(texts, "query")
+
+
+def searcher(directory: str | os.PathLike, meta: dict) -> DenseSearcher:
+  """The searcher of a dense index, its queries embedded by its encoder."""
+  return DenseSearcher(directory, meta, EncoderQueries(directory, meta))
+
+
+def open_dense_index(directory: str | os.PathLike) -> DenseSearcher:
+  """The searcher of a dense index directory (InputError if it is not one)."""
+  return searcher(directory, read_dense_meta(directory))
+
+
+register_index_type(INDEX_TYPE, searcher)
+
+__all__ = ["build_dense_index", "import_dpr_embeddings", "open_dense_index",
+           "encoder_entry", "EncoderPassages", "EncoderQueries", "searcher"]
