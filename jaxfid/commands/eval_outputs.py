@@ -23,6 +23,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from tensorboardX import SummaryWriter
 
 from jaxfid.core.files import atomic_write
 
@@ -108,10 +109,6 @@ class EvalOutputs:
 
   def _write_tensorboard(self, task: str, step: int,
                          values: Mapping[str, float]) -> None:
-    try:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    except ImportError:  # TensorBoard is optional
-      return
     writer = SummaryWriter(os.path.join(self.output_dir, "tb", task))
     try:
       for name, value in values.items():

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 
+import gin
+
+from jaxfid.commands import gin_flags, seqio_eval
+
 
 def add_parser(subparsers) -> None:
-  from jaxfid.commands import gin_flags
   p = subparsers.add_parser(
       "eval", help="evaluate a checkpoint on a seqio task or mixture",
       description="Run seqio.Evaluator on a task or mixture with a "
@@ -26,9 +29,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  import gin
-
-  from jaxfid.commands import gin_flags, seqio_eval
   gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
   result = gin_flags.call_configurable(
       gin.get_configurable(seqio_eval.evaluate))

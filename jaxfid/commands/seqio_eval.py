@@ -42,33 +42,27 @@ from typing import Any, Iterator
 import gin
 import numpy as np
 
+from tqdm import tqdm
+
+from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
+from jaxfid.commands import eval_outputs, seqio_tasks
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
+from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 
-
-def _fid_evaluator():
-  from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-  return FidCheckpointEvaluator
-
-
-def _refusion_evaluator():
-  from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
-  return ReFusionCheckpointEvaluator
-
-
-# run config "method" -> a function returning the method's evaluator class
+# run config "method" -> the method's evaluator class
 METHODS: Registry = Registry(
     "evaluation method", hint="jaxfid eval evaluates FiD, ReAtt and ReFusion "
     "checkpoints")
-METHODS.register("fid", _fid_evaluator)
-METHODS.register("reatt", _fid_evaluator)
-METHODS.register("refusion", _refusion_evaluator)
+METHODS.register("fid", FidCheckpointEvaluator)
+METHODS.register("reatt", FidCheckpointEvaluator)
+METHODS.register("refusion", ReFusionCheckpointEvaluator)
 DEFAULT_METHOD = "fid"  # checkpoints without a run config: HF, T5X, FiD
 
 
 def run_config_of(path: str) -> dict:
   """A MODEL_DIR's ``jaxfid_config.json``; {} for other checkpoints."""
-  from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
   if not os.path.exists(path):
     raise InputError(path, "no such checkpoint (CHECKPOINT_PATH)")
   if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
@@ -171,7 +165,6 @@ class ModelFunctions:
     self._current = None
 
   def _run(self, dataset, fn, desc: str) -> list[tuple[int, Any]]:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     name = self._names[id(dataset)]
     if name != self._current:
       examples = list(
@@ -215,12 +208,10 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
                      f"{max_examples}")
   run = run_config_of(os.fspath(checkpoint_path))
   method = run.get("method", DEFAULT_METHOD)
-  evaluator_cls = METHODS.get(method, "CHECKPOINT_PATH")()
+  evaluator_cls = METHODS.get(method, "CHECKPOINT_PATH")
 
-  from jaxfid.commands import seqio_tasks  # pylint: disable=g-import-not-at-top
   seqio_tasks.import_tasks()
   import seqio  # pylint: disable=g-import-not-at-top
-  from jaxfid.commands.eval_outputs import EvalOutputs, metric_values  # pylint: disable=g-import-not-at-top
   from tasks.feature_converter import FidFeatureConverter  # pylint: disable=g-import-not-at-top
 
   found = eval_tasks(mixture_or_task_name, split)
@@ -235,7 +226,7 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
                else seqio.EncDecFeatureConverter(pack=False))
 
   def logger(output_dir):
-    return EvalOutputs(output_dir, split=split)
+    return eval_outputs.EvalOutputs(output_dir, split=split)
 
   seqio_evaluator = seqio.Evaluator(
       mixture_or_task_name, converter, eval_split=split,
@@ -252,7 +243,7 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
   finally:
     seqio_evaluator.close()
   return {"step": evaluator.step, "split": split, "output_dir": output_dir,
-          "metrics": {task: metric_values(values)
+          "metrics": {task: eval_outputs.metric_values(values)
                       for task, values in metrics.items()}}
 
 

@@ -13,7 +13,6 @@ import jax
 
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.commands import gin_flags, seqio_tasks
-from jaxfid.core.errors import InputError
 from jaxfid.training import launch
 
 

@@ -32,8 +32,8 @@ import numpy as np
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import encode_padded
 from jaxfid.retrieval.text.answer_match import AnswerMatcher
-from jaxfid.retrieval.store.corpus import (
-    iter_json_lines, read_json_document, starts_json_array)
+from jaxfid.core.textio import (iter_json_lines, read_json_document,
+                                starts_json_array)
 from jaxfid.dual_encoder.model import passage_text
 from jaxfid.training.sampling import epoch_batch_indices
 

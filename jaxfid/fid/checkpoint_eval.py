@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.checkpoints import t5x
+from jaxfid.checkpoints.detect import detect_format
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE
 from jaxfid.core.errors import InputError
@@ -67,7 +69,6 @@ def checkpoint_step(path: str, which: str = "auto") -> int:
       if steps:
         return steps[-1]
     return 0
-  from jaxfid.checkpoints import detect_format, t5x
   if detect_format(path) in ("t5x", "t5x-orbax"):
     located, _ = t5x.locate(path)
     for part in reversed(located.parts):

@@ -50,6 +50,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
@@ -365,8 +367,6 @@ def model_from_run_config(run: dict, config: T5Config) -> ReAttModel:
 def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
                ) -> tuple[ReAttModel, dict, str | None]:
   """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
-  from jaxfid.core.errors import InputError
-  from jaxfid.checkpoints import model_dir as checkpointing
   path = os.fspath(path)
   config_file = os.path.join(path, checkpointing.CONFIG_FILE)
   if not os.path.exists(config_file):

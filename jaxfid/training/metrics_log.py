@@ -11,6 +11,9 @@ import math
 import os
 
 import jax
+from tensorboardX import SummaryWriter
+
+from jaxfid.core.files import atomic_write
 
 
 def _clean(value):
@@ -50,11 +53,7 @@ class MetricsLog:
     os.makedirs(model_dir, exist_ok=True)
     self._truncate_after(resume_step)
     if tensorboard:
-      try:
-        from tensorboardX import SummaryWriter
-        self._writer = SummaryWriter(os.path.join(model_dir, "tb"))
-      except ImportError:  # TensorBoard is optional
-        self._writer = None
+      self._writer = SummaryWriter(os.path.join(model_dir, "tb"))
 
   def _truncate_after(self, step: int) -> None:
     if not os.path.exists(self.path):
@@ -68,10 +67,8 @@ class MetricsLog:
           continue  # a line cut by a crash
         if record.get("step", 0) <= step:
           keep.append(json.dumps(record))
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(self.path) as f:
       f.write("".join(line + "\n" for line in keep))
-    os.replace(tmp, self.path)
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.enabled:

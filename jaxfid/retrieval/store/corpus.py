@@ -31,10 +31,7 @@ import sys
 from typing import Iterator, NamedTuple
 
 from jaxfid.core.errors import InputError
-# read_json_document and starts_json_array are re-exported only for
-# jaxfid/dual_encoder/data.py, until it imports them from jaxfid.core.textio.
-from jaxfid.core.textio import (  # noqa: F401
-    iter_json_lines, iter_lines, read_json_document, starts_json_array)
+from jaxfid.core.textio import iter_json_lines, iter_lines
 
 FORMATS = ("jsonl", "tsv")
 
