@@ -10,7 +10,7 @@ from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
-from jaxfid.dual_encoder.checkpoint import write_dual_encoder_config
+from jaxfid.dual_encoder.checkpoint import dual_encoder_run_config
 from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
 from jaxfid.retrieval.search import open_index
 from jaxfid.t5.config import preset
@@ -45,7 +45,7 @@ def test_a_dual_encoder_model_dir_loads_as_its_t5(tmp_path):
   encoder = DualEncoder(preset("tiny", dropout_rate=0.0), DualEncoderConfig())
   params = encoder.init_params(0)
   model_dir = str(tmp_path / "dual")
-  write_dual_encoder_config(model_dir, encoder)
+  checkpointing.write_run_config(model_dir, dual_encoder_run_config(encoder))
   assert json.loads((tmp_path / "dual" / "jaxfid_config.json").read_text())[
       "method"] == "dual_encoder"
   ckpts = checkpointing.RunCheckpoints(model_dir)

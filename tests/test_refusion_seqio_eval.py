@@ -28,7 +28,7 @@ from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 from jaxfid.refusion.model import ReFusionModel
-from jaxfid.retrieval.dense import index as dense
+from jaxfid.dual_encoder import index as dense
 from jaxfid.t5.config import T5Config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from jaxfid.core.errors import InputError
 from jaxfid.training.loop import NonFiniteLoss, StepLoop
 
 
@@ -14,7 +15,7 @@ def test_stop_raises_naming_the_step_and_skip_warns(capsys):
   skip = StepLoop(total=5, start=0, desc="t", progress=False, on_nan="skip")
   skip.finished_step(3, {"loss": float("inf"), "finite": 0.0})
   assert "warning: non-finite loss inf at step 3" in capsys.readouterr().err
-  with pytest.raises(ValueError):
+  with pytest.raises(InputError):
     StepLoop(total=1, start=0, desc="t", progress=False, on_nan="ignore")
 
 

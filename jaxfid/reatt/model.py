@@ -56,6 +56,7 @@ from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
 from jaxfid.t5.network import T5, StackOutput
+from jaxfid.t5.passages import scores_from_attention
 from jaxfid.reatt.loss import (in_batch_targets, kl_to_target,
                                target_distribution)
 from jaxfid.reatt.retrieval_attention import (
@@ -332,23 +333,12 @@ class ReAttModel(EncoderDecoderModel):
     """Cross-attention passage scores [B, P], as ``fid.passage_scores``."""
     tokens = (encoder_input_tokens[:, None, :]
               if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
-    b, p, l = tokens.shape
+    b, p, _ = tokens.shape
     net = self.network(params)
     enc = self.encode(net, tokens, passage_mask)
     _, dec = net.decode(enc.hidden, enc.mask, jnp.zeros((b, 1), jnp.int32),
                         output_attention_logits=True)
-    logits = jnp.stack([c[:, :, 0, :] for c in dec.cross_attention_logits],
-                       1).reshape(b, -1, self.config.num_heads, p, l)  # [B, layers, H, P, L]
-    mask = enc.mask.reshape(b, 1, 1, p, l)
-    if mode == "probs":
-      w = jax.nn.softmax(logits.reshape(*logits.shape[:3], p * l), axis=-1)
-      per = jnp.sum(jnp.where(mask, w.reshape(logits.shape), 0.0), axis=-1)
-    elif mode == "logits":
-      count = jnp.maximum(jnp.sum(mask, axis=-1), 1)
-      per = jnp.sum(jnp.where(mask, logits, 0.0), axis=-1) / count
-    else:
-      raise ValueError(f"mode must be 'probs' or 'logits', got {mode!r}")
-    return jnp.mean(per, axis=(1, 2))                             # [B, P]
+    return scores_from_attention(dec.cross_attention_logits, enc.mask, p, mode)
 
 
 # ------------------------------------------------------------ run configs

@@ -72,23 +72,34 @@ def passage_scores(net: T5, encoder_input_tokens: Array, *,
   Computed at the first decoder position (input = the start token): for each
   decoder layer with cross-attention and each head, the attention over all
   P*L encoder tokens; padding tokens excluded; summed over each passage's
-  tokens; averaged over heads and layers.
-
-  Args:
-    mode: 'probs' — post-softmax attention (each layer/head distributes 1 over
-      the passages, so scores sum to 1); 'logits' — the original FiD code's
-      pre-softmax logits, averaged over the passage's real tokens.
+  tokens; averaged over heads and layers (:func:`scores_from_attention`).
   """
   tokens = as_passages(encoder_input_tokens)
   b, p, l = tokens.shape
   start = jnp.zeros((b, 1), jnp.int32)
-  _, dec = fid_forward(net, tokens, start, passage_mask=passage_mask,
-                       output_attention_logits=True)
-  logits = jnp.stack([c[:, :, 0, :] for c in dec.cross_attention_logits], 1)  # [B, layers, H, P*L]
-  mask = (tokens != 0)
-  if passage_mask is not None:
-    mask = mask & passage_mask[:, :, None]
-  mask = mask.reshape(b, 1, 1, p, l)                                          # [B, 1, 1, P, L]
+  enc = encode_passages(net, tokens, passage_mask=passage_mask)
+  _, dec = net.decode(enc.hidden, enc.mask, start,
+                      output_attention_logits=True)
+  return scores_from_attention(dec.cross_attention_logits, enc.mask, p, mode)
+
+
+def scores_from_attention(cross_attention_logits, encoder_mask: Array,
+                          num_passages: int, mode: str = "probs") -> Array:
+  """Passage scores float32 [B, P] from every decoder layer's cross-attention.
+
+  Args:
+    cross_attention_logits: per layer float32 [B, H, T, P*L] (pre-softmax);
+      the first decoder position is used.
+    encoder_mask: bool [B, P*L], False at padding tokens and passages.
+    mode: 'probs' — post-softmax attention (each layer/head distributes 1 over
+      the passages, so scores sum to 1); 'logits' — the original FiD code's
+      pre-softmax logits, averaged over the passage's real tokens.
+  """
+  logits = jnp.stack([c[:, :, 0, :] for c in cross_attention_logits], 1)    # [B, layers, H, P*L]
+  b = logits.shape[0]
+  p = num_passages
+  l = logits.shape[-1] // p
+  mask = encoder_mask.reshape(b, 1, 1, p, l)                                  # [B, 1, 1, P, L]
   if mode == "probs":
     weights = jax.nn.softmax(logits, axis=-1).reshape(*logits.shape[:3], p, l)  # [B, layers, H, P, L]
     per_passage = jnp.sum(jnp.where(mask, weights, 0.0), axis=-1)               # [B, layers, H, P]
