@@ -6,19 +6,32 @@ training), trains with the real CLI and ``gin/refusion/tiny.gin``:
 
   * ``plain``: the prompt-tuned backbone alone (``FUSION_MODULES='none'``);
   * ``reranker`` / ``ordered_mask``: ReFusion, key/value fusion in every
-    encoder layer, one scheme fixed;
-  * ``search``: ReFusion with the bi-level search (``--arch-lr``), and
-    ``search_lr0.01``: the same with tiny.gin's architecture learning rate;
+    encoder layer, one scheme fixed (``ordered_mask_st``: its
+    straight-through sampler);
+  * ``search``: ReFusion with the bi-level search (``--arch-lr``);
+    ``search_xavier``: the original's Xavier initialisation;
+    ``search_st``: the straight-through ordered mask; ``search_adamw``: the
+    original's architecture optimizer (AdamW, weight decay 1e-4, 10% of the
+    steps warm-up, linear decay);
   * ``concat``: the neighbour sentences appended to the input;
-  * ablations of the database's vectors, with the reranker: ``reranker_x1``
-    and ``reranker_x10`` (vectors 30x and 3x smaller than the default) and
-    ``reranker_unit`` (L2-normalised vectors, inner-product search: GTR's
-    setting).
+  * ablations: ``reranker_raw`` / ``search_raw`` (``FUSED_NORM='none'``: the
+    projected vectors added as stored, as before issue #17), ``reranker_x30``
+    (database vectors 30x the encoder's scale), ``reranker_unit``
+    (L2-normalised vectors, inner-product search: GTR's setting).
+
+The database is embedded by a random 256-wide T5 encoder at its own scale
+(``--vector-scale``), unnormalised, L2 search. Two settings:
+
+  * ``--setting test``: tests/test_refusion_learning.py's (d_model 32, 60
+    steps of batch 8 at lr 1e-3, top-k 4, 100 test items per class);
+  * ``--setting outside``: issue #17's outside check (tiny.gin's d_model 64,
+    1,000 steps of batch 32 at lr 3e-3, top-k 8, 8 sentences per item).
 
 Prints the retrieval hit rates, a table of test accuracy (per seed, mean
 and standard deviation), the hardware, and last a JSON line.
 
-  python benchmarks/refusion_synthetic.py --seeds 0,1,2 --output /tmp/rf_bench
+  python benchmarks/refusion_synthetic.py --setting outside --seeds 0,1,2 \\
+      --variants plain,search --output /tmp/rf_outside
 """
 from __future__ import annotations
 
@@ -42,27 +55,39 @@ from jaxfid.cli import main as cli_main  # noqa: E402
 from jaxfid.refusion import synthetic as syn  # noqa: E402
 
 FUSION = ["FUSION_MODULES='key,value'"]
+RERANKER = FUSION + ["SEARCH=False", "FUSION_SCHEME='reranker'"]
+MASK = FUSION + ["SEARCH=False", "FUSION_SCHEME='ordered_mask'"]
+SEARCH = FUSION + ["SEARCH=True"]
 # name -> (database, gin bindings)
 VARIANTS = {
-    "plain": ("default", ["FUSION_MODULES='none'", "RETRIEVAL_DB=None"]),
-    "reranker": ("default", FUSION + ["SEARCH=False",
-                                      "FUSION_SCHEME='reranker'"]),
-    "ordered_mask": ("default", FUSION + ["SEARCH=False",
-                                          "FUSION_SCHEME='ordered_mask'"]),
-    "search": ("default", FUSION + ["SEARCH=True"]),
-    "search_lr0.01": ("default", FUSION + ["SEARCH=True",
-                                           "ARCH_LEARNING_RATE=0.01"]),
-    "concat": ("default", ["FUSION_MODULES='none'", "CONCAT_NEIGHBOURS=True",
-                           "MAX_LENGTH=160"]),
-    "reranker_x1": ("x1", FUSION + ["SEARCH=False"]),
-    "reranker_x10": ("x10", FUSION + ["SEARCH=False"]),
-    "reranker_unit": ("unit", FUSION + ["SEARCH=False"]),
+    "plain": ("own", ["FUSION_MODULES='none'", "RETRIEVAL_DB=None"]),
+    "reranker": ("own", RERANKER),
+    "ordered_mask": ("own", MASK),
+    "ordered_mask_st": ("own", MASK + ["MASK_SAMPLER='straight_through'"]),
+    "search": ("own", SEARCH),
+    "search_xavier": ("own", SEARCH + ["FUSION_INIT='xavier'"]),
+    "search_st": ("own", SEARCH + ["MASK_SAMPLER='straight_through'"]),
+    "search_adamw": ("own", SEARCH + ["ARCH_OPTIMIZER='adamw'",
+                                      "ARCH_WEIGHT_DECAY=1e-4"]),
+    "concat": ("own", ["FUSION_MODULES='none'", "CONCAT_NEIGHBOURS=True",
+                       "MAX_LENGTH=160"]),
+    "reranker_raw": ("own", RERANKER + ["FUSED_NORM='none'"]),
+    "search_raw": ("own", SEARCH + ["FUSED_NORM='none'"]),
+    "reranker_x30": ("x30", RERANKER),
+    "reranker_unit": ("unit", RERANKER),
 }
-DATABASES = {  # build_database settings
-    "default": {},
-    "x1": {"vector_scale": 1.0},
-    "x10": {"vector_scale": 10.0},
+DATABASES = {  # build_database settings (vector_scale from --vector-scale)
+    "own": {},
+    "x30": {"vector_scale": 30.0},
     "unit": {"normalize": True, "metric": "ip"},
+}
+SETTINGS = {
+    "test": {"d_model": 32, "steps": 60, "batch_size": 8,
+             "learning_rate": 1e-3, "top_k": 4, "arch_lr": 0.1,
+             "test_per_class": 100},
+    "outside": {"d_model": 64, "steps": 1000, "batch_size": 32,
+                "learning_rate": 3e-3, "top_k": 8, "arch_lr": 1e-2,
+                "test_per_class": 100},
 }
 
 
@@ -79,13 +104,16 @@ def hardware() -> str:
 
 
 def run_variant(model_dir: str, data_dir: str, db: str, bindings: list[str],
-                args) -> dict:
+                args, seed: int) -> dict:
   """One CLI training run; returns its test line."""
   gin = ["TASK='sst-2'", f"MODEL_DIR='{model_dir}'", f"DATA_DIR='{data_dir}'",
-         f"RETRIEVAL_DB='{db}'", f"TOP_K={args.top_k}", f"SEED={args.seed_now}",
+         f"RETRIEVAL_DB='{db}'", f"TOP_K={args.top_k}", f"SEED={seed}",
          f"TRAIN_STEPS={args.steps}", f"EVAL_EVERY={args.steps}",
          f"CHECKPOINT_EVERY={args.steps}", "MAX_LENGTH=32", "MESH='data=1'",
+         f"BATCH_SIZE={args.batch_size}",
+         f"LEARNING_RATE={args.learning_rate}",
          f"ARCH_LEARNING_RATE={args.arch_lr}",
+         f"ARCH_WARMUP_STEPS={args.steps // 10}",
          f"config.T5Config.d_model={args.d_model}",
          f"config.T5Config.d_kv={args.d_model // 4}",
          f"config.T5Config.d_ff={2 * args.d_model}",
@@ -103,16 +131,22 @@ def run_variant(model_dir: str, data_dir: str, db: str, bindings: list[str],
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--setting", choices=sorted(SETTINGS), default="test")
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--variants", default=",".join(VARIANTS))
+  p.add_argument("--variants", default="plain,reranker,ordered_mask,search,"
+                 "concat")
   p.add_argument("--train-per-class", type=int, default=16)
-  p.add_argument("--test-per-class", type=int, default=250)
-  p.add_argument("--top-k", type=int, default=4)
-  p.add_argument("--steps", type=int, default=100)
-  p.add_argument("--d-model", type=int, default=32)
-  p.add_argument("--arch-lr", type=float, default=0.1)
+  p.add_argument("--vector-scale", type=float, default=1.0)
+  for name, kind in (("test-per-class", int), ("top-k", int), ("steps", int),
+                     ("d-model", int), ("batch-size", int),
+                     ("learning-rate", float), ("arch-lr", float)):
+    p.add_argument(f"--{name}", type=kind, default=None,
+                   help="default: the setting's")
   p.add_argument("--output", default="/tmp/refusion_synthetic")
   args = p.parse_args()
+  for key, value in SETTINGS[args.setting].items():
+    if getattr(args, key) is None:
+      setattr(args, key, value)
   seeds = [int(s) for s in args.seeds.split(",")]
   variants = args.variants.split(",")
   unknown = [v for v in variants if v not in VARIANTS]
@@ -125,7 +159,6 @@ def main() -> None:
   acc: dict[str, dict[int, float]] = {v: {} for v in variants}
   hits: dict[str, dict[int, dict]] = {}
   for seed in seeds:
-    args.seed_now = seed
     base = os.path.join(args.output, f"seed{seed}")
     task = syn.make_task(seed, train_per_class=args.train_per_class,
                          dev_per_class=args.train_per_class,
@@ -134,43 +167,48 @@ def main() -> None:
     data = syn.write_task(task, os.path.join(base, "data"))
     dbs = {}
     for name in sorted({VARIANTS[v][0] for v in variants}):
+      settings = {"vector_scale": args.vector_scale, **DATABASES[name]}
       dbs[name] = str(syn.build_database(
           data / syn.SENTENCE_FILE, os.path.join(base, f"db_{name}"),
-          **DATABASES[name]))
+          **settings))
       hits.setdefault(name, {})[seed] = syn.retrieval_hit_rate(
           task, dbs[name], args.top_k, ("test",))
     for v in variants:
       db_name, bindings = VARIANTS[v]
       line = run_variant(os.path.join(base, v), str(data), dbs[db_name],
-                         bindings, args)
+                         bindings, args, seed)
       acc[v][seed] = line["test_accuracy"]
-      print(f"seed {seed} {v:14s} test_accuracy {line['test_accuracy']:.3f} "
+      print(f"seed {seed} {v:16s} test_accuracy {line['test_accuracy']:.3f} "
             f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
 
-  print(f"\nsynthetic task: {2 * args.train_per_class} train + "
-        f"{2 * args.train_per_class} dev items, {2 * args.test_per_class} test "
-        f"items, top-k {args.top_k}, {args.steps} steps, d_model "
-        f"{args.d_model}")
+  print(f"\nsynthetic task ({args.setting}): {2 * args.train_per_class} train"
+        f" + {2 * args.train_per_class} dev items, {2 * args.test_per_class} "
+        f"test items, top-k {args.top_k}, {args.steps} steps of batch "
+        f"{args.batch_size} at lr {args.learning_rate}, d_model "
+        f"{args.d_model}, database vectors x{args.vector_scale:g}")
   print("retrieval on the test queries (precision = share of the top-k "
         "about the query's item):")
   for name, per_seed in hits.items():
-    print(f"  database {name:8s} " + ", ".join(
+    print(f"  database {name:5s} " + ", ".join(
         f"seed {s}: hit@1 {h['hit_at_1']:.3f} precision {h['precision']:.3f}"
         for s, h in per_seed.items()))
   head = "".join(f"{'seed ' + str(s):>9s}" for s in seeds)
-  print(f"\n{'variant':16s}{head}{'mean':>9s}{'std':>8s}")
+  print(f"\n{'variant':18s}{head}{'mean':>9s}{'std':>8s}")
   summary = {}
   for v in variants:
     values = [acc[v][s] for s in seeds]
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     summary[v] = {"per_seed": values, "mean": mean, "std": std}
-    print(f"{v:16s}" + "".join(f"{x:9.3f}" for x in values)
+    print(f"{v:18s}" + "".join(f"{x:9.3f}" for x in values)
           + f"{mean:9.3f}{std:8.3f}")
   print(f"\nhardware: {hardware()}; total {time.time() - t0:.0f}s")
-  print(json.dumps({"seeds": seeds, "steps": args.steps,
+  print(json.dumps({"setting": args.setting, "seeds": seeds,
+                    "steps": args.steps, "batch_size": args.batch_size,
+                    "learning_rate": args.learning_rate,
                     "d_model": args.d_model, "top_k": args.top_k,
                     "arch_learning_rate": args.arch_lr,
+                    "vector_scale": args.vector_scale,
                     "train_items": 2 * args.train_per_class,
                     "test_items": 2 * args.test_per_class,
                     "test_accuracy": summary,

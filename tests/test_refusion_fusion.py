@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from jaxfid.t5 import layers
 from jaxfid.t5.config import preset
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.refusion import fusion as F
@@ -65,6 +67,74 @@ def test_sampled_mask_is_nested_and_its_mean_is_the_expectation():
   # Low temperature: nearly hard masks whose mean approaches E[v].
   np.testing.assert_allclose(v.mean(0), F.expected_ordered_mask(beta, 5.0),
                              atol=0.05)
+
+
+def _module(fusion: F.FusionConfig, out_features: int) -> F.FusedProjection:
+  base = layers.Dense(4, out_features, ("embed", "kv"), dtype=jnp.float32,
+                      stddev=0.5, rngs=nnx.Rngs(0))
+  return F.FusedProjection(base, out_features=out_features, config=fusion,
+                           slot=0, choice="ordered_mask", rngs=nnx.Rngs(1))
+
+
+@pytest.mark.parametrize("sampler", F.SAMPLERS)
+def test_evaluation_mask_weighs_what_training_masks_weigh(sampler):
+  """Issue #17 item 1: at several beta, the total weight of the mask a
+  module applies at evaluation is within 5% of its training average."""
+  k, r = 16, 8
+  module = _module(F.FusionConfig(targets=("encoder.key",), top_k=k,
+                                  db_dim=r, mask_sampler=sampler), r)
+  ones = jnp.ones((4000, 1, k, r), jnp.float32)    # fused = total weight / K
+  rng = np.random.default_rng(4)
+  for beta in (-5.0, -2.0, 0.0, 1.0, 5.0, "random"):
+    module.fusion_beta[...] = jnp.asarray(
+        rng.normal(size=(k, r)) * 3 if beta == "random"
+        else np.full((k, r), beta), jnp.float32)
+    train = float(jnp.mean(module._delta("ordered_mask", ones,
+                                         jax.random.key(7)))) * k
+    evaluation = float(jnp.mean(module._delta("ordered_mask", ones[:1],
+                                              None))) * k
+    assert abs(evaluation / train - 1) < 0.05, (beta, train, evaluation)
+  # What item 1 was about: the relaxed sampler at tau = 5 keeps far more
+  # than the Bernoulli chain's expectation (at beta = 0: ~5.8 vs 2.0).
+  beta = jnp.zeros((k, r), jnp.float32)
+  relaxed = F.sample_ordered_mask(beta, jax.random.key(3), 4000, 5.0, 5.0)
+  assert float(relaxed.sum(1).mean()) > 2.5 * float(
+      F.expected_ordered_mask(beta, 5.0).sum(0).mean())
+
+
+def test_straight_through_masks_are_exact_samples_with_relaxed_gradients():
+  beta = jnp.asarray(np.random.default_rng(5).normal(size=(K, R)), jnp.float32)
+  v = np.asarray(F.sample_ordered_mask(beta, jax.random.key(0), 4000, 5.0,
+                                       5.0, hard=True))
+  assert set(np.unique(v)) <= {0.0, 1.0}
+  assert np.all(np.diff(v, axis=1) <= 0) and np.all(v[:, 0] == 1.0)
+  # Gumbel-max draws the stop rank from q exactly, at any temperature.
+  np.testing.assert_allclose(v.mean(0), F.expected_ordered_mask(beta, 5.0),
+                             atol=0.04)
+  g = jax.grad(lambda b: jnp.sum(F.sample_ordered_mask(
+      b, jax.random.key(1), 8, 5.0, 5.0, hard=True) * jnp.arange(K)[:, None]))(
+          beta)
+  assert np.all(np.isfinite(g)) and float(jnp.abs(g).sum()) > 0
+
+
+def test_xavier_initialisation_is_the_originals():
+  k, r = 8, 24
+  fusion = F.FusionConfig(targets=("encoder.key",), top_k=k, db_dim=r,
+                          init="xavier")
+  module = _module(fusion, 6)
+  for param, fans in ((module.fusion_rerank, k + 1),
+                      (module.fusion_beta, k + r),
+                      (module.fusion_alpha, len(F.SCHEMES) + 1)):
+    x, bound = np.asarray(param[...]), (6.0 / fans) ** 0.5
+    assert np.all(np.abs(x) <= bound) and np.abs(x).max() > bound / 2
+    assert len(np.unique(x)) == x.size
+  zeros = _module(dataclasses.replace(fusion, init="zeros"), 6)
+  assert not np.any(np.asarray(zeros.fusion_alpha[...]))
+  # The projection is drawn first, so it does not depend on the choice.
+  np.testing.assert_array_equal(np.asarray(zeros.fusion_proj[...]),
+                                np.asarray(module.fusion_proj[...]))
+  with pytest.raises(ValueError, match="init"):
+    dataclasses.replace(fusion, init="normal")
 
 
 def test_ordered_mask_fuse_formula_and_gradient_reaches_beta():
@@ -150,6 +220,29 @@ def test_fusion_changes_only_through_position_zero_and_label_scores():
   logp = jax.nn.log_softmax(logits, -1)
   direct = jnp.take_along_axis(logp, labels[..., None], -1)[..., 0].sum(-1)
   np.testing.assert_allclose(np.diag(np.asarray(scores)), direct, rtol=1e-5)
+
+
+def test_projected_vector_does_not_depend_on_the_database_scale():
+  """Issue #17 item 0: through the projection, the fused vector is divided
+  by its root mean square, so a database scaled by any factor (or with
+  another k) fuses the same vector, starting at the projection outputs'
+  scale; without a projection it is added as stored."""
+  rng = np.random.default_rng(6)
+  h = jnp.asarray(rng.normal(size=(3, 2, K, R)) * 0.05, jnp.float32)
+  for norm, out, invariant in (("auto", 7, True), ("none", 7, False),
+                               ("auto", R, False), ("rms", R, True)):
+    module = _module(F.FusionConfig(targets=("encoder.key",), top_k=K,
+                                    db_dim=R, fused_norm=norm), out)
+    small = module._delta("reranker", h, None)                  # [3, out]
+    large = module._delta("reranker", 30 * h, None)
+    if invariant:
+      np.testing.assert_allclose(large, small, rtol=1e-5, atol=1e-6)
+      # unit mean square in, the projection's init keeps it near 1 out
+      assert 0.3 < float(jnp.sqrt(jnp.mean(small ** 2))) < 3.0
+    else:
+      np.testing.assert_allclose(large, 30 * small, rtol=1e-5, atol=1e-6)
+  assert F.FusionConfig.from_dict(
+      {"targets": ["encoder.key"], "top_k": K, "db_dim": R}).fused_norm == "none"
 
 
 def test_projection_when_database_width_differs():

@@ -155,7 +155,7 @@ def test_rendered_examples_match_lmbff_templates():
   assert first("subj", "dev") == (
       "it has been a year since johnny and wayne created the ultimate bra "
       "for samantha's company . This is <extra_id_0>.")
-  assert first("trec") == ("<extra_id_0>: What 2th-century American poet "
+  assert first("trec") == ("<extra_id_0> What 2th-century American poet "
                            "wrote a four-volume biography of Abraham Lincoln "
                            "?")
   assert first("cola", "dev") == ("I've never seen the taller man than my "
@@ -322,6 +322,25 @@ def test_pair_rendering_rules():
       "A b <extra_id_0>, c d .")
   with pytest.raises(ValueError, match="needs a sentence pair"):
     lmbff.render_text(spec, "only one")
+
+
+def test_the_original_codes_templates_differ_for_cola_and_trec():
+  for name in lmbff.TASK_NAMES:
+    paper, original = lmbff.get_task(name), lmbff.get_task(name, "original")
+    assert paper == lmbff.TASKS[name]
+    if name not in ("cola", "trec"):
+      assert original == paper
+  # Table 5 vs run_roberta_refusion.sh (LM-BFF's manual templates).
+  assert lmbff.render_text(lmbff.get_task("cola"), "He left .") == (
+      "He left . It was <extra_id_0>.")
+  assert lmbff.render_text(lmbff.get_task("cola", "original"), "He left .") == (
+      "He left . This is <extra_id_0>.")
+  assert lmbff.render_text(lmbff.get_task("trec"), "Who ?") == (
+      "<extra_id_0> Who ?")
+  assert lmbff.render_text(lmbff.get_task("trec", "original"), "Who ?") == (
+      "<extra_id_0>: Who ?")
+  with pytest.raises(InputError, match="TEMPLATES"):
+    lmbff.get_task("cola", "lmbff")
 
 
 def test_label_words_and_back():

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
-from jaxfid.checkpoints.model_dir import RunCheckpoints, write_run_config
+from jaxfid.checkpoints.model_dir import (RunCheckpoints, read_run_config,
+                                          write_run_config)
 from jaxfid.cli import main
+from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.evaluation.classification import classification_metrics
@@ -187,6 +189,12 @@ def test_fused_run_ranks_with_its_neighbours(db, tmp_path):
   table = np.asarray(model.label_scores(params, batch, jnp.asarray(labels)))
   np.testing.assert_allclose(scores, table[index, arrays["labels"]],
                              rtol=1e-5, atol=1e-5)
+  # A run trained on another template (TEMPLATES='original' for CoLA)
+  # cannot be scored on prompts it never saw.
+  other = ReFusionCheckpointEvaluator(str(out), run_config={
+      **read_run_config(str(out)), "template": "{x} This is {mask}."})
+  with pytest.raises(InputError, match="trained on the template"):
+    other.prepare(examples, SPEC)
 
 
 def test_concatenation_baseline_appends_the_neighbours(db, tmp_path):

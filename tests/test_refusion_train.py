@@ -244,6 +244,8 @@ def test_baselines_plain_and_concatenation(db, tmp_path):
     (["--gin.RETRIEVAL_DB=None"], "RETRIEVAL_DB"),
     (["--gin.FUSION_MODULES='keys'"], "FUSION_MODULES"),
     (["--gin.DATA_DIR='/nonexistent/SST-2'"], "nonexistent"),
+    (["--gin.MASK_SAMPLER='hard'"], "MASK_SAMPLER"),
+    (["--gin.TEMPLATES='lmbff'"], "TEMPLATES"),
 ])
 def test_bad_settings_are_one_line_errors(db, tmp_path, capsys, extra, needle):
   assert main(_args(tmp_path / "bad", db, extra=extra)) == 2
@@ -300,6 +302,41 @@ def test_bilevel_step_updates_each_group_only_in_its_half():
              zip(leaves(after, False), leaves(arch, False)))
   for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(after)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fusion_lr_scale_and_the_originals_arch_optimizer():
+  cfg = dataclasses.replace(preset("tiny"), d_model=16, d_kv=4, d_ff=32,
+                            num_heads=2, vocab_size=64)
+  params = ReFusionModel(cfg, F.FusionConfig(
+      targets=F.parse_targets("key"), top_k=3, db_dim=5,
+      search=True)).init_params(0)
+  ones = jax.tree.map(jnp.ones_like, params)
+  model_opt, arch_opt = search.group_optimizers(
+      params, optax.sgd(0.1), search.arch_optimizer(0.5),
+      fusion_lr_scale=3.0)
+  updates, _ = model_opt.update(ones, model_opt.init(params), params)
+  for path, u in jax.tree_util.tree_leaves_with_path(updates):
+    want = {"arch": 0.0, "fusion": -0.3, "model": -0.1}[search.param_group(path)]
+    np.testing.assert_allclose(np.asarray(u), want, rtol=1e-6)
+  names = {str(p[-1].key) for p, _ in jax.tree_util.tree_leaves_with_path(params)
+           if search.param_group(p) == "fusion"}
+  assert names == {"fusion_rerank", "fusion_beta", "fusion_proj"}
+  # The original's: AdamW, linear warm-up over 10 steps, then linear decay
+  # to 0 at step 100. With a constant gradient Adam's step is exactly the
+  # learning rate, less the decay lr * wd * alpha (alpha < 0, ~2e-3 of it).
+  opt = search.arch_optimizer(0.5, kind="adamw", weight_decay=1e-4,
+                              warmup_steps=10, total_steps=100)
+  alpha = jnp.zeros((3,))
+  state, sizes = opt.init(alpha), []
+  for _ in range(100):
+    u, state = opt.update(jnp.ones((3,)), state, alpha)
+    alpha = alpha + u
+    sizes.append(float(-u[0]))
+  np.testing.assert_allclose([sizes[i] for i in (0, 5, 10, 55)],
+                             [0.0, 0.25, 0.5, 0.25], rtol=5e-3, atol=1e-6)
+  assert 0 < sizes[99] < 0.01
+  with pytest.raises(ValueError, match="sgd"):
+    search.arch_optimizer(0.5, kind="sgd")
 
 
 def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):

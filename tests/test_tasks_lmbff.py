@@ -148,7 +148,7 @@ def test_long_input_keeps_the_mask(kshot, tokenizer):
 def test_csv_and_pair_tasks(kshot):
   got = _examples("lmbff_trec_16_87")
   assert [_text(ex["inputs_pretokenized"]) for ex in got] == [
-      "<extra_id_0>: How far is it ?", "<extra_id_0>: Who, then ?"]
+      "<extra_id_0> How far is it ?", "<extra_id_0> Who, then ?"]
   assert [_text(ex["targets_pretokenized"]) for ex in got] == [
       "Number", "Human"]
   (ex,) = _examples("lmbff_mnli_mm_16_100", split="test")

@@ -78,6 +78,7 @@ class ReFusionCheckpointEvaluator:
     self.step = checkpoint_step(checkpoint, "latest")
     self.tokenizer = load_tokenizer(checkpoint)
     self.max_length = int(run["max_length"])
+    self.run, self.checkpoint = run, checkpoint
     self.concat = bool(run.get("concat_neighbours"))
     self.fused = self.model.fusion.enabled
     self.hidden = self.fused and run.get("retrieval_mode") == "hidden"
@@ -122,6 +123,11 @@ class ReFusionCheckpointEvaluator:
         prompt, for the concatenation baseline).
       task_spec: the task's LM-BFF spec (label words, single or pair).
     """
+    trained = self.run.get("template")
+    if trained is not None and trained != task_spec.template:
+      raise InputError(os.path.join(self.checkpoint, CONFIG_FILE),
+                       f"the run was trained on the template {trained!r}, "
+                       f"the task renders {task_spec.template!r}")
     self.spec = task_spec
     self.label_tokens = self.label_token_matrix(task_spec)
     self._rows = self._tokens = None

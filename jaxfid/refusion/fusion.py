@@ -13,21 +13,37 @@ section 3; ``../shared/notes/methods.md``):
 * ordered mask (nested dropout over ranks, per dimension): the keep
   probabilities ``b = sigmoid(clip(beta))`` [K, R] define where each
   dimension's chain stops, ``q_i = (1 - b_i) prod_{j<i} b_j`` (the last rank
-  takes the rest); training draws a relaxed one-hot stop ``c ~
-  GumbelSoftmax(log q, tau)`` and keeps ``v_i = 1 - sum_{j<i} c_j`` =
-  ``sum_{j>=i} c_j``; evaluation uses the deterministic expected mask
-  ``E[v_i] = prod_{j<i} b_j``. ``f = (1/K) sum_i v_i * h_i``;
+  takes the rest); training draws a stop ``c`` from ``log q`` with Gumbel
+  noise and keeps ``v_i = 1 - sum_{j<i} c_j`` = ``sum_{j>=i} c_j``;
+  ``f = (1/K) sum_i v_i * h_i``. Evaluation applies the mean of the masks
+  training draws, so that a module sees at test time the fused vector it was
+  trained on (``mask_sampler``):
+
+  - ``'soft'`` (default; the paper's and the original's relaxed
+    ``GumbelSoftmax(log q, tau)``): at evaluation the relaxed sampler's own
+    mean over ``mask_eval_samples`` draws of a fixed key. (At tau = 5 the
+    relaxed masks are far flatter than the Bernoulli chain: at beta = 0 and
+    K = 16 they weigh 5.8 in all, its expectation ``prod_{j<i} b_j`` 2.0.)
+  - ``'straight_through'``: the forward pass uses the exact hard sample
+    (Gumbel-max: stop at rank i with probability q_i), gradients the relaxed
+    one; evaluation the exact expectation ``E[v_i] = prod_{j<i} b_j``;
 * adaptive integrator: ``o = sum_c softmax(alpha)_c o_c`` over the candidates
   {original, reranker, ordered mask}; since every candidate is ``y + delta_c``
   (``delta_original = 0``) this is ``y + sum_c p_c delta_c``, which is exactly
   ``y`` when there are no neighbours.
 
 Pair inputs average the fused vectors of their two segments (as the original
-code does). When the database width R differs from O, a learned projection
-``[R, O]`` maps the fused vector. Two corrections to the original code: the
+code does). When the database width R differs from O (the original requires
+R = O), a learned projection ``[R, O]`` maps the fused vector; its input is
+the fused vector divided by its root mean square (``fused_norm='auto'``), so
+the projected vector starts at the scale of the projection outputs whatever
+the database's scale and k: added as stored, vectors at an encoder's own
+scale are ~20x smaller than the key and value outputs of a fresh T5 and a
+from-scratch model ignored them (benchmarks/RESULTS.md). ``'rms'``
+normalises without a projection too, ``'none'`` never (runs written before
+the option load with ``'none'``). Corrections to the original code: the
 Gumbel-softmax runs over the ranks (the original's runs over the embedding
-dimension), and evaluation uses the expected mask (the original stays
-random).
+dimension) and evaluation is deterministic (the original's stays random).
 
 Parameters added per wrapped projection (beside the original ``kernel``, so
 checkpoints of plain T5 load by name): ``fusion_rerank`` [K],
@@ -50,6 +66,9 @@ from jaxfid.t5 import layers
 Array = jax.Array
 
 SCHEMES = ("original", "reranker", "ordered_mask")
+INITS = ("zeros", "xavier")
+SAMPLERS = ("soft", "straight_through")
+FUSED_NORMS = ("auto", "rms", "none")
 MODULES = ("query", "key", "value", "output", "ffn")
 STACKS = ("encoder", "decoder")
 # Where each module name lives inside a T5 layer.
@@ -78,6 +97,14 @@ class FusionConfig:
       scheme — the discretised result of a search.
     mask_temperature: tau of the ordered mask's Gumbel-softmax.
     mask_clip: beta is clipped to [-clip, clip] before the sigmoid.
+    init: ``'zeros'`` (reranker, beta and architecture weights start at 0:
+      uniform reranker and integrator, b = 1/2) or ``'xavier'`` (the
+      original's ``xavier_uniform_`` of its [K, 1], [K, R] and [3, 1]
+      tensors).
+    mask_sampler: ``'soft'`` or ``'straight_through'`` (module docstring).
+    mask_eval_samples: draws averaged for the ``'soft'`` evaluation mask.
+    fused_norm: ``'auto'`` (divide the fused vector by its root mean square
+      before a projection), ``'rms'`` (always) or ``'none'`` (never).
   """
   targets: tuple[str, ...] = ("encoder.key", "encoder.value")
   top_k: int = 64
@@ -87,8 +114,20 @@ class FusionConfig:
   structure: tuple[str, ...] | None = None
   mask_temperature: float = 5.0
   mask_clip: float = 5.0
+  init: str = "zeros"
+  mask_sampler: str = "soft"
+  mask_eval_samples: int = 64
+  fused_norm: str = "auto"
 
   def __post_init__(self):
+    for name, value, allowed in (("init", self.init, INITS),
+                                 ("mask_sampler", self.mask_sampler, SAMPLERS),
+                                 ("fused_norm", self.fused_norm, FUSED_NORMS)):
+      if value not in allowed:
+        raise ValueError(f"{name} {value!r}: one of {allowed}")
+    if self.mask_eval_samples < 1:
+      raise ValueError(f"mask_eval_samples must be at least 1, got "
+                       f"{self.mask_eval_samples}")
     for t in self.targets:
       stack, _, module = t.partition(".")
       if stack not in STACKS or module not in MODULES:
@@ -115,6 +154,9 @@ class FusionConfig:
   @classmethod
   def from_dict(cls, d: dict) -> "FusionConfig":
     d = dict(d)
+    # Runs written before the option existed added the projected vector
+    # without normalising it.
+    d.setdefault("fused_norm", "none")
     d["targets"] = tuple(d["targets"])
     d["structure"] = tuple(d["structure"]) if d.get("structure") else None
     return cls(**d)
@@ -190,17 +232,40 @@ def expected_ordered_mask(beta: Array, clip: float) -> Array:
 
 
 def sample_ordered_mask(beta: Array, rng: Array, batch: int, clip: float,
-                        temperature: float) -> Array:
-  """Relaxed nested-dropout masks float32 [B, K, R], one draw per example.
+                        temperature: float, hard: bool = False) -> Array:
+  """Nested-dropout masks float32 [B, K, R], one draw per example.
 
   ``c = softmax((log q + g) / tau)`` over the K ranks with Gumbel noise g;
-  ``v_i = sum_{j>=i} c_j`` (= 1 - sum_{j<i} c_j), non-increasing in i.
+  ``v_i = sum_{j>=i} c_j`` (= 1 - sum_{j<i} c_j), non-increasing in i. With
+  ``hard`` (straight-through) the forward value is the exact sample: ``c``
+  is the one-hot ``argmax(log q + g)`` (the Gumbel-max trick: rank i with
+  probability q_i), so ``v`` is a 0/1 mask with ``E[v_i] = prod_{j<i} b_j``,
+  while gradients flow through the relaxed ``c``.
   """
   log_q = stop_log_probs(beta, clip)                               # [K, R]
   g = jax.random.gumbel(rng, (batch, *log_q.shape), jnp.float32)   # [B, K, R]
   c = jax.nn.softmax((log_q[None] + g) / temperature, axis=1)      # [B, K, R]
-  v = jnp.flip(jnp.cumsum(jnp.flip(c, axis=1), axis=1), axis=1)    # [B, K, R]
-  return jax.lax.cummin(v, axis=1)
+  suffix_sum = lambda x: jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1),
+                                  axis=1)                          # [B, K, R]
+  v = jax.lax.cummin(suffix_sum(c), axis=1)                        # [B, K, R]
+  if not hard:
+    return v
+  stop = jax.nn.one_hot(jnp.argmax(log_q[None] + g, axis=1), log_q.shape[0],
+                        axis=1)                                    # [B, K, R]
+  # Forward: the exact 0/1 mask (the difference is exactly zero); backward:
+  # the relaxed mask's gradient.
+  return suffix_sum(stop) + (v - jax.lax.stop_gradient(v))
+
+
+def mean_ordered_mask(beta: Array, clip: float, temperature: float,
+                      samples: int, key: Array | None = None) -> Array:
+  """The relaxed sampler's mean mask float32 [K, R], over ``samples`` draws
+  of a fixed key: deterministic, and on average what training sees (the
+  relaxed masks' mean is not ``prod_{j<i} b_j``: at tau = 5 they are close
+  to uniform over the ranks)."""
+  key = jax.random.key(0) if key is None else key
+  return jnp.mean(sample_ordered_mask(beta, key, samples, clip, temperature),
+                  axis=0)                                          # [K, R]
 
 
 def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
@@ -222,7 +287,7 @@ class FusedProjection(nnx.Module):
   parameter under the same name). ``extras`` is the dict built by
   :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
   ``neighbours`` float [B, S, K, R] (zeros where missing), optional ``rng``
-  (training: sampled ordered masks; absent: the expected mask). Without
+  (training: sampled ordered masks; absent: the evaluation mask). Without
   extras it is the plain projection.
   """
 
@@ -232,23 +297,41 @@ class FusedProjection(nnx.Module):
     self.kernel = base.kernel
     self.dtype = base.dtype
     k, r = config.top_k, config.db_dim
-    self.fusion_rerank = nnx.Param(jnp.zeros((k,), jnp.float32),
-                                   logical_axes=(ax.NEIGHBOURS,))
-    self.fusion_beta = nnx.Param(jnp.zeros((k, r), jnp.float32),
-                                 logical_axes=(ax.NEIGHBOURS, ax.DB_EMBED))
-    self.fusion_alpha = nnx.Param(jnp.zeros((len(SCHEMES),), jnp.float32),
-                                  logical_axes=(ax.ARCH_CHOICES,))
     self.has_proj = r != out_features
     if self.has_proj:
       self.fusion_proj = nnx.Param(
           jax.random.normal(rngs.params(), (r, out_features), jnp.float32)
           * r ** -0.5, logical_axes=(ax.DB_EMBED, ax.EMBED))
+    if config.init == "xavier":
+      # The original's nn.init.xavier_uniform_ of a torch [K, 1] reranker,
+      # [K, R] beta and [3, 1] architecture weights: U(-a, a) with
+      # a = sqrt(6 / (rows + columns)).
+      uniform = lambda shape, fans: jax.random.uniform(
+          rngs.params(), shape, jnp.float32, -1.0, 1.0) * (6.0 / fans) ** 0.5
+      rerank = uniform((k,), k + 1)
+      beta = uniform((k, r), k + r)
+      alpha = uniform((len(SCHEMES),), len(SCHEMES) + 1)
+    else:
+      rerank = jnp.zeros((k,), jnp.float32)
+      beta = jnp.zeros((k, r), jnp.float32)
+      alpha = jnp.zeros((len(SCHEMES),), jnp.float32)
+    self.fusion_rerank = nnx.Param(rerank, logical_axes=(ax.NEIGHBOURS,))
+    self.fusion_beta = nnx.Param(beta,
+                                 logical_axes=(ax.NEIGHBOURS, ax.DB_EMBED))
+    self.fusion_alpha = nnx.Param(alpha, logical_axes=(ax.ARCH_CHOICES,))
     self.choice = choice            # None: the integrator's mixture
     self.slot = slot                # folds this module's own Gumbel noise
     self.clip = config.mask_clip
     self.temperature = config.mask_temperature
+    self.hard = config.mask_sampler == "straight_through"
+    self.eval_samples = config.mask_eval_samples
+    self.normalize = (config.fused_norm == "rms"
+                      or (config.fused_norm == "auto" and self.has_proj))
 
   def _project(self, fused: Array) -> Array:
+    if self.normalize:
+      fused = fused * jax.lax.rsqrt(
+          jnp.mean(jnp.square(fused), axis=-1, keepdims=True) + 1e-12)  # [B, R]
     if self.has_proj:
       return jnp.einsum("br,ro->bo", fused, self.fusion_proj[...])  # [B, O]
     return fused
@@ -259,12 +342,16 @@ class FusedProjection(nnx.Module):
       fused = reranker_fuse(neighbours, self.fusion_rerank[...])    # [B, S, R]
     else:
       beta = self.fusion_beta[...]
-      if rng is None:
-        mask = expected_ordered_mask(beta, self.clip)                # [K, R]
-      else:
+      if rng is not None:
         mask = sample_ordered_mask(beta, jax.random.fold_in(rng, self.slot),
                                    neighbours.shape[0], self.clip,
-                                   self.temperature)                  # [B, K, R]
+                                   self.temperature, self.hard)       # [B, K, R]
+      elif self.hard:
+        mask = expected_ordered_mask(beta, self.clip)                # [K, R]
+      else:
+        mask = mean_ordered_mask(
+            beta, self.clip, self.temperature, self.eval_samples,
+            jax.random.fold_in(jax.random.key(0), self.slot))        # [K, R]
       fused = ordered_mask_fuse(neighbours, mask)                    # [B, S, R]
     return self._project(jnp.mean(fused, axis=1))                    # [B, O]
 

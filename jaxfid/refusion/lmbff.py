@@ -42,7 +42,9 @@ wrong number of columns, a label that is not one of the task's labels, bad
 CSV quoting, text that is not UTF-8, an unreadable file, or a file with no
 examples.
 
-Templates follow LM-BFF's: in the pair templates ``x1`` loses its final
+Templates are the paper's Table 5 (``get_task(name, 'original')``: the
+original code's, which differ for CoLA and TREC); they follow LM-BFF's
+conventions: in the pair templates ``x1`` loses its final
 punctuation character (LM-BFF's ``*sent-_0*``) and ``x2`` starts with a
 lower-case letter (``*+sentl_1*``). Rendered inputs have runs of whitespace
 collapsed to one space and no space at either end (T5's SentencePiece
@@ -133,7 +135,7 @@ TASKS: dict[str, TaskSpec] = {s.name: s for s in (
           "{x} This is {mask}."),
     _spec("trec", "trec", "012345",
           ("Description", "Entity", "Expression", "Human", "Location",
-           "Number"), "{mask}: {x}"),
+           "Number"), "{mask} {x}"),
     _spec("cola", "CoLA", "01", ("incorrect", "correct"), _IT_WAS, "mcc"),
     _spec("mnli", "MNLI", _NLI3, _NLI3_WORDS, _NLI),
     _spec("mnli-mm", "MNLI", _NLI3, _NLI3_WORDS, _NLI),
@@ -145,6 +147,15 @@ TASKS: dict[str, TaskSpec] = {s.name: s for s in (
 )}
 TASK_NAMES = tuple(TASKS)
 
+# Template sets: 'paper' is ReFusion's Table 5 verbatim (the default, above);
+# 'original' is what the original code ran (run_roberta_refusion.sh, LM-BFF's
+# manual templates), which differs for two tasks.
+TEMPLATE_SETS = ("paper", "original")
+_ORIGINAL_TEMPLATES = {
+    "cola": "{x} This is {mask}.",   # Table 5: "It was"
+    "trec": "{mask}: {x}",           # Table 5: no colon
+}
+
 _ALIASES = {
     "sst2": "sst-2", "sst5": "sst-5", "mnli-m": "mnli",
     "mnli-matched": "mnli", "mnlim": "mnli", "mnli-mismatched": "mnli-mm",
@@ -152,17 +163,26 @@ _ALIASES = {
 }
 
 
-def get_task(name: str) -> TaskSpec:
+def get_task(name: str, templates: str = "paper") -> TaskSpec:
   """The task called ``name`` (any case; ``_`` for ``-``; ``sst2``, ``mnli-m``).
 
+  ``templates``: ``'paper'`` (ReFusion's Table 5) or ``'original'`` (the
+  original code's LM-BFF templates: CoLA ``{x} This is {mask}.``, TREC
+  ``{mask}: {x}``; the other tasks are the same in both).
+
   Raises:
-    InputError: no such task.
+    InputError: no such task or template set.
   """
   key = str(name).strip().lower().replace("_", "-")
   key = _ALIASES.get(key, key)
   if key not in TASKS:
     raise InputError("TASK", f"unknown task {name!r}; one of "
                      f"{', '.join(TASK_NAMES)}")
+  if templates not in TEMPLATE_SETS:
+    raise InputError("TEMPLATES", f"one of {TEMPLATE_SETS}, got "
+                     f"{templates!r}")
+  if templates == "original" and key in _ORIGINAL_TEMPLATES:
+    return dataclasses.replace(TASKS[key], template=_ORIGINAL_TEMPLATES[key])
   return TASKS[key]
 
 

@@ -26,20 +26,70 @@ STRUCTURE_FILE = "refusion_structure.json"
 ARCH_SEED_OFFSET = 7919  # the architecture step's own dropout stream
 
 
+ARCH_OPTIMIZERS = ("adam", "adamw")
+
+
+def arch_optimizer(learning_rate: float, *, kind: str = "adam",
+                   weight_decay: float = 0.0, warmup_steps: int = 0,
+                   total_steps: int = 0) -> optax.GradientTransformation:
+  """The architecture weights' optimizer.
+
+  ``'adam'``: Adam at a constant ``learning_rate``. ``'adamw'``: the
+  original code's (``models/trainer.py``): AdamW with ``weight_decay``,
+  gradients clipped to global norm 1, the learning rate warmed up linearly
+  over ``warmup_steps`` and then decayed linearly to 0 at ``total_steps``
+  (``get_linear_schedule_with_warmup``).
+  """
+  if kind == "adam":
+    return optax.adam(learning_rate)
+  if kind != "adamw":
+    raise ValueError(f"architecture optimizer {kind!r}: one of "
+                     f"{ARCH_OPTIMIZERS}")
+  decay = optax.linear_schedule(learning_rate, 0.0,
+                                max(total_steps - warmup_steps, 1))
+  schedule = decay if warmup_steps <= 0 else optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay],
+      [warmup_steps])
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(schedule, weight_decay=weight_decay))
+
+
+def param_group(path) -> str:
+  """'arch' (``fusion_alpha``), 'fusion' (the other ``fusion_*``
+  parameters: reranker, beta, projection) or 'model' (the backbone)."""
+  if is_arch_path(path):
+    return "arch"
+  name = str(getattr(path[-1], "key", path[-1]))
+  return "fusion" if name.startswith("fusion_") else "model"
+
+
 def group_optimizers(params, model_opt: optax.GradientTransformation,
-                     arch_learning_rate: float):
+                     arch_opt: optax.GradientTransformation | float, *,
+                     fusion_lr_scale: float = 1.0):
   """(model step's optimizer, architecture step's optimizer) over all params.
 
-  Each updates its own group and leaves the other exactly unchanged.
-  ``params`` may be abstract (only its tree and paths are read).
+  Each updates its own group and leaves the other exactly unchanged. The
+  model step's ``model_opt`` runs over the backbone and the fusion
+  parameters together (one clipping norm, one Adam); the fusion parameters'
+  updates are then multiplied by ``fusion_lr_scale`` (their learning rate
+  relative to the backbone's). ``arch_opt`` may be a learning rate (plain
+  Adam). ``params`` may be abstract (only its tree and paths are read).
   """
-  labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "arch" if is_arch_path(path) else "model", params)
+  if not isinstance(arch_opt, optax.GradientTransformation):
+    arch_opt = optax.adam(arch_opt)
+  groups = jax.tree_util.tree_map_with_path(
+      lambda path, _: param_group(path), params)
+  arch_or_not = jax.tree.map(lambda g: "arch" if g == "arch" else "model",
+                             groups)
   zero = optax.set_to_zero()
-  return (optax.multi_transform({"model": model_opt, "arch": zero}, labels),
-          optax.multi_transform({"model": zero,
-                                 "arch": optax.adam(arch_learning_rate)},
-                                labels))
+  model = optax.multi_transform({"model": model_opt, "arch": zero},
+                                arch_or_not)
+  if fusion_lr_scale != 1.0:
+    model = optax.chain(model, optax.multi_transform(
+        {"model": optax.identity(), "arch": optax.identity(),
+         "fusion": optax.scale(fusion_lr_scale)}, groups))
+  return (model, optax.multi_transform({"model": zero, "arch": arch_opt},
+                                       arch_or_not))
 
 
 def make_step(model: ReFusionModel, model_opt: optax.GradientTransformation,

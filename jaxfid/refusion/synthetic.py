@@ -43,13 +43,12 @@ why:
   vector is what a model can read. A logistic-regression probe on the mean
   of the 4 neighbours' vectors, fitted on the 16+16 training items, scored
   0.86 on the test items with one phrase and 0.99-1.0 with two (2 seeds);
-* ``vector_scale=30`` (the encoder's final layer-norm scale; stored vectors
-  of norm ~170): ReFusion adds the (projected) neighbour vectors to the key
-  and value projections' outputs as they are, so how fast a model can
-  learn to use them depends on their size. At the encoder's own scale
-  (norm ~6) or with unit vectors, a tiny backbone trained from scratch
-  memorises the 32 training names long before the fused signal matters
-  (test accuracy ~0.5); see ``benchmarks/refusion_synthetic.py``.
+* ``vector_scale=1`` (the encoder's final layer-norm scale, as initialised:
+  the encoder's own scale; stored vectors of norm ~5.7). ReFusion's
+  projection of a database of another width normalises the fused vector,
+  so the scale does not matter to it (``vector_scale=30``, norm ~170, gave
+  the same accuracy); before it did, fusion only helped at x30 (see
+  ``benchmarks/refusion_synthetic.py`` and ``benchmarks/RESULTS.md``).
 
 Everything is a pure function of the seeds.
 """
@@ -225,7 +224,7 @@ def write_task(task: SyntheticTask, data_dir: str | os.PathLike) -> Path:
 
 def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
                          num_layers: int = 1, num_heads: int = 4,
-                         vector_scale: float = 30.0, seed: int = 0) -> Path:
+                         vector_scale: float = 1.0, seed: int = 0) -> Path:
   """A random tiny T5 (HF layout, tied embeddings) to embed a database with.
 
   Written by :func:`jaxfid.checkpoints.hf.write_hf` from jaxfid's own
@@ -249,7 +248,7 @@ def write_random_encoder(directory: str | os.PathLike, *, d_model: int = 256,
 
 def build_database(sentence_file: str | os.PathLike,
                    directory: str | os.PathLike, *, d_model: int = 256,
-                   vector_scale: float = 30.0, normalize: bool = False,
+                   vector_scale: float = 1.0, normalize: bool = False,
                    metric: str = "l2", seed: int = 0) -> Path:
   """Indexes ``sentence_file`` with a random tiny T5 encoder.
 

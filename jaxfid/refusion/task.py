@@ -83,7 +83,11 @@ class ReFusionTask(Task):
                neighbour_cache: str | None = None,
                retrieval_mode: str = "input", mask_temperature: float = 5.0,
                max_length: int = 128, arch_learning_rate: float = 1e-4,
-               eval_batch_size: int = 32):
+               eval_batch_size: int = 32, fusion_init: str = "zeros",
+               mask_sampler: str = "soft", mask_eval_samples: int = 64,
+               fused_norm: str = "auto", fusion_lr_scale: float = 1.0,
+               arch_optimizer: str = "adam", arch_weight_decay: float = 0.0,
+               arch_warmup_steps: int = 0, templates: str = "paper"):
     self.task, self.data_dir = task, data_dir
     self.model_config = model_config
     self.retrieval_db, self.top_k = retrieval_db, top_k
@@ -97,6 +101,15 @@ class ReFusionTask(Task):
     self.max_length = max_length
     self.arch_learning_rate = arch_learning_rate
     self.eval_batch_size = eval_batch_size
+    self.fusion_init = fusion_init
+    self.mask_sampler = mask_sampler
+    self.mask_eval_samples = mask_eval_samples
+    self.fused_norm = fused_norm
+    self.fusion_lr_scale = fusion_lr_scale
+    self.arch_optimizer = arch_optimizer
+    self.arch_weight_decay = arch_weight_decay
+    self.arch_warmup_steps = arch_warmup_steps
+    self.templates = templates
     self._structure_model: ReFusionModel | None = None
     self._start_step = 0
     self._replicate = None
@@ -121,6 +134,19 @@ class ReFusionTask(Task):
     if self.fusion_scheme not in fusion_lib.SCHEMES[1:]:
       raise InputError("FUSION_SCHEME", f"one of {fusion_lib.SCHEMES[1:]}, "
                        f"got {self.fusion_scheme!r}")
+    for macro, value, allowed in (
+        ("FUSION_INIT", self.fusion_init, fusion_lib.INITS),
+        ("MASK_SAMPLER", self.mask_sampler, fusion_lib.SAMPLERS),
+        ("FUSED_NORM", self.fused_norm, fusion_lib.FUSED_NORMS),
+        ("ARCH_OPTIMIZER", self.arch_optimizer, search_lib.ARCH_OPTIMIZERS)):
+      if value not in allowed:
+        raise InputError(macro, f"one of {allowed}, got {value!r}")
+    if self.mask_eval_samples < 1:
+      raise InputError("MASK_EVAL_SAMPLES", f"must be at least 1, got "
+                       f"{self.mask_eval_samples}")
+    if not self.fusion_lr_scale > 0:
+      raise InputError("FUSION_LR_SCALE", f"must be positive, got "
+                       f"{self.fusion_lr_scale}")
     if (self.retrieval_mode == "hidden" and targets
         and settings.process_count > 1):
       raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
@@ -131,7 +157,7 @@ class ReFusionTask(Task):
     targets = self._check(settings)
     self.search = self.search and bool(targets)
     self.hidden = self.retrieval_mode == "hidden" and bool(targets)
-    self.spec = lmbff.get_task(self.task)
+    self.spec = lmbff.get_task(self.task, self.templates)
     splits = read_splits(self.spec, self.data_dir)
     self.test_examples = len(splits["test"])
     tokenizer = load_tokenizer(settings.init_checkpoint)
@@ -155,7 +181,9 @@ class ReFusionTask(Task):
     self.fusion = fusion_lib.FusionConfig(
         targets=targets, top_k=max(self.top_k, 1), db_dim=max(db_dim, 1),
         search=self.search, scheme=self.fusion_scheme,
-        mask_temperature=self.mask_temperature)
+        mask_temperature=self.mask_temperature, init=self.fusion_init,
+        mask_sampler=self.mask_sampler,
+        mask_eval_samples=self.mask_eval_samples, fused_norm=self.fused_norm)
     self.model = ReFusionModel(self.model_config, self.fusion)
     self.neighbours = NeighbourVectors(self.model, self.retrieval_db,
                                        top_k=self.top_k, hidden=self.hidden)
@@ -167,6 +195,7 @@ class ReFusionTask(Task):
             "fusion": self.fusion.to_dict(), "task": self.spec.name,
             "max_length": self.max_length,
             "label_words": list(self.spec.label_words),
+            "templates": self.templates, "template": self.spec.template,
             "retrieval_db": self.retrieval_db,
             "concat_neighbours": self.concat_neighbours,
             "search": self.search,
@@ -205,7 +234,11 @@ class ReFusionTask(Task):
     schedule = optimizer.schedule_fn(steps)
     model_opt, arch_opt = search_lib.group_optimizers(
         self.model.abstract_params(), optimizer.make(schedule),
-        self.arch_learning_rate)
+        search_lib.arch_optimizer(
+            self.arch_learning_rate, kind=self.arch_optimizer,
+            weight_decay=self.arch_weight_decay,
+            warmup_steps=self.arch_warmup_steps, total_steps=steps),
+        fusion_lr_scale=self.fusion_lr_scale)
 
     def make_state(with_arch: bool):
       def make(params, step):
