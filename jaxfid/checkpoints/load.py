@@ -14,6 +14,7 @@ registers them all).
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any, Callable
 
 import jax
@@ -23,6 +24,7 @@ import numpy as np
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.checkpoints.detect import load_flat
 from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
@@ -66,15 +68,27 @@ def load_encoder_decoder(path: str, *, dtype: str | None = None,
     config = config.replace(dtype=dtype)
   model = EncoderDecoderModel(config)
   try:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
         model.abstract_params())
     params, _, _ = checkpointing.restore_params(path, target, which)
   except FileNotFoundError as e:
     raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  spiece = os.path.join(path, "spiece.model")
-  return model, params, spiece if os.path.exists(spiece) else None
+  return model, params, model_dir_vocabulary(path)
+
+
+def model_dir_vocabulary(path: str) -> str | None:
+  """A MODEL_DIR's ``spiece.model`` as a local file (downloaded from a
+  bucket), or None when it has none."""
+  spiece = paths.join(path, "spiece.model")
+  if not paths.exists(spiece):
+    return None
+  if not paths.is_url(spiece):
+    return spiece
+  local = os.path.join(tempfile.mkdtemp(prefix="jaxfid-vocab-"), "spiece.model")
+  paths.copy(spiece, local)
+  return local
 
 
 METHOD_LOADERS.register("fid", load_encoder_decoder)
@@ -93,10 +107,10 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
       method whose loader is not registered.
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     raise InputError(path, "no such checkpoint")
-  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
-  if os.path.exists(config_file):
+  config_file = paths.join(path, checkpointing.CONFIG_FILE)
+  if paths.exists(config_file):
     method = checkpointing.read_run_config(path).get("method", "fid")
     loader = METHOD_LOADERS.get(method, where=config_file)
     return loader(path, dtype=dtype, which=which)

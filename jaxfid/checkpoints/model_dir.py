@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
 
 CONFIG_FILE = "jaxfid_config.json"
@@ -30,7 +31,7 @@ CONFIG_FILE = "jaxfid_config.json"
 def _manager(directory: str, max_to_keep: int | None) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          enable_async_checkpointing=False)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  return ocp.CheckpointManager(paths.as_path(directory), options=options)
 
 
 def abstract_like(tree: Any) -> Any:
@@ -46,9 +47,12 @@ class RunCheckpoints:
 
   def __init__(self, model_dir: str, keep: int = 2):
     self.model_dir = model_dir
-    self.latest = _manager(os.path.join(model_dir, "checkpoints"), keep)
-    self.best = _manager(os.path.join(model_dir, "best"), 1)
-    self._best_file = os.path.join(model_dir, "best", "best_metric.json")
+    self.latest = _manager(paths.join(model_dir, "checkpoints"), keep)
+    self.best = _manager(paths.join(model_dir, "best"), 1)
+    self._best_file = paths.join(model_dir, "best", "best_metric.json")
+    # Every process decides alike whether an evaluation is the best so far
+    # (the saves are collective); only process 0 writes the record.
+    self._best = self.best_metric()
 
   def latest_step(self) -> int | None:
     return self.latest.latest_step()
@@ -66,21 +70,21 @@ class RunCheckpoints:
         step, args=ocp.args.StandardRestore(abstract_like(target)))
 
   def best_metric(self) -> float | None:
-    if not os.path.exists(self._best_file):
+    if not paths.exists(self._best_file):
       return None
-    with open(self._best_file) as f:
-      return json.load(f)["value"]
+    return json.loads(paths.read_text(self._best_file))["value"]
 
   def maybe_save_best(self, step: int, params: Any, value: float,
                       name: str = "eval_em") -> bool:
     """Save params as the best checkpoint if ``value`` beats the best so far."""
-    best = self.best_metric()
-    if best is not None and value <= best:
+    if self._best is not None and value <= self._best:
       return False
     self.best.save(step, args=ocp.args.StandardSave(params), force=True)
     self.best.wait_until_finished()
-    with atomic_write(self._best_file) as f:
-      json.dump({"step": step, "name": name, "value": value}, f)
+    self._best = value
+    if jax.process_index() == 0:
+      with atomic_write(self._best_file) as f:
+        json.dump({"step": step, "name": name, "value": value}, f)
     return True
 
   def close(self) -> None:
@@ -95,12 +99,12 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
   ``target``: abstract params (``ShapeDtypeStruct`` leaves, with shardings or
   not). Returns (params, step, which one was used).
   """
-  best_dir = os.path.join(model_dir, "best")
-  latest_dir = os.path.join(model_dir, "checkpoints")
+  best_dir = paths.join(model_dir, "best")
+  latest_dir = paths.join(model_dir, "checkpoints")
   choices = {"best": [best_dir], "latest": [latest_dir],
              "auto": [best_dir, latest_dir]}[which]
   for directory in choices:
-    if not os.path.isdir(directory):
+    if not paths.isdir(directory):
       continue
     mgr = _manager(directory, None)
     step = mgr.latest_step()
@@ -125,11 +129,10 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
 
 def write_run_config(model_dir: str, fields: dict) -> None:
   """Writes ``MODEL_DIR/jaxfid_config.json`` (all at once)."""
-  with atomic_write(os.path.join(model_dir, CONFIG_FILE)) as f:
+  with atomic_write(paths.join(model_dir, CONFIG_FILE)) as f:
     json.dump(fields, f, indent=2, sort_keys=True)
 
 
 def read_run_config(model_dir: str) -> dict:
   """The parsed ``MODEL_DIR/jaxfid_config.json``."""
-  with open(os.path.join(model_dir, CONFIG_FILE)) as f:
-    return json.load(f)
+  return json.loads(paths.read_text(paths.join(model_dir, CONFIG_FILE)))

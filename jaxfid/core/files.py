@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 
 
@@ -44,8 +45,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
   The body creates the file under that name (``np.save``, ``os.link``,
   ``faiss.write_index``, ...). If the body raises, whatever it created is
   removed and ``path`` is left untouched. Missing parent directories are
-  created.
+  created. A URL ``path`` (``gs://...``, see :mod:`jaxfid.core.paths`) is
+  written to a local temporary file and uploaded whole when complete.
   """
+  if paths.is_url(path):  # a bucket: write locally, then upload the object
+    with tempfile.TemporaryDirectory(prefix="jaxfid-upload-") as staging:
+      tmp = Path(staging) / paths.as_path(path).name
+      yield tmp
+      paths.copy(tmp, path)
+    return
   path = Path(path)
   tmp = _parent(path) / (_temp_prefix(path) + secrets.token_hex(6) + ".tmp")
   try:

@@ -23,14 +23,18 @@ from jaxfid.fid.examples import FidExample
 
 
 def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
-                    alpha: float = 0.6):
-  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``."""
+                    alpha: float = 0.6, out_sharding=None):
+  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``.
+
+  ``out_sharding``: where the tokens go (a replicated sharding, so that every
+  process of a multi-host run can fetch them).
+  """
   def fn(params, batch):
     return model.predict(params, batch["encoder_input_tokens"],
                          passage_mask=batch["passage_mask"],
                          max_decode_len=max_decode_len, num_beams=num_beams,
                          alpha=alpha)
-  return jax.jit(fn)
+  return jax.jit(fn, out_shardings=out_sharding)
 
 
 def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
@@ -112,7 +116,9 @@ def write_predictions(path: str, examples: Sequence[FidExample],
 class QaEvaluator:
   """EM/F1 of generated answers on a fixed set of examples, during training.
 
-  ``evaluate(model_dir, step, params)`` writes per-example predictions to
+  ``evaluator(model_dir, step, params, placement)`` decodes batches sharded
+  over the run's data axes (every process gets every prediction, so every
+  process computes the same scores), writes per-example predictions to
   ``MODEL_DIR/eval/predictions_<step>.jsonl`` (process 0) and returns
   ``eval_em``, ``eval_f1``, ``eval_examples``.
   """
@@ -125,17 +131,22 @@ class QaEvaluator:
     self.examples = list(examples)
     self.n_context, self.text_maxlength = n_context, text_maxlength
     self.answer_maxlength, self.batch_size = answer_maxlength, batch_size
+    self.num_beams = num_beams
     self.progress = progress
-    self.predict_fn = make_predict_fn(model, max_decode_len=answer_maxlength,
-                                      num_beams=num_beams)
+    self._predict_fn = None
 
-  def __call__(self, model_dir: str, step: int, params, put_batch) -> dict:
+  def __call__(self, model_dir: str, step: int, params, placement) -> dict:
+    if self._predict_fn is None:
+      self._predict_fn = make_predict_fn(
+          self.model, max_decode_len=self.answer_maxlength,
+          num_beams=self.num_beams, out_sharding=placement.replicated)
     preds = generate(
         self.model, params, self.tokenizer, self.examples,
         n_context=self.n_context, text_maxlength=self.text_maxlength,
-        answer_maxlength=self.answer_maxlength, batch_size=self.batch_size,
-        predict_fn=self.predict_fn, progress=self.progress,
-        put_batch=put_batch)
+        answer_maxlength=self.answer_maxlength,
+        batch_size=placement.eval_batch_size(self.batch_size),
+        predict_fn=self._predict_fn, progress=self.progress,
+        put_batch=placement.shard)
     scores = score(self.examples, preds)
     if jax.process_index() == 0:
       write_predictions(os.path.join(model_dir, "eval",

@@ -205,7 +205,7 @@ class FidTask(Task):
 
   def evaluate(self, ctx: Context, step: int, params) -> dict:
     return self.evaluator(ctx.settings.model_dir, step, params,
-                          ctx.placement.replicate)
+                          ctx.placement)
 
   def progress_fields(self, record: dict) -> dict:
     out = super().progress_fields(record)

@@ -51,6 +51,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.load import model_dir_vocabulary
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
@@ -358,8 +360,8 @@ def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
                ) -> tuple[ReAttModel, dict, str | None]:
   """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
   path = os.fspath(path)
-  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
-  if not os.path.exists(config_file):
+  config_file = paths.join(path, checkpointing.CONFIG_FILE)
+  if not paths.exists(config_file):
     raise InputError(path, f"not a jaxfid MODEL_DIR (no {checkpointing.CONFIG_FILE})")
   try:
     run = checkpointing.read_run_config(path)
@@ -377,8 +379,7 @@ def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
                                                 which)
   except FileNotFoundError as e:
     raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  spiece = os.path.join(path, "spiece.model")
-  return model, params, spiece if os.path.exists(spiece) else None
+  return model, params, model_dir_vocabulary(path)
 
 
 __all__ = ["ReAttConfig", "ReAttModel", "avg_max_relevance", "bi_encode",

@@ -24,6 +24,7 @@ import os
 
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
@@ -88,7 +89,11 @@ class ReAttTask(Task):
 
   def prepare(self, settings: Settings) -> None:
     if self.retrieval_corpus and settings.process_count > 1:
-      raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one host")
+      raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one "
+                       "host; use `jaxfid reatt iterate` for multi-host runs")
+    if self.retrieval_corpus and paths.is_url(settings.model_dir):
+      raise InputError("RETRIEVAL_CORPUS", "iterative refresh keeps its index "
+                       "in MODEL_DIR/index and needs a local MODEL_DIR")
     reader = self.reader
     reader.prepare_data(settings)
     self.settings = settings

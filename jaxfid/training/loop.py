@@ -23,8 +23,6 @@ Guarantees, the same for every method:
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 
@@ -32,6 +30,7 @@ import jax
 from tqdm import tqdm
 
 from jaxfid.checkpoints.model_dir import RunCheckpoints, write_run_config
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
@@ -140,13 +139,13 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
                      for p in phases]
   state_shardings = [place.state(a, abstract_params) for a in abstract_states]
 
-  # 2. Run directory: config, vocabulary, checkpoints.
-  os.makedirs(model_dir, exist_ok=True)
-  write_run_config(model_dir, task.run_config())
-  spiece = os.path.join(model_dir, "spiece.model")
-  if task.vocabulary and not os.path.exists(spiece) and (
-      jax.process_index() == 0):
-    shutil.copyfile(task.vocabulary, spiece)
+  # 2. Run directory: config, vocabulary (process 0), checkpoints (all).
+  paths.makedirs(model_dir)
+  if jax.process_index() == 0:
+    write_run_config(model_dir, task.run_config())
+    spiece = paths.join(model_dir, "spiece.model")
+    if task.vocabulary and not paths.exists(spiece):
+      paths.copy(task.vocabulary, spiece)
   ckpts = RunCheckpoints(model_dir, keep=keep_checkpoints)
   latest = ckpts.latest_step()
   log = MetricsLog(model_dir, resume_step=latest or 0)
@@ -233,7 +232,7 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
             loop.show(**task.progress_fields(last))
           if step % checkpoint_every == 0 or step == phase.end:
             ckpts.save(step, state, force=step == phase.end)
-          if preemption.requested:
+          if preemption.agreed():
             ckpts.save(step, state, force=True)
             state_lib.say(f"SIGTERM: saved step {step} to {model_dir}; "
                           "exiting")
