@@ -140,21 +140,22 @@ class _Budgeted:
 # and runs; numpy's np.save)
 _WRITER_MODULES = ("jaxfid.core.files", "jaxfid.core.locks",
                    "jaxfid.retrieval.store.passage_store",
-                   "jaxfid.retrieval.bm25.scoring", "numpy.lib._npyio_impl")
+                   "jaxfid.retrieval.bm25.scoring", "jaxfid.reatt.token_index",
+                   "numpy.lib._npyio_impl")
 
 
 class SmallDisk:
   """A directory on a small file system whose free space a test sets.
 
-  A 2 MiB tmpfs mounted there when possible (root), else an injected limit:
+  A tmpfs (2 MiB) mounted there when possible (root), else an injected limit:
   the writers' ``open`` charges every byte written under the directory and
   raises ENOSPC past the budget.
   """
 
-  def __init__(self, path: Path, monkeypatch):
+  def __init__(self, path: Path, monkeypatch, size: str = "2m"):
     self.path = path
     path.mkdir()
-    self.mounted = _mount_tmpfs(path, "2m")
+    self.mounted = _mount_tmpfs(path, size)
     self.budget: float = float("inf")
     if not self.mounted:
       real_open = open
@@ -493,7 +494,33 @@ def reatt_index(tmp_path_factory):
   queries = d / "queries.tsv"
   queries.write_text("".join(f"q{i}\t{e.question}\n"
                              for i, e in enumerate(examples[:2])))
-  return {"index": d / "index", "queries": queries}
+  return {"index": d / "index", "queries": queries, "encoder": encoder,
+          "corpus": d / "corpus.jsonl"}
+
+
+def test_index_reatt_on_a_full_disk(reatt_index, tmp_path, monkeypatch):
+  disk = SmallDisk(tmp_path / "disk", monkeypatch, size="8m")  # 5 MB index
+  out = disk.path / "index"
+
+  def build():
+    token_index.build_token_index(
+        reatt_index["encoder"], Tokenizer(), reatt_index["corpus"], out,
+        doc_maxlength=16, query_maxlength=16, batch_size=8, progress=False)
+
+  # fails at: the lock, bi_encoder.npz, spiece.model (injected: keys.f32)
+  frees = (0, 16 << 10, 4300 << 10) if disk.mounted else (0, 1 << 10)
+  try:
+    for free in frees:
+      disk.leave(free)
+      with pytest.raises(StorageError) as e:
+        build()
+      assert str(e.value) == f"{out}: no space left on device"
+      assert disk.listing() == []
+    disk.unlimited()
+    build()
+    assert _tree(out) == _tree(reatt_index["index"])
+  finally:
+    disk.close()
 
 
 @pytest.mark.parametrize("name, reason", [
