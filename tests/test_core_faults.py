@@ -144,6 +144,12 @@ def test_directory_lock(tmp_path):
   with DirectoryLock(out, what="index"):
     assert json.loads(lock_file(out).read_text())["pid"] == os.getpid()
   assert not lock_file(out).exists()
+  # ... also when its id is now ours (a restarted container reuses ids)
+  lock_file(out).write_text(json.dumps(
+      {"pid": os.getpid(), "host": processes.host_name(), "created": 1.0}))
+  with DirectoryLock(out, what="index"):
+    pass
+  assert not lock_file(out).exists()
   # another host's lock is never taken over: the message says what to do
   lock_file(out).write_text(json.dumps(
       {"pid": 1, "host": "elsewhere", "created": 1.0}))

@@ -68,8 +68,8 @@ def remove_stale_temporaries(directory: str | os.PathLike,
 
   Only names made by this module count, and only those written on this host
   by a process that no longer runs (or whose id now belongs to a process
-  started after the temporary was last written). A live writer's
-  temporaries, another host's and anything else are left alone.
+  started after the temporary was made, this one included). A live
+  writer's temporaries, another host's and anything else are left alone.
 
   Args:
     directory: where to look (a missing directory holds nothing).
@@ -86,11 +86,11 @@ def remove_stale_temporaries(directory: str | os.PathLike,
   removed = []
   for name in sorted(names):
     writer = temporary_writer(name, target)
-    if writer is None or writer[1] != host_tag() or writer[0] == os.getpid():
+    if writer is None or writer[1] != host_tag():
       continue
     path = directory / name
-    try:
-      written = path.lstat().st_mtime
+    try:  # the inode change time: at or after the name was made (a hard
+      written = path.lstat().st_ctime  # link's too), unlike its mtime
     except FileNotFoundError:
       continue
     if is_running(writer[0], started_by=written):

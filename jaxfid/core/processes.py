@@ -70,20 +70,21 @@ def is_running(pid: int, started_by: float | None = None) -> bool:
     pid: a process id of this host.
     started_by: when known, a time (``time.time()``) by which the process
       we mean had started (the time it wrote a file); a live process with
-      that id that started later is another process that reused the id.
+      that id that started later is another process that reused the id
+      (this one too: a container restarted after a crash often gives the
+      new process the id of the old one).
   """
   if pid <= 0:
     return False
-  if pid == os.getpid():
-    return True
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass  # it exists, owned by another user
-  except OSError:
-    return True  # cannot tell: assume it lives
+  if pid != os.getpid():
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    except PermissionError:
+      pass  # it exists, owned by another user
+    except OSError:
+      return True  # cannot tell: assume it lives
   stat = _proc_stat(pid)
   if stat is None:
     return True

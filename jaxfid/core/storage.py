@@ -19,7 +19,7 @@ import re
 import shutil
 from typing import Iterable, Iterator
 
-from jaxfid.core.errors import StorageError
+from jaxfid.core.errors import InputError, StorageError
 
 
 def remove_path(path: str | os.PathLike) -> None:
@@ -119,6 +119,8 @@ def storage_fault(exc: BaseException, path: str | os.PathLike | None = None
   seen = set()
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
+    if isinstance(exc, InputError):  # bad input, whatever its message says
+      return None
     if isinstance(exc, StorageError):
       if path is None or exc.path == os.fspath(path):
         return exc
