@@ -17,20 +17,15 @@
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
-import select
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fault_tools import ROOT, SmallDisk, hold_at, kill
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
 from jaxfid.core import processes
@@ -41,9 +36,7 @@ from jaxfid.fid.predict import write_predictions
 from jaxfid.reatt import token_index
 from reatt_world import make_world, tiny_model, write_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "retrieval" / "squad_sample"
-FILLER = "filler"
 
 
 def _write_jsonl(path: Path, rows) -> Path:
@@ -110,116 +103,6 @@ def dense(data):
 
 
 # --------------------------------------------------------------- a full disk
-
-
-class _Budgeted:
-  """A file opened for writing that charges its writes to a SmallDisk."""
-
-  def __init__(self, f, disk: "SmallDisk"):
-    self._f, self._disk = f, disk
-
-  def write(self, data):
-    self._disk.charge(len(data))
-    return self._f.write(data)
-
-  def writelines(self, lines):
-    for line in lines:
-      self.write(line)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return self._f.__exit__(*exc)
-
-  def __getattr__(self, name):
-    return getattr(self._f, name)
-
-
-# modules whose ``open`` the injected limit replaces (the writers of indexes
-# and runs; numpy's np.save)
-_WRITER_MODULES = ("jaxfid.core.files", "jaxfid.core.locks",
-                   "jaxfid.retrieval.store.passage_store",
-                   "jaxfid.retrieval.bm25.scoring", "jaxfid.reatt.token_index",
-                   "numpy.lib._npyio_impl")
-
-
-class SmallDisk:
-  """A directory on a small file system whose free space a test sets.
-
-  A tmpfs (2 MiB) mounted there when possible (root), else an injected limit:
-  the writers' ``open`` charges every byte written under the directory and
-  raises ENOSPC past the budget.
-  """
-
-  def __init__(self, path: Path, monkeypatch, size: str = "2m"):
-    self.path = path
-    path.mkdir()
-    self.mounted = _mount_tmpfs(path, size)
-    self.budget: float = float("inf")
-    if not self.mounted:
-      real_open = open
-
-      def limited_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        if (isinstance(file, (str, os.PathLike)) and set(mode) & set("wxa+")
-            and os.path.abspath(file).startswith(str(self.path) + os.sep)):
-          return _Budgeted(f, self)
-        return f
-
-      for name in _WRITER_MODULES:
-        module = sys.modules[name] if name in sys.modules else __import__(
-            name, fromlist=["_"])
-        monkeypatch.setattr(module, "open", limited_open, raising=False)
-
-  def charge(self, n: int) -> None:
-    self.budget -= n
-    if self.budget < 0:
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-  def leave(self, free: int) -> None:
-    """Makes about ``free`` bytes available."""
-    filler = self.path / FILLER
-    if not self.mounted:
-      self.budget = free
-      return
-    filler.unlink(missing_ok=True)
-    st = os.statvfs(self.path)
-    size = st.f_bavail * st.f_frsize - free
-    if size > 0:
-      with open(filler, "wb") as f:
-        f.write(b"\0" * size)
-
-  def unlimited(self) -> None:
-    (self.path / FILLER).unlink(missing_ok=True)
-    self.budget = float("inf")
-
-  def listing(self) -> list[str]:
-    return sorted(set(os.listdir(self.path)) - {FILLER})
-
-  def close(self) -> None:
-    if self.mounted:
-      _umount(self.path)
-
-
-def _mount_tmpfs(path: Path, size: str) -> bool:
-  if os.environ.get("JAXFID_TEST_NO_MOUNT") or os.geteuid() != 0:
-    return False
-  try:
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
-                           "tmpfs", str(path)], capture_output=True,
-                          check=False, timeout=60)
-  except (OSError, subprocess.SubprocessError):
-    return False
-  return done.returncode == 0
-
-
-def _umount(path: Path) -> None:
-  for args in (["umount", str(path)], ["umount", "-l", str(path)]):
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-      if subprocess.run(args, capture_output=True, check=False,
-                        timeout=60).returncode == 0:
-        return
 
 
 @pytest.fixture
@@ -308,67 +191,6 @@ def test_retrieve_output_on_a_full_disk(data, bm25_index, disk, name,
 
 # ------------------------------------------------------- killed builds, locks
 
-_HOLD = r"""
-import importlib, sys, time
-target, when, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-module_name, _, attr = target.partition(":")
-owner = importlib.import_module(module_name)
-*parents, name = attr.split(".")
-for parent in parents:
-  owner = getattr(owner, parent)
-original = getattr(owner, name)
-calls = []
-
-def hold():
-  print("HOLDING", flush=True)
-  time.sleep(3600)
-
-def patched(*args, **kwargs):
-  calls.append(1)
-  if when == "before" and len(calls) == count:
-    hold()
-  result = original(*args, **kwargs)
-  if when == "after" and len(calls) == count:
-    hold()
-  return result
-
-setattr(owner, name, patched)
-from jaxfid.cli import main
-sys.exit(main(sys.argv[4:]))
-"""
-
-
-def _hold_at(target: str, when: str, count: int, argv, log: Path):
-  """A child running ``jaxfid argv``, held (sleeping) at ``target``."""
-  env = {**os.environ, "PYTHONPATH": str(ROOT)}
-  with open(log, "wb") as err:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, target, when, str(count),
-         *map(str, argv)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=err)
-  deadline = time.time() + 600
-  while time.time() < deadline:
-    ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-    if ready:
-      line = proc.stdout.readline()
-      if line.strip() == b"HOLDING":
-        return proc
-      if not line:
-        break
-    elif proc.poll() is not None:
-      break
-  proc.kill()
-  proc.wait()
-  pytest.fail(f"the build never reached {target}: "
-              f"{log.read_text(errors='replace')[-3000:]}")
-
-
-def _kill(proc) -> None:
-  proc.kill()  # SIGKILL
-  proc.wait()
-  proc.stdout.close()
-
-
 @pytest.mark.parametrize("target, when", [
     ("jaxfid.retrieval.store.passage_store:PassageStoreWriter.close", "after"),
     ("jaxfid.retrieval.bm25.scoring:BM25Index.save", "before"),
@@ -380,7 +202,7 @@ def test_killed_bm25_build(data, bm25_index, tmp_path, target, when, capsys):
                str(out)]) == 0
   earlier = _tree(out)
   argv = ["index", "bm25", "--corpus", data["corpus"], "--output", out]
-  proc = _hold_at(target, when, 1, argv, tmp_path / "child.log")
+  proc = hold_at(target, when, 1, argv, tmp_path / "child.log")
   try:
     rc, _, err = _cli(argv, capsys)  # a second build while the first lives
     assert rc == 2
@@ -388,7 +210,7 @@ def test_killed_bm25_build(data, bm25_index, tmp_path, target, when, capsys):
         f"jaxfid index: error: index {out} is in use by process {proc.pid} "
         f"on host {processes.host_name()} since ")
   finally:
-    _kill(proc)
+    kill(proc)
   assert _tree(out) == earlier
   left = sorted(os.listdir(work))
   assert ".index.lock" in left and any(
@@ -409,8 +231,8 @@ def test_killed_dense_build(data, dense, tmp_path, target, when, count,
   out = work / "index"
   argv = ["index", "dense", "--checkpoint", dense["ckpt"], "--corpus",
           data["corpus"], "--output", out, *DENSE_ARGS]
-  proc = _hold_at(target, when, count, argv, tmp_path / "child.log")
-  _kill(proc)
+  proc = hold_at(target, when, count, argv, tmp_path / "child.log")
+  kill(proc)
   assert ".index.lock" in os.listdir(work) and not out.exists()
   # an unfinished shard file of the killed build
   stray = work / ".index.partial" / (
