@@ -12,6 +12,7 @@ and the cause, exit status 1.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  # orbax and absl log every checkpoint operation; a command says what
+  # matters itself (errors stay visible).
+  logging.getLogger("absl").setLevel(logging.ERROR)
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):

@@ -15,6 +15,8 @@ import sys
 
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.checkpoints.model_dir import CONFIG_FILE, WHICH, chosen_checkpoint
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import predict as predict_lib
@@ -37,6 +39,9 @@ def add_parser(subparsers) -> None:
   p.add_argument("--dtype", default=None, help="activation dtype override")
   p.add_argument("--passage-scores", action="store_true",
                  help="also write each passage's cross-attention score")
+  p.add_argument("--which", choices=WHICH, default="auto",
+                 help="a MODEL_DIR's checkpoint: the best-EM one, the latest, "
+                      "or auto (best if there is one, else latest)")
   p.set_defaults(func=run)
 
 
@@ -47,7 +52,15 @@ def run(args) -> int:
       raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
   # Validate the data before loading anything heavy.
   examples = read_fid_examples(args.data)
-  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype)
+  if paths.exists(paths.join(args.checkpoint, CONFIG_FILE)):
+    chosen = chosen_checkpoint(args.checkpoint, args.which)
+    if chosen is None:
+      raise InputError(args.checkpoint, f"no {args.which} checkpoint" if
+                       args.which != "auto" else "no checkpoint")
+    print(f"loading the {chosen[0]} checkpoint (step {chosen[1]}) of "
+          f"{args.checkpoint}", file=sys.stderr)
+  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype,
+                                          which=args.which)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   preds = predict_lib.generate(
       model, params, tokenizer, examples, n_context=args.n_context,

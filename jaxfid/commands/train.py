@@ -34,4 +34,5 @@ def run(args) -> int:
   if jax.process_index() == 0:  # one summary for a multi-host run
     print(json.dumps({k: v for k, v in result.items()
                       if isinstance(v, (int, float, str, bool))}))
-  return 0
+  # SIGTERM (preemption) is a clean stop; Ctrl-C stops as interrupted.
+  return 130 if result.get("signal") == "SIGINT" else 0

@@ -21,6 +21,7 @@ from tensorboardX import SummaryWriter
 
 from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
+from jaxfid.core.storage import storage_errors
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -93,7 +94,8 @@ class MetricsLog:
     if self.remote:
       self._rewrite()
     else:
-      with open(self.path, "a", encoding="utf-8") as f:
+      with storage_errors(self.path), open(self.path, "a",
+                                           encoding="utf-8") as f:
         f.write(line + "\n")
         f.flush()
     if self._writer is not None:

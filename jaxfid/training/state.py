@@ -168,16 +168,21 @@ def fresh_state(make_state: Callable[[Any, int], Any], params: Any, step: int,
 
 
 class Preemption:
-  """Turns SIGTERM into a flag the loop checks after each step.
+  """Turns SIGTERM (preemption) and Ctrl-C into a flag the loop checks after
+  each step: the step finishes, a checkpoint is written, the run stops.
 
-  With several processes a signal may reach only some of them (a preempted
-  host): :meth:`agreed` all-gathers the flags after every step, so every
-  process sees the request at the same step and all save that step.
+  A second Ctrl-C stops at once (``KeyboardInterrupt``). With several
+  processes a signal may reach only some of them (a preempted host):
+  :meth:`agreed` all-gathers the flags after every step, so every process
+  sees the request at the same step and all save that step.
   """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self.signal_name = ""
+    self._previous: dict = {}
 
   def agreed(self) -> bool:
     """Whether any process was asked to stop (the same answer everywhere)."""
@@ -185,22 +190,31 @@ class Preemption:
       return self.requested
     flags = multihost_utils.process_allgather(
         np.asarray(self.requested, np.int32))
+    if np.any(flags) and not self.signal_name:
+      self.signal_name = "SIGTERM"  # another process's
     return bool(np.any(flags))
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handler)
-    except ValueError:  # not the main thread
-      self._previous = None
+    for sig in self.SIGNALS:
+      try:
+        self._previous[sig] = signal.signal(sig, self._handler)
+      except ValueError:  # not the main thread
+        pass
     return self
 
   def _handler(self, signum, frame):
-    del signum, frame
+    del frame
     self.requested = True
+    self.signal_name = signal.Signals(signum).name
+    if signum == signal.SIGINT:  # the next Ctrl-C interrupts at once
+      signal.signal(signal.SIGINT, self._previous.get(
+          signal.SIGINT, signal.default_int_handler))
+      print("\nCtrl-C: saving a checkpoint after this step (again to stop "
+            "at once)", file=sys.stderr)
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
 
 def check_init_config(path: str, run_config, other_config, *, fields=None,
