@@ -35,7 +35,8 @@ def maybe_initialize_distributed(requested: bool) -> None:
 
 
 def run(args) -> int:
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "train")
   if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
     seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source
   maybe_initialize_distributed(args.distributed)
