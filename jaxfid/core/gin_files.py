@@ -99,18 +99,18 @@ class _KeyOnly(config_parser.ParserDelegate):
     return None
 
 
-def _binding_key(text: str) -> Binding:
-  """``text``'s scope, selector and parameter (InputError if malformed)."""
+def _binding_key(text: str) -> Binding | None:
+  """``text``'s scope, selector and parameter; None when ``text`` is not one
+  binding (gin text a library caller passes: parsed, not recorded)."""
   try:
     statements = list(config_parser.ConfigParser(text, _KeyOnly()))
   except (SyntaxError, ValueError) as e:
-    raise InputError(f"--gin.{text.strip()}", f"gin: {_one_line(e)}") from None
-  found = [s for s in statements
-           if isinstance(s, config_parser.BindingStatement)]
-  if len(found) != 1 or len(statements) != 1:
-    raise InputError(f"--gin.{text.strip()}", "expected one NAME=VALUE "
-                     "binding")
-  scope, selector, param, _, _ = found[0]
+    raise InputError(f"--gin.{' '.join(text.split())}",
+                     f"gin: {_one_line(e)}") from None
+  if len(statements) != 1 or not isinstance(
+      statements[0], config_parser.BindingStatement):
+    return None
+  scope, selector, param, _, _ = statements[0]
   return Binding(text, scope, selector, param)
 
 
@@ -170,9 +170,12 @@ def parse_gin(gin_files: list[str], bindings: list[str],
       try:
         gin.parse_config(text)
       except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
-        hint = "" if binding.is_macro else _parameter_hint(binding)
-        raise InputError(binding.flag, f"gin: {_one_line(e)}{hint}") from None
-      parsed.append(binding)
+        hint = "" if not binding or binding.is_macro else _parameter_hint(
+            binding)
+        flag = binding.flag if binding else f"--gin.{' '.join(text.split())}"
+        raise InputError(flag, f"gin: {_one_line(e)}{hint}") from None
+      if binding:
+        parsed.append(binding)
   finally:
     root.setLevel(level)
   return ParsedGin(tuple(files), tuple(parsed), file_macros)
