@@ -217,8 +217,8 @@ def test_bench_refuses_bad_gin(capsys):
          "N_CONTEXT: must be an int >= 1, got 2.0 (float)")
   _fails(capsys, ["bench", "memory", *tiny, "--gin.REMAT='all'"],
          "REMAT: must be one of")
-  _fails(capsys, ["bench", "memory", *tiny, "--gin.MODEL_DIR='x'"],
-         "nothing `jaxfid bench` runs reads MODEL_DIR")
+  _fails(capsys, ["bench", "memory", *tiny, "--gin.CHECKPOINT_PATH='x'"],
+         "nothing `jaxfid bench` runs reads CHECKPOINT_PATH")
   _fails(capsys, ["bench", "memory", "--gin_file=gin/refusion/tiny.gin"],
          "N_CONTEXT: `jaxfid bench` reads it but the gin files do not "
          "define it")
@@ -295,6 +295,8 @@ def test_shipped_gin_files_pass(gin_file):
     _passes([gin_file], ["MIXTURE_OR_TASK_NAME='trivia_qa_fid'",
                          "MODEL_DIR='runs/x'"], "train")
     _passes([gin_file], [], "bench")
+    _passes([gin_file], ["MODEL_DIR='runs/x'", *required,
+                         "loop.train.progress=False"], "bench")
   if "/reatt/" in gin_file:
     _passes([gin_file], ["MODEL_DIR='runs/x'", *required], "reatt iterate")
 

@@ -282,7 +282,8 @@ COMMANDS: dict[str, Reads] = {
                 "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": SIZE,
                 "ACCUMULATION_STEPS": SIZE, "USE_HARDWARE_RNG": flag()},
         needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH",
-               "ANSWER_MAXLENGTH")),
+               "ANSWER_MAXLENGTH"),
+        accepts=(launch.run,)),  # takes `jaxfid train`'s arguments
 }
 
 

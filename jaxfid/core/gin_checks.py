@@ -7,11 +7,14 @@ problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
 
 1. a ``--gin.NAME=VALUE`` binding of a macro the gin files do not define
    (``unknown macro TRAIN_STEPZ (did you mean TRAIN_STEPS?)``);
-2. a binding nothing the command runs reads: a macro no configurable it
+2. a value bound on the command line that fails its :class:`Check` (type,
+   range, choice);
+3. a binding nothing the command runs reads: a macro no configurable it
    calls refers to, or a parameter of a jaxfid configurable it never calls;
-3. a value read by the command that fails its :class:`Check` (type, range,
-   choice) or is ``%gin.REQUIRED``; then each configurable's cross-parameter
-   rules; then the macros the command reads itself.
+4. any other value the command reads that fails its check or is
+   ``%gin.REQUIRED`` (``MODEL_DIR: required: ...``); then each
+   configurable's cross-parameter rules (``ACCUMULATION_STEPS`` divides
+   ``BATCH_SIZE``); then the macros the command reads itself.
 
 What the command reads is found by following gin's references from its
 root configurables (``launch.run`` -> ``@loop.train`` -> ``%METHOD`` ->
@@ -19,8 +22,8 @@ root configurables (``launch.run`` -> ``@loop.train`` -> ``%METHOD`` ->
 and not elsewhere: checks are keyed by (configurable, parameter), not by
 macro name, because two methods may read one macro name differently
 (``QUERY_MAXLENGTH``: 0 means "the whole row" to ReAtt, a length to the dual
-encoder). A problem in a value bound on the command line is reported before
-one that comes from the files.
+encoder). Whether MESH's devices exist, files exist or a checkpoint fits is
+left to the run: validation reads nothing but gin's parsed configuration.
 
 This module knows no configurable: the tables are the commands'
 (:mod:`jaxfid.commands.gin_specs`).
@@ -171,13 +174,17 @@ class Reads:
     macros: macros it reads itself (``gin.query_parameter``), with their
       checks (None: checked where a configurable reads them, or not at all).
     needs: those of ``macros`` the gin files must define.
+    accepts: configurables whose bindings (and what they refer to) the
+      command accepts without reading them (``jaxfid bench`` takes the
+      ``train`` command's arguments); not checked.
   """
   roots: tuple = ()
   macros: Mapping[str, Check | None] = dataclasses.field(default_factory=dict)
   needs: tuple[str, ...] = ()
+  accepts: tuple = ()
 
 
-def macro_value(name: str):
+def _bound_macro(name: str):
   """The value bound to macro ``name`` (maybe a reference), or _UNDEFINED."""
   try:
     return gin.query_parameter(f"%{name}")
@@ -186,16 +193,11 @@ def macro_value(name: str):
 
 
 def _selector(configurable) -> str:
-  found = _REGISTRY.get_match(_full_selector(configurable) or "")
-  return _REGISTRY.minimal_selector(found.selector) if found else getattr(
-      configurable, "__qualname__", str(configurable))
-
-
-def _full_selector(configurable) -> str | None:
+  """gin's shortest name for ``configurable`` (``T5Config``), for messages."""
   for selector, found in _REGISTRY.items():
     if found.wrapped is configurable:
-      return selector
-  return None
+      return _REGISTRY.minimal_selector(selector)
+  return getattr(configurable, "__qualname__", str(configurable))
 
 
 def _resolve(value):
@@ -206,7 +208,7 @@ def _resolve(value):
     if kind == _MACRO and scoped not in seen:
       seen.add(scoped)
       name = name or scoped
-      value = macro_value(scoped)
+      value = _bound_macro(scoped)
     elif kind == _CONSTANT:
       value = gin.query_parameter(scoped)
     else:
@@ -242,7 +244,7 @@ class Walk:
       if kind == _MACRO:
         if scoped not in self.macros:
           self.macros.add(scoped)
-          found = macro_value(scoped)
+          found = _bound_macro(scoped)
           if found is not _UNDEFINED:
             self.value(found)
       elif kind != _CONSTANT:
@@ -281,7 +283,7 @@ def _value_problems(walk: Walk, table: Table, bound: set
     value, macro = _resolve(raw)
     name = macro or f"{_selector(obj)}.{param}"
     check = table.check(obj, param)
-    if value is gin.REQUIRED:
+    if value is gin.REQUIRED or value is _UNDEFINED:
       reason = _required(name)
     elif check is None:
       reason = None
@@ -316,11 +318,14 @@ def validate(parsed: ParsedGin, reads: Reads, table: Table,
   for on_command_line, name, reason in problems:  # the user's own first
     if on_command_line:
       raise InputError(name, reason)
+  accepted = Walk(reads.accepts)
   for b in parsed.bindings:
-    if b.is_macro and b.name not in walk.macros | set(reads.macros):
+    if b.is_macro and b.name not in (walk.macros | accepted.macros
+                                     | set(reads.macros)):
       raise InputError(b.flag, f"nothing {command} runs reads {b.name}")
     target = None if b.is_macro else _bound_configurable(b)
     if (target is not None and target not in walk.configurables
+        and target not in accepted.configurables
         and getattr(target, "__module__", "").startswith("jaxfid.")):
       raise InputError(b.flag, f"{command} never calls {b.selector}")
   for _, name, reason in problems:
@@ -340,7 +345,7 @@ def validate(parsed: ParsedGin, reads: Reads, table: Table,
         raise InputError(macro or f"{_selector(obj)}.{param}", reason)
 
   for name, check in reads.macros.items():
-    raw = macro_value(name)
+    raw = _bound_macro(name)
     if raw is _UNDEFINED:
       if name in reads.needs:
         raise InputError(name, f"{command} reads it but the gin files do "
