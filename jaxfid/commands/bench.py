@@ -49,7 +49,8 @@ def _macro_or(name, default):
 
 
 def run(args) -> int:
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "bench")
   try:
     cfg = gin.get_configurable(config_lib.T5Config)()
     shape = bench.Shape(batch_size=_macro("BATCH_SIZE"),

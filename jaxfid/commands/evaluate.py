@@ -31,7 +31,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
   distributed.initialize(args)
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "eval")
   result = gin_flags.call_configurable(
       gin.get_configurable(seqio_eval.evaluate))
   print(json.dumps(result))

@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
   distributed.initialize(args)
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "train")
   if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
     seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source
   result = gin_flags.call_configurable(gin.get_configurable(launch.run))
