@@ -108,7 +108,7 @@ def test_refresh_uses_the_current_model(data, tmp_path):
   # The batches are built from the refreshed documents.
   batcher = ReAttBatcher(
       new, Tokenizer(), batch_size=5, n_context=3, text_maxlength=16,
-      answer_maxlength=4, kl_weight=8.0, retrieval_warmup_steps=0)
+      target_maxlength=4, kl_weight=8.0, retrieval_warmup_steps=0)
   batch = batcher.batch(0)
   batcher.close()
   rows = batcher.fid.indices(0)

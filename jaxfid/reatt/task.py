@@ -90,6 +90,10 @@ class ReAttTask(Task):
     if self.retrieval_corpus and settings.process_count > 1:
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one host")
     reader = self.reader
+    if not reader.passage_eos:
+      raise InputError("PASSAGE_EOS", "ReAtt's rows end with EOS (as the "
+                       "original's, and as its token index encodes documents)"
+                       ": set PASSAGE_EOS = True")
     reader.prepare_data(settings)
     self.settings = settings
     self.config = reatt.ReAttConfig(
@@ -126,9 +130,10 @@ class ReAttTask(Task):
     self._batcher = ReAttBatcher(
         examples, reader.tokenizer, batch_size=self.settings.batch_size,
         n_context=reader.n_context, text_maxlength=reader.text_maxlength,
-        answer_maxlength=reader.answer_maxlength, kl_weight=self.kl_weight,
+        target_maxlength=reader.target_length, kl_weight=self.kl_weight,
         retrieval_warmup_steps=self.retrieval_warmup_steps,
-        seed=self.settings.seed, dataset=reader.dataset)
+        seed=self.settings.seed, dataset=reader.dataset,
+        passage_eos=reader.passage_eos)
 
   def batch(self, step: int, rows: slice, params) -> dict:
     return self._batcher.batch(step, rows)
