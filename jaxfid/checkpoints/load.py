@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.detect import load_flat, register_loader
+from jaxfid.checkpoints.detect import (detect_format, load_flat,
+                                      register_loader)
 from jaxfid.checkpoints.names import (  # noqa: F401 (unflatten re-exported)
     flatten, param_shapes, unflatten)
 from jaxfid.core import paths
@@ -122,6 +123,21 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
     config = config.replace(dtype=dtype)
   model = EncoderDecoderModel(config)
   return model, params_from_flat(model, flat, path), spiece
+
+
+def checkpoint_passage_eos(path: str) -> bool:
+  """Whether the passages a checkpoint was trained on end with EOS.
+
+  A jaxfid MODEL_DIR records it (``passage_eos`` in its run config; runs
+  written before the field existed used EOS). The original FiD readers
+  (tensor names ``encoder.encoder.*``) were trained with transformers 3.0.2,
+  whose T5 tokenizer appended no EOS: False. Any other checkpoint (HF, T5X):
+  True, as T5 was pre-trained.
+  """
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, checkpointing.CONFIG_FILE)):
+    return bool(checkpointing.read_run_config(path).get("passage_eos", True))
+  return detect_format(path) != "fid"
 
 
 class LoadedT5:
