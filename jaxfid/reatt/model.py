@@ -145,6 +145,9 @@ class ReAttModel(EncoderDecoderModel):
   the question prefix of each row is found from the ``title:`` tokens.
   """
 
+  # under accumulation these add up over microbatches (see training/step.py)
+  additive_metrics = ("num_target_tokens", "qa_loss")
+
   def __init__(self, config: T5Config, reatt: ReAttConfig = ReAttConfig()):
     if not 0 <= reatt.bi_encoder_layers < config.num_layers:
       raise ValueError(f"bi_encoder_layers must be in [0, {config.num_layers})"
