@@ -14,10 +14,13 @@ training), trains with the real CLI and ``gin/refusion/tiny.gin``:
     original's architecture optimizer (AdamW, weight decay 1e-4, 10% of the
     steps warm-up, linear decay);
   * ``concat``: the neighbour sentences appended to the input;
-  * ablations: ``reranker_raw`` / ``search_raw`` (``FUSED_NORM='none'``: the
-    projected vectors added as stored, as before issue #17), ``reranker_x30``
-    (database vectors 30x the encoder's scale), ``reranker_unit``
-    (L2-normalised vectors, inner-product search: GTR's setting).
+  * ``*_lr1``: the fusion parameters at the backbone's learning rate
+    (``FUSION_LR_SCALE=1``; tiny.gin's is 10);
+  * ablations: ``reranker_raw`` / ``search_raw`` (``FUSED_NORM='none'`` and
+    ``FUSION_LR_SCALE=1``: the projected vectors added as stored, as before
+    issue #17), ``reranker_x30`` (database vectors 30x the encoder's
+    scale), ``reranker_unit`` (L2-normalised vectors, inner-product search:
+    GTR's setting).
 
 The database is embedded by a random 256-wide T5 encoder at its own scale
 (``--vector-scale``), unnormalised, L2 search. Two settings:
@@ -58,6 +61,7 @@ FUSION = ["FUSION_MODULES='key,value'"]
 RERANKER = FUSION + ["SEARCH=False", "FUSION_SCHEME='reranker'"]
 MASK = FUSION + ["SEARCH=False", "FUSION_SCHEME='ordered_mask'"]
 SEARCH = FUSION + ["SEARCH=True"]
+LR1 = ["FUSION_LR_SCALE=1.0"]
 # name -> (database, gin bindings)
 VARIANTS = {
     "plain": ("own", ["FUSION_MODULES='none'", "RETRIEVAL_DB=None"]),
@@ -71,8 +75,11 @@ VARIANTS = {
                                       "ARCH_WEIGHT_DECAY=1e-4"]),
     "concat": ("own", ["FUSION_MODULES='none'", "CONCAT_NEIGHBOURS=True",
                        "MAX_LENGTH=160"]),
-    "reranker_raw": ("own", RERANKER + ["FUSED_NORM='none'"]),
-    "search_raw": ("own", SEARCH + ["FUSED_NORM='none'"]),
+    "reranker_lr1": ("own", RERANKER + LR1),
+    "ordered_mask_lr1": ("own", MASK + LR1),
+    "search_lr1": ("own", SEARCH + LR1),
+    "reranker_raw": ("own", RERANKER + LR1 + ["FUSED_NORM='none'"]),
+    "search_raw": ("own", SEARCH + LR1 + ["FUSED_NORM='none'"]),
     "reranker_x30": ("x30", RERANKER),
     "reranker_unit": ("unit", RERANKER),
 }

@@ -140,7 +140,8 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
   try:
     macros = {m: gin.query_parameter(f"%{m}") for m in (
         "LEARNING_RATE", "BATCH_SIZE", "MAX_LENGTH", "TRAIN_STEPS", "TOP_K",
-        "FUSION_MODULES", "SEARCH", "OPTIMIZER")}
+        "FUSION_MODULES", "SEARCH", "OPTIMIZER", "ARCH_OPTIMIZER",
+        "FUSION_INIT", "MASK_SAMPLER", "FUSED_NORM", "TEMPLATES")}
     cfg = gin.query_parameter(
         "refusion_task.ReFusionTask.model_config").scoped_configurable_fn()
   finally:
@@ -148,7 +149,9 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
   assert macros == {"LEARNING_RATE": 1e-5, "BATCH_SIZE": 32, "MAX_LENGTH": 128,
                     "TRAIN_STEPS": 1000, "TOP_K": 64,
                     "FUSION_MODULES": "key,value", "SEARCH": True,
-                    "OPTIMIZER": "adamw"}
+                    "OPTIMIZER": "adamw", "ARCH_OPTIMIZER": "adamw",
+                    "FUSION_INIT": "zeros", "MASK_SAMPLER": "soft",
+                    "FUSED_NORM": "auto", "TEMPLATES": "paper"}
   assert count_params(abstract_t5(cfg)) == count_params(
       abstract_t5(config_lib.preset("t5_base")))
   # Full size, abstractly: 12 layers x (key, value), each k + k*768 + 3.

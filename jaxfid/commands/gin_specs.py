@@ -30,6 +30,7 @@ from jaxfid.fid.task import FidTask
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.task import ReAttTask
 from jaxfid.refusion import fusion, lmbff
+from jaxfid.refusion import search as refusion_search
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 from jaxfid.refusion.task import RETRIEVAL_MODES, ReFusionTask
 from jaxfid.t5 import config as t5_config
@@ -245,7 +246,16 @@ TABLE.add(
     mask_temperature=number(above=0),                   # MASK_TEMPERATURE
     max_length=SIZE,                                    # MAX_LENGTH
     arch_learning_rate=number(0),                       # ARCH_LEARNING_RATE
-    eval_batch_size=SIZE)                               # EVAL_BATCH_SIZE
+    eval_batch_size=SIZE,                               # EVAL_BATCH_SIZE
+    fusion_init=text(fusion.INITS),                     # FUSION_INIT
+    mask_sampler=text(fusion.SAMPLERS),                 # MASK_SAMPLER
+    mask_eval_samples=SIZE,                             # MASK_EVAL_SAMPLES
+    fused_norm=text(fusion.FUSED_NORMS),                # FUSED_NORM
+    fusion_lr_scale=number(above=0),                    # FUSION_LR_SCALE
+    arch_optimizer=text(refusion_search.ARCH_OPTIMIZERS),  # ARCH_OPTIMIZER
+    arch_weight_decay=number(0),                        # ARCH_WEIGHT_DECAY
+    arch_warmup_steps=STEPS,                            # ARCH_WARMUP_STEPS
+    templates=text(lmbff.TEMPLATE_SETS))                # TEMPLATES
 
 # gin/retrieval/dual_encoder_base.gin
 TABLE.add(

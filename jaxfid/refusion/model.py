@@ -90,7 +90,7 @@ class ReFusionModel(EncoderDecoderModel):
            extras: Any = None, normalizer: Array | None = None
            ) -> tuple[Array, dict]:
     """Cross-entropy of the gold label word; the ordered mask is sampled
-    (from ``dropout_rng``) in training and expected otherwise."""
+    (from ``dropout_rng``) in training, its evaluation mask otherwise."""
     if extras is None:
       extras = self.make_extras(batch, fold(dropout_rng, 7))
     core = {k: batch[k] for k in ("encoder_input_tokens",
@@ -110,7 +110,7 @@ class ReFusionModel(EncoderDecoderModel):
   def label_scores(self, params, batch: dict, label_tokens: Array) -> Array:
     """Log-likelihood float32 [B, C] of every label word (tokens [C, T]).
 
-    Deterministic: no dropout, the ordered mask at its expectation.
+    Deterministic: no dropout, the ordered mask's evaluation mask.
     """
     net = self.network(params)
     extras = self.make_extras(batch)

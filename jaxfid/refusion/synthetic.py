@@ -45,10 +45,11 @@ why:
   0.86 on the test items with one phrase and 0.99-1.0 with two (2 seeds);
 * ``vector_scale=1`` (the encoder's final layer-norm scale, as initialised:
   the encoder's own scale; stored vectors of norm ~5.7). ReFusion's
-  projection of a database of another width normalises the fused vector,
-  so the scale does not matter to it (``vector_scale=30``, norm ~170, gave
-  the same accuracy); before it did, fusion only helped at x30 (see
-  ``benchmarks/refusion_synthetic.py`` and ``benchmarks/RESULTS.md``).
+  projection of a database of another width normalises the fused vector
+  (``FUSED_NORM='auto'``), so the database's scale does not change what is
+  fused; before it did, fusion only helped with vectors scaled x30 (norm
+  ~170; see ``benchmarks/refusion_synthetic.py`` and
+  ``benchmarks/RESULTS.md``).
 
 Everything is a pure function of the seeds.
 """

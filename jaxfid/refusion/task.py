@@ -18,7 +18,8 @@ Phases:
     none: ``FUSION_MODULES='none'`` is the plain prompt-tuned backbone).
 
 Evaluation is rank classification over the label words with the discrete
-structure and the expected ordered mask: ``eval_*`` (and, while searching,
+structure and the ordered mask's evaluation mask (the mean of what training
+draws, :mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
 ``structure_<scheme>`` counts) on the dev set every ``EVAL_EVERY`` steps,
 and at the end a line with ``test_accuracy`` (plus the task's own metric,
 ``test_f1`` or ``test_mcc``), ``test_examples`` and ``flops_per_example``
