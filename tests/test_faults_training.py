@@ -128,6 +128,10 @@ def test_predict_and_init_checkpoint_name_an_unreadable_checkpoint(
   assert main(_args(tmp_path / "other", data, 1, [
       f"--gin.INIT_CHECKPOINT='{model_dir}'"])) == 2
   assert "unreadable checkpoint (step 2)" in _one_line_error(capsys)
+  assert main(["convert", "--from", str(model_dir), "--to",
+               str(tmp_path / "hf")]) == 2
+  assert "unreadable checkpoint (step 2)" in _one_line_error(capsys)
+  assert not (tmp_path / "hf").exists()
 
 
 def test_predict_says_which_checkpoint_it_loaded(data, whole, tmp_path,
@@ -239,3 +243,16 @@ def test_ctrl_c_and_sigterm_save_and_report_the_saved_step(
   want = _losses(whole)
   assert {s: got[s] for s in (4, 6)} == pytest.approx(
       {s: want[s] for s in (4, 6)}, rel=1e-6)
+
+
+def test_convert_reads_a_model_dir(whole, tmp_path):
+  import numpy as np
+
+  from jaxfid.checkpoints.load import load_t5
+  assert main(["convert", "--from", str(whole), "--to",
+               str(tmp_path / "hf")]) == 0
+  ours, theirs = load_t5(str(whole)), load_t5(str(tmp_path / "hf"))
+  enc = np.array([[5, 6, 7, 1]], np.int32)
+  dec = np.array([[0, 5]], np.int32)
+  np.testing.assert_allclose(np.asarray(ours(enc, dec)),
+                             np.asarray(theirs(enc, dec)), rtol=1e-6)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -22,8 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.detect import load_flat
-from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
+from jaxfid.checkpoints.detect import (detect_format, load_flat,
+                                      register_loader)
+from jaxfid.checkpoints.names import (  # noqa: F401 (unflatten re-exported)
+    flatten, param_shapes, unflatten)
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
@@ -122,6 +125,21 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
   return model, params_from_flat(model, flat, path), spiece
 
 
+def checkpoint_passage_eos(path: str) -> bool:
+  """Whether the passages a checkpoint was trained on end with EOS.
+
+  A jaxfid MODEL_DIR records it (``passage_eos`` in its run config; runs
+  written before the field existed used EOS). The original FiD readers
+  (tensor names ``encoder.encoder.*``) were trained with transformers 3.0.2,
+  whose T5 tokenizer appended no EOS: False. Any other checkpoint (HF, T5X):
+  True, as T5 was pre-trained.
+  """
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, checkpointing.CONFIG_FILE)):
+    return bool(checkpointing.read_run_config(path).get("passage_eos", True))
+  return detect_format(path) != "fid"
+
+
 class LoadedT5:
   """A loaded, deterministic T5: ``logits = model(encoder_input_tokens=..., decoder_input_tokens=...)``."""
 
@@ -151,3 +169,19 @@ def load_t5(path, *, dtype: str | None = None) -> LoadedT5:
   model, params, spiece = load_checkpoint(path, dtype=dtype)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   return LoadedT5(model, params, tokenizer)
+
+
+def _load_model_dir_flat(path) -> tuple[dict, dict[str, np.ndarray],
+                                         Path | None]:
+  """A jaxfid MODEL_DIR for :func:`~jaxfid.checkpoints.detect.load_flat`
+  (``jaxfid convert``): its T5's fields and parameters (a method's own
+  parameters, such as ReAtt's head weights, are left out)."""
+  model, params, spiece = load_checkpoint(os.fspath(path))
+  fields = model.config.to_dict()
+  wanted = param_shapes(fields)
+  flat = {k: np.asarray(v, np.float32)
+          for k, v in flatten(jax.device_get(params)).items() if k in wanted}
+  return fields, flat, Path(spiece) if spiece else None
+
+
+register_loader("jaxfid", _load_model_dir_flat)

@@ -40,10 +40,13 @@ def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
 def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
              n_context: int, text_maxlength: int, answer_maxlength: int,
              batch_size: int = 8, num_beams: int = 1, alpha: float = 0.6,
-             put_batch=None, predict_fn=None, progress: bool = True) -> list[str]:
+             put_batch=None, predict_fn=None, progress: bool = True,
+             passage_eos: bool = True) -> list[str]:
   """Predicted answer strings, in input order.
 
   Args:
+    answer_maxlength: the decoding bound (tokens generated, EOS included).
+    passage_eos: passages end with EOS (the checkpoint's setting).
     put_batch: optional function placing a host batch on devices (the
       trainer passes one that shards it over the mesh).
   """
@@ -53,7 +56,8 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
   out: list[str] = []
   batches = pipeline.eval_batches(examples, tokenizer, batch_size=batch_size,
                                   n_context=n_context,
-                                  text_maxlength=text_maxlength)
+                                  text_maxlength=text_maxlength,
+                                  passage_eos=passage_eos)
   total = (len(examples) + batch_size - 1) // batch_size
   for _, real, batch in tqdm(batches, total=total, desc="predict",
                              disable=not progress, file=sys.stderr,
@@ -81,14 +85,19 @@ def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
 
 def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
                    n_context: int, text_maxlength: int, batch_size: int = 8,
-                   mode: str = "probs") -> list[list[float]]:
-  """Cross-attention score of each example's passages (in FiD's sorted order)."""
+                   mode: str = "probs", passage_eos: bool = True
+                   ) -> list[list[float]]:
+  """Cross-attention score of each example's passages (in FiD's sorted order).
+
+  ``mode``: 'probs' (post-softmax attention mass) or 'logits' (the original
+  FiD's averaged pre-softmax logits); see ``t5.passages.scores_from_attention``.
+  """
   fn = jax.jit(lambda p, b: model.passage_scores(
       p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
   out: list[list[float]] = []
   for start, real, batch in pipeline.eval_batches(
       examples, tokenizer, batch_size=batch_size, n_context=n_context,
-      text_maxlength=text_maxlength):
+      text_maxlength=text_maxlength, passage_eos=passage_eos):
     scores = np.asarray(fn(params, jax.tree.map(jnp.asarray, batch)))
     for i in range(real):
       n = int(batch["passage_mask"][i].sum())
@@ -126,8 +135,9 @@ class QaEvaluator:
   def __init__(self, model, tokenizer, examples: Sequence[FidExample], *,
                n_context: int, text_maxlength: int, answer_maxlength: int,
                num_beams: int = 1, batch_size: int = 8,
-               progress: bool = True):
+               progress: bool = True, passage_eos: bool = True):
     self.model, self.tokenizer = model, tokenizer
+    self.passage_eos = passage_eos
     self.examples = list(examples)
     self.n_context, self.text_maxlength = n_context, text_maxlength
     self.answer_maxlength, self.batch_size = answer_maxlength, batch_size
@@ -146,7 +156,7 @@ class QaEvaluator:
         answer_maxlength=self.answer_maxlength,
         batch_size=placement.eval_batch_size(self.batch_size),
         predict_fn=self._predict_fn, progress=self.progress,
-        put_batch=placement.shard)
+        put_batch=placement.shard, passage_eos=self.passage_eos)
     scores = score(self.examples, preds)
     if jax.process_index() == 0:
       write_predictions(os.path.join(model_dir, "eval",

@@ -19,7 +19,13 @@ Guarantees, the same for every method:
     batch's normalizer); batches are sharded over the mesh's data axes and
     each process supplies only its rows;
   * metrics go to ``MODEL_DIR/metrics.jsonl`` and TensorBoard; a resumed run
-    drops the lines the interrupted one wrote after its checkpoint.
+    drops the lines the interrupted one wrote after its checkpoint;
+  * faults: one run per MODEL_DIR (a lock; a killed run's lock is taken
+    over), a killed run's temporaries are removed, an unreadable checkpoint
+    is set aside and the run resumes from the newest readable one, a full
+    disk is one line and loses nothing saved before;
+  * multi-host: SIGTERM or Ctrl-C on any process stops all at the same step;
+    process 0 writes the run's files, all write checkpoints.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
                                          write_run_config)
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import remove_stale_temporaries
 from jaxfid.core.locks import DirectoryLock
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
@@ -130,6 +137,8 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
   if on_nan not in ON_NAN_CHOICES:
     raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
                      f"{on_nan!r}")
+  if train_steps < 1:
+    raise InputError("TRAIN_STEPS", f"must be at least 1, got {train_steps}")
 
   # 1. Data and model: the task reads and checks everything before any work.
   task.prepare(settings)
@@ -246,6 +255,9 @@ def _run_directory(model_dir: str, task: Task, keep: int):
           else contextlib.nullcontext())
   with lock:
     if jax.process_index() == 0:
+      if not paths.is_url(model_dir):  # what a killed run left half-written
+        for sub in ("", "eval", "best"):
+          remove_stale_temporaries(paths.join(model_dir, sub))
       write_run_config(model_dir, task.run_config())
       spiece = paths.join(model_dir, "spiece.model")
       if task.vocabulary and not paths.exists(spiece):
