@@ -37,7 +37,8 @@ def _ok(results):
 
 def _meta(directory) -> dict:
   meta = json.loads((directory / "meta.json").read_text())
-  meta.get("faiss", {}).pop("seconds", None)  # (if it ever records timings)
+  if isinstance(meta.get("faiss"), dict):  # (if it ever records timings)
+    meta["faiss"].pop("seconds", None)
   return meta
 
 

@@ -320,20 +320,25 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
   others wait for it, so every process sees the same finished rounds.
   """
   emit = emit or (lambda record: None)
-  for name, value in (("--iterations", iterations),
-                      ("--steps-per-iteration", steps_per_iteration),
-                      ("--top-k", top_k), ("--token-top-k", token_top_k)):
-    if value is not None and value < 1:
-      raise InputError(name, f"must be at least 1, got {value}")
-  for name, path in (("--corpus", corpus), ("--queries", queries)):
-    if not os.path.isfile(path):
-      raise InputError(path, f"no such file ({name})")
-  num_queries = check_queries(queries)
-  for name in ("model_dir", "train_data"):
-    if not settings[name]:
-      raise InputError("gin", f"{name.upper()} is required "
-                       f"(--gin.{name.upper()}=\"'...'\")")
-  check_settings(settings, steps_per_iteration)
+
+  def check() -> int:
+    for name, value in (("--iterations", iterations),
+                        ("--steps-per-iteration", steps_per_iteration),
+                        ("--top-k", top_k), ("--token-top-k", token_top_k)):
+      if value is not None and value < 1:
+        raise InputError(name, f"must be at least 1, got {value}")
+    for name, path in (("--corpus", corpus), ("--queries", queries)):
+      if not os.path.isfile(path):
+        raise InputError(path, f"no such file ({name})")
+    num = check_queries(queries)
+    for name in ("model_dir", "train_data"):
+      if not settings[name]:
+        raise InputError("gin", f"{name.upper()} is required "
+                         f"(--gin.{name.upper()}=\"'...'\")")
+    check_settings(settings, steps_per_iteration)
+    return num
+  # every process checks its own view of the inputs; all stop if one fails
+  num_queries = multihost.run_agreed(check, "checking the inputs")
   n_context = settings["n_context"]
   top_k = top_k or n_context
   if top_k < n_context:
@@ -366,7 +371,8 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
       emit({**record, "skipped": True})
       continue
     t_round = time.time()
-    if resume_step(it, model_dir) < it.end_step:
+    if multihost.on_leader(lambda: resume_step(it, model_dir),
+                           f"reading {model_dir}") < it.end_step:
       if (not noted and settings["train_steps"] != final_step
           and multihost.is_leader()):
         print(f"note: TRAIN_STEPS ({settings['train_steps']}) is not used: "
