@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands.progress import add_progress_flag
 from jaxfid.reatt.token_index import build_from_checkpoint
 
 
@@ -37,6 +38,10 @@ def add_parser(types) -> None:
                  help="tokens per query (default: the run's)")
   p.add_argument("--batch-size", type=int, default=64,
                  help="passages per encoder call")
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
   p.set_defaults(func=run)
 
 
@@ -45,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
       args.checkpoint, args.corpus, args.output, which=args.which,
       doc_maxlength=args.doc_maxlength, query_maxlength=args.query_maxlength,
       batch_size=args.batch_size, faiss_type=args.faiss, nlist=args.nlist,
-      pq_m=args.pq_m, pq_bits=args.pq_bits)
+      pq_m=args.pq_m, pq_bits=args.pq_bits, encoding=args.encoding,
+      progress=args.progress)
   print(json.dumps({"index": args.output, "type": meta["type"],
                     "num_passages": meta["num_passages"],
                     "num_tokens": meta["num_tokens"], "head": meta["head"],

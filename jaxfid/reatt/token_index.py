@@ -229,11 +229,14 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
                       batch_size: int = 64, faiss_type: str = "flat",
                       nlist: int = 1024, pq_m: int = 16, pq_bits: int = 8,
                       progress: bool | None = None,
-                      extra_meta: dict | None = None) -> dict:
+                      extra_meta: dict | None = None,
+                      encoding: str = "utf-8") -> dict:
   """Encodes every corpus passage's tokens and writes the index directory.
 
   One compiled encoder serves all batches (fixed ``[batch_size,
-  doc_maxlength]``). The directory appears only when complete.
+  doc_maxlength]``). The directory appears only when complete. The corpus
+  is read as :func:`~jaxfid.retrieval.store.corpus.read_corpus` reads it,
+  its text in ``encoding``.
   """
   if faiss_type not in FAISS_TYPES:
     raise InputError("--faiss", f"must be one of {FAISS_TYPES}, got "
@@ -248,7 +251,8 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:
-      passages = tqdm(read_corpus(corpus), desc="indexing", unit=" passages",
+      passages = tqdm(read_corpus(corpus, encoding=encoding),
+                      desc="indexing", unit=" passages",
                       disable=None if progress is None else not progress)
       for chunk in _batches(passages, batch_size):
         for lineno, passage in chunk:

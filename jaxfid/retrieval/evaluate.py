@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from tqdm.auto import tqdm
+
 from jaxfid.core.errors import InputError
 from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
 from jaxfid.evaluation.retrieval import answer_recall, evaluate_run, read_qrels
@@ -67,13 +69,22 @@ def _answers_by_id(data_path) -> dict[str, Query]:
 def evaluate_with_answers(run_path: str | os.PathLike,
                           data_path: str | os.PathLike | None = None,
                           ks: Sequence[int] = DEFAULT_ANSWER_KS,
-                          index_dir: str | os.PathLike | None = None) -> dict:
-  """Answer recall R@k of a run; see the module docstring for the inputs."""
+                          index_dir: str | os.PathLike | None = None,
+                          progress: bool | None = False) -> dict:
+  """Answer recall R@k of a run; see the module docstring for the inputs.
+
+  ``progress``: a bar over the run's queries on stderr (None: only on a
+  terminal).
+  """
   data = _answers_by_id(data_path) if data_path is not None else None
   hits: dict[str, list[bool]] = {}
   cache = PreparedCache()
+  disable = None if progress is None else not progress
   if run_format(run_path) == "fid":
-    for i, (where, example) in enumerate(_fid_run(run_path)):
+    examples = _fid_run(run_path)
+    for i, (where, example) in enumerate(tqdm(
+        examples, desc="matching answers", unit=" queries",
+        disable=disable)):
       qid = _example_id(example, i)
       if data is not None:
         if qid not in data:
@@ -104,7 +115,10 @@ def evaluate_with_answers(run_path: str | os.PathLike,
                        "set (--data) and the index it was retrieved from "
                        "(--index)")
     store = PassageStore(index_dir)
-    for qid, docs in read_trec_run(run_path, order="rank").items():
+    run = read_trec_run(run_path, order="rank")
+    for qid, docs in tqdm(run.items(), total=len(run),
+                          desc="matching answers", unit=" queries",
+                          disable=disable):
       if qid not in data:
         continue
       matcher = AnswerMatcher(data[qid].answers or ())
