@@ -101,14 +101,18 @@ def _lookup(cand: np.ndarray, rows: np.ndarray
 
 
 def _union(space: Workspace, expanded: Sequence[np.ndarray],
-           need: float) -> np.ndarray:
-  """The distinct rows of the expanded postings whose sum is >= need."""
+           need: float, last: np.ndarray | None) -> np.ndarray:
+  """The distinct rows of the expanded postings whose sum is >= need
+  (``last``: the sums of the last expanded rows, if already gathered)."""
   acc, mark = space.acc, space.mark
   parts = []
-  for rows in expanded:
-    picked = rows[acc[rows] >= need]
-    picked = picked[~mark[picked]]
-    mark[picked] = True
+  for j, rows in enumerate(expanded):
+    sums = last if j == len(expanded) - 1 and last is not None else acc[rows]
+    picked = rows[sums >= need]
+    if j:  # a row picked from an earlier term is not taken again
+      picked = picked[~mark[picked]]
+    if j < len(expanded) - 1:
+      mark[picked] = True
     parts.append(picked)
   cand = np.concatenate(parts) if len(parts) > 1 else parts[0]
   mark[cand] = False
@@ -124,7 +128,7 @@ def _add(space: Workspace, cand: np.ndarray, term: Term) -> None:
     acc[cand[hit]] += _approx(term, term.scores[pos])
   else:
     mark[cand] = True
-    inside = mark[rows]
+    inside = np.flatnonzero(mark[rows])
     mark[cand] = False
     acc[rows[inside]] += _approx(term, term.scores[inside])
 
@@ -168,11 +172,14 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
       expanded.append(rows)
       np.add.at(acc, rows, _approx(term, term.scores))
       i += 1
+      sums = None
       # theta cannot exceed the bounds summed so far: compute it only when
       # it might stop the expansion
       if i < len(terms) and rest[i] < done[i] and len(rows) >= k:
-        theta = max(theta, _kth(acc[rows], k) * (1 - eps))
-    cand = _union(space, expanded, (theta * SAFE - rest[i]) / (1 + eps))
+        sums = acc[rows]
+        theta = max(theta, _kth(sums, k) * (1 - eps))
+    cand = _union(space, expanded, (theta * SAFE - rest[i]) / (1 + eps),
+                  sums)
     for term in terms[i:]:
       if len(cand) == 0:
         break
