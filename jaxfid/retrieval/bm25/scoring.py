@@ -29,11 +29,13 @@ scores for all 10,570 dev questions.
 Storage is bm25s's "eager" sparse layout: a term-major CSC matrix of
 precomputed per-(term, document) scores (``data`` float32, ``indices`` int32
 document numbers, ``indptr`` int64 per term), saved with bm25s's file names so
-``bm25s.BM25.load`` opens the same directory. A query's postings are summed
-over the distinct matching rows when they are few, or else into a dense
-float32 array as bm25s does, followed by an exact rescoring of the candidates
-(:meth:`BM25Index.search`). Every document is scored (no dynamic pruning as
-in Lucene's WAND), so query time grows with the postings of the query terms.
+``bm25s.BM25.load`` opens the same directory; ``max_scores.npy`` adds each
+term's largest score (older indexes without it get it computed on load). A
+query with few postings is scored exhaustively (double sums over the distinct
+matching rows); otherwise :func:`jaxfid.retrieval.bm25.topk.pruned_top_k`
+skips the documents that cannot reach the top k (MaxScore) and scores the
+rest exactly (:meth:`BM25Index.search`), so query time grows with the
+postings the query touches, not with the collection.
 
 Indexing (:mod:`jaxfid.retrieval.bm25.builder`) streams documents in
 bounded memory.
