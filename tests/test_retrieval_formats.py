@@ -239,3 +239,13 @@ def test_threads_give_the_same_index_and_results(tmp_path):
       env={**os.environ, "PYTHONPATH": ROOT})
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.strip() == "ok"
+
+
+def test_tsv_line_numbers_after_multiline_fields(tmp_path):
+  path = tmp_path / "psgs.tsv"
+  path.write_text('id\ttext\ttitle\n\n1\t"two\nlines"\tT\n2\tok\tT\n'
+                  '3\tmissing a column\n')
+  with pytest.raises(InputError, match=r"psgs.tsv:6: expected 3 "):
+    _passages(path)
+  path.write_text('id\ttext\ttitle\n1\t"two\nlines"\tT\n\n3\tok\tT\n')
+  assert [line for line, _ in read_corpus(path)] == [2, 5]

@@ -212,8 +212,9 @@ def _read_tsv(path, encoding: str = "utf-8"
   header = None
   columns: dict[str, int] = {}
   try:
+    end = 0  # the last physical line of the previous row
     for row in reader:
-      start = lines.lineno - (_row_lines(row) - 1)
+      start, end = end + 1, lines.lineno  # quoted fields may span lines
       if header is None:
         if not any(field.strip() for field in row):
           continue
@@ -236,11 +237,6 @@ def _read_tsv(path, encoding: str = "utf-8"
       yield start, Passage(docid, title, row[columns["text"]])
   except csv.Error as e:
     raise InputError(path, f"malformed TSV: {e}", where=lines.lineno) from None
-
-
-def _row_lines(row: list[str]) -> int:
-  """Physical lines a parsed TSV row spanned (quoted fields may hold '\\n')."""
-  return 1 + sum(field.count("\n") for field in row)
 
 
 def read_corpus(path: str | os.PathLike, fmt: str | None = None,
