@@ -199,11 +199,15 @@ def test_cli_flashrag_corpus_named_txt(tmp_path, capsys):
 
 
 _THREADS_SCRIPT = r"""
+import multiprocessing
 import sys
 import numpy as np
 from jaxfid.retrieval.bm25 import index as bm25
 from jaxfid.retrieval.search import open_index, search_all
 
+pools = []
+get_context = multiprocessing.get_context
+multiprocessing.get_context = lambda *a: pools.append(a) or get_context(*a)
 work = sys.argv[1]
 rng = np.random.default_rng(0)
 words = [f"w{i}z" for i in range(500)]
@@ -211,12 +215,13 @@ p = 1.0 / np.arange(1, 501)
 p /= p.sum()
 with open(f"{work}/corpus.tsv", "w") as f:
   f.write("id\ttext\ttitle\n")
-  for i in range(5000):  # more than two tokenising batches
+  for i in range(9000):  # 5 tokenising batches: enough for 2 workers
     f.write(f"d{i}\t{' '.join(rng.choice(words, 30, p=p))}\t\n")
-queries = [" ".join(rng.choice(words, 4, p=p)) for _ in range(600)]
+queries = [" ".join(rng.choice(words, 4, p=p)) for _ in range(1100)]
 for threads in (1, 2):
   bm25.build_bm25_index(f"{work}/corpus.tsv", f"{work}/index{threads}",
                         progress=False, threads=threads)
+assert len(pools) == 1, pools
 names = ["data.csc.index.npy", "indices.csc.index.npy",
          "indptr.csc.index.npy", "vocab.index.json", "max_scores.npy"]
 for name in names:
@@ -226,7 +231,8 @@ bm25.MIN_PARALLEL_WORK = 0
 searcher = open_index(f"{work}/index1")
 serial = search_all(searcher, queries, 10, progress=False, threads=1)
 parallel = search_all(searcher, queries, 10, progress=False, threads=2)
-assert serial == parallel and sum(map(len, serial)) > 5000
+assert len(pools) == 2, pools
+assert serial == parallel and sum(map(len, serial)) > 10000
 print("ok")
 """
 

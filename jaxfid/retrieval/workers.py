@@ -10,8 +10,9 @@ in the main process) can raise an ``InputError`` at the right line. Each
 worker is set up once by ``initializer(*initargs)`` (opening an index, say),
 which must not rely on the parent's state: workers start with the default
 start method of :mod:`multiprocessing` (fork on Linux, spawn elsewhere).
-With one thread, or fewer than two batches, everything runs in the calling
-process (the same code, no process start-up).
+With one thread, or fewer batches than ``min_batches`` (two per worker by
+default: starting processes for less costs more than it saves), everything
+runs in the calling process (the same code, no process start-up).
 """
 from __future__ import annotations
 
@@ -46,15 +47,17 @@ def resolve_threads(threads: int | None) -> int:
 
 def ordered_map(fn: Callable[[T], R], batches: Iterable[T], threads: int,
                 initializer: Callable[..., None] | None = None,
-                initargs: tuple = ()) -> Iterator[R]:
+                initargs: tuple = (), min_batches: int | None = None
+                ) -> Iterator[R]:
   """Yields ``fn(batch)`` for every batch, in order, on ``threads`` workers.
 
   ``fn`` and ``initializer`` must be module-level functions (they are sent
   to the workers by name).
   """
   batches = iter(batches)
-  head = list(itertools.islice(batches, 2))
-  if threads <= 1 or len(head) < 2:
+  least = max(2, 2 * threads if min_batches is None else min_batches)
+  head = list(itertools.islice(batches, least)) if threads > 1 else []
+  if threads <= 1 or len(head) < least:
     if initializer is not None:
       initializer(*initargs)
     for batch in itertools.chain(head, batches):
