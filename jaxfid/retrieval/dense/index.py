@@ -244,6 +244,16 @@ def read_dense_meta(directory: str | os.PathLike) -> dict:
   return meta
 
 
+def hit_lists(scores: np.ndarray, rows: np.ndarray
+              ) -> list[list[tuple[int, float]]]:
+  """[Q, k] FAISS results (row -1 = none, at the end) as (row, score) lists."""
+  if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
+    return [list(zip(r, s)) for r, s in zip(rows.tolist(), scores.tolist())]
+  found = (rows >= 0).sum(axis=1).tolist()
+  return [list(zip(r[:n], s[:n])) for r, s, n in zip(
+      rows.tolist(), scores.tolist(), found)]
+
+
 class DenseSearcher:
   """Searches a dense index directory.
 
@@ -311,13 +321,7 @@ class DenseSearcher:
   def search_vectors(self, vectors: np.ndarray, top_k: int
                      ) -> list[list[tuple[int, float]]]:
     """Top ``top_k`` (row, score) per query vector, best first."""
-    scores, rows = self.index(self._index_mmap).search(vectors, top_k)
-    if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
-      return [list(zip(r, s)) for r, s in zip(rows.tolist(),
-                                              scores.tolist())]
-    found = (rows >= 0).sum(axis=1).tolist()  # missing ones are at the end
-    return [list(zip(r[:n], s[:n])) for r, s, n in zip(
-        rows.tolist(), scores.tolist(), found)]
+    return hit_lists(*self.index(self._index_mmap).search(vectors, top_k))
 
   def search_batches(self, batches: Sequence[Sequence[str]], top_k: int,
                      threads: int | None = None, **options
