@@ -44,6 +44,9 @@ SAFE = 1.0 - 2.0**-20
 # a term is added to the candidates by binary search when they are fewer
 # than its postings / LOOKUP_RATIO, else by a mask over its postings
 LOOKUP_RATIO = 24
+# below this many postings per query, expanding every term in a few numpy
+# calls is faster than pruning (calls cost more than the work saved)
+EXPAND_ALL_POSTINGS = 50_000
 
 
 class Term(NamedTuple):
@@ -142,6 +145,31 @@ def exact_scores(terms: Sequence[Term], docs: np.ndarray) -> np.ndarray:
   return total.astype(np.float32)
 
 
+def expand_all_top_k(terms: Sequence[Term], k: int, space: Workspace
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """Like :func:`pruned_top_k` with every term expanded, in a few numpy
+  calls (for queries with few postings, where calls cost more than work)."""
+  eps = (len(terms) + 16) * 2.0**-23
+  acc = space.acc
+  rows = np.concatenate([t.rows for t in terms]).astype(np.intp)
+  np.add.at(acc, rows, np.concatenate([_approx(t, t.scores) for t in terms]))
+  try:
+    sums = acc[rows]
+    theta = -np.inf
+    best = len(terms) * k  # a row occurs at most once per term
+    if len(rows) > best:
+      top = np.argpartition(sums, len(rows) - best)[len(rows) - best:]
+      docs = np.unique(rows[top])
+    else:
+      docs = np.unique(rows)
+    if len(docs) >= k:
+      theta = _kth(acc[docs], k) * (1 - eps)
+    cand = np.unique(rows[sums * (1 + eps) >= theta * SAFE]).astype(np.int64)
+    return cand, exact_scores(terms, cand)
+  finally:
+    acc[rows] = 0.0
+
+
 def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
                  ) -> tuple[np.ndarray, np.ndarray]:
   """Documents that include the exact top ``k``, with their exact scores.
@@ -156,6 +184,8 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
     the top ``k`` (ties at the k-th score included) and possibly a few
     more; pass them to :func:`jaxfid.retrieval.bm25.scoring.top_k`.
   """
+  if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
+    return expand_all_top_k(terms, k, space)
   eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
   terms = sorted(terms, key=lambda t: -t.upper)
   bounds = np.array([t.upper for t in terms], np.float64)
