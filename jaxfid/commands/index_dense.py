@@ -17,6 +17,7 @@ import argparse
 import json
 
 from jaxfid.commands import distributed
+from jaxfid.commands.progress import add_progress_flag
 from jaxfid.core import multihost
 from jaxfid.dual_encoder.index import build_dense_index, import_dpr_embeddings
 
@@ -47,6 +48,10 @@ def _add_faiss_arguments(p) -> None:
                  help="passages per embeddings_NNNNN.npy file")
   p.add_argument("--embedding-dtype", choices=("float32", "float16"),
                  default="float32", help="storage of the embeddings")
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
 
 
 def add_parser(types) -> None:
@@ -108,7 +113,8 @@ def run_dense(args: argparse.Namespace) -> int:
       train_size=args.train_size, passage_maxlength=args.passage_maxlength,
       query_maxlength=args.query_maxlength,
       passage_format=args.passage_format, pooling=args.pooling,
-      normalize=args.normalize)
+      normalize=args.normalize, encoding=args.encoding,
+      progress=args.progress)
   if multihost.is_leader():  # one summary for a multi-host build
     print(json.dumps(summary))
   return 0
@@ -119,6 +125,7 @@ def run_import(args: argparse.Namespace) -> int:
       args.embeddings, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
       shard_size=args.shard_size, embedding_dtype=args.embedding_dtype,
-      train_size=args.train_size, query_encoder=args.query_encoder)
+      train_size=args.train_size, query_encoder=args.query_encoder,
+      encoding=args.encoding, progress=args.progress)
   print(json.dumps(summary))
   return 0

@@ -15,6 +15,7 @@ import argparse
 import json
 
 from jaxfid.commands import distributed
+from jaxfid.commands.progress import add_progress_flag
 from jaxfid.core import multihost
 from jaxfid.reatt.index_build import build_from_checkpoint
 
@@ -44,6 +45,10 @@ def add_parser(types) -> None:
   p.add_argument("--batch-size", type=int, default=64,
                  help="passages per encoder call")
   distributed.add_arguments(p)
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
   p.set_defaults(func=run)
 
 
@@ -53,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
       args.checkpoint, args.corpus, args.output, which=args.which,
       doc_maxlength=args.doc_maxlength, query_maxlength=args.query_maxlength,
       batch_size=args.batch_size, faiss_type=args.faiss, nlist=args.nlist,
-      pq_m=args.pq_m, pq_bits=args.pq_bits)
+      pq_m=args.pq_m, pq_bits=args.pq_bits, encoding=args.encoding,
+      progress=args.progress)
   if not multihost.is_leader():  # one summary for a multi-host build
     return 0
   print(json.dumps({"index": args.output, "type": meta["type"],

@@ -133,7 +133,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
                       train_size: int = DEFAULT_TRAIN_SIZE,
                       progress: bool | None = None,
                       encoder: LoadedEncoder | None = None,
-                      **settings) -> dict:
+                      encoding: str = "utf-8", **settings) -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
   Args:
@@ -153,6 +153,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
     train_size: vectors to train IVF/PQ indexes on.
     progress: show progress bars (None: only on a terminal).
     encoder: an already loaded encoder.
+    encoding: the corpus's text encoding.
     **settings: DualEncoderConfig overrides (passage_maxlength, normalize,
       pooling, ...; None = the checkpoint's).
 
@@ -189,7 +190,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
         passages, corpus, output, factory=factory, metric=metric,
         index_shards=index_shards, shard_size=shard_size,
         embedding_dtype=embedding_dtype, train_size=train_size,
-        progress=progress)
+        progress=progress, encoding=encoding)
 
 
 def follow_dense_build(passages: EncoderPassages, output: str | os.PathLike,

@@ -64,7 +64,7 @@ def build_from_checkpoint(checkpoint: str, corpus: str, output: str, *,
   channel = multihost.Channel("building the token index")
   if not multihost.is_leader():
     _follow(encoder, tokenizer, corpus, channel, kwargs["doc_maxlength"],
-            kwargs.get("batch_size", 64))
+            kwargs.get("batch_size", 64), kwargs.get("encoding", "utf-8"))
     return {"index": str(output), "process": multihost.process_index()}
   with channel.leading():
     return _build(encoder, tokenizer, corpus, output, checkpoint,
@@ -92,7 +92,7 @@ def _announced(chunks: Iterable[list], channel: multihost.Channel
 
 def _follow(encoder: token_index.TokenEncoder, tokenizer: Tokenizer,
             corpus: str, channel: multihost.Channel, doc_maxlength: int,
-            batch_size: int) -> None:
+            batch_size: int, encoding: str) -> None:
   """A process other than 0: encodes what process 0 announces, from its own
   reading of the corpus, until process 0 has published the index."""
   passages = None
@@ -100,7 +100,7 @@ def _follow(encoder: token_index.TokenEncoder, tokenizer: Tokenizer,
     group, error = [], None
     try:
       if passages is None:
-        passages = iter(read_corpus(corpus))
+        passages = iter(read_corpus(corpus, encoding=encoding))
       for size in message["batches"]:
         group.append(list(itertools.islice(passages, size)))
         if len(group[-1]) != size:

@@ -264,16 +264,18 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
                       nlist: int = 1024, pq_m: int = 16, pq_bits: int = 8,
                       progress: bool | None = None,
                       extra_meta: dict | None = None,
-                      announce=None) -> dict:
+                      announce=None, encoding: str = "utf-8") -> dict:
   """Encodes every corpus passage's tokens and writes the index directory.
 
   One compiled encoder serves all batches (fixed ``[batch_size,
   doc_maxlength]``). The directory appears only when complete; one build
   of ``output`` runs at a time, and a full disk is one
   :class:`~jaxfid.core.errors.StorageError` naming ``output`` (see
-  :func:`jaxfid.retrieval.index_dir.building`). ``announce``: in a
-  multi-host build, process 0's batches of passages pass through it before
-  they are encoded (:mod:`jaxfid.reatt.index_build`).
+  :func:`jaxfid.retrieval.index_dir.building`). The corpus is read as
+  :func:`~jaxfid.retrieval.store.corpus.read_corpus` reads it, its text in
+  ``encoding``. ``announce``: in a multi-host build, process 0's batches of
+  passages pass through it before they are encoded
+  (:mod:`jaxfid.reatt.index_build`).
   """
   if faiss_type not in FAISS_TYPES:
     raise InputError("--faiss", f"must be one of {FAISS_TYPES}, got "
@@ -289,7 +291,8 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:
-      passages = tqdm(read_corpus(corpus), desc="indexing", unit=" passages",
+      passages = tqdm(read_corpus(corpus, encoding=encoding),
+                      desc="indexing", unit=" passages",
                       disable=None if progress is None else not progress)
       chunks = _batches(passages, batch_size)
       for chunk in announce(chunks) if announce else chunks:
