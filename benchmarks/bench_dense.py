@@ -13,8 +13,9 @@ memory, ``ru_maxrss``, is its own):
   ``--queries`` queries, top ``--top-k`` (the fastest of ``--repeats``);
 * ``faiss_jaxfid``: the same vectors through jaxfid: embedding shards
   written with ``ShardWriter``, ``build_faiss_index`` (flat indexes are
-  filled from the shards when opened), ``ShardedIndex.load`` and ``search``
-  (which merges parts and orders ties); ``--index-shards`` parts.
+  filled from the shards when opened), ``ShardedIndex.load``, ``search``
+  (which merges parts and orders ties) and the (row, score) lists
+  ``DenseSearcher.search_vectors`` returns; ``--index-shards`` parts.
 
 Usage:
   python benchmarks/bench_dense.py [--vectors 200000] [--dim 768]
@@ -129,6 +130,7 @@ def measure_faiss_direct(args) -> dict:
 def measure_faiss_jaxfid(args) -> dict:
   from jaxfid.retrieval.dense.embedding_store import EmbeddingStore, ShardWriter
   from jaxfid.retrieval.dense.faiss_index import ShardedIndex, build_faiss_index
+  from jaxfid.retrieval.dense.index import hit_lists
   directory = os.path.join(args.workdir, "faiss_jaxfid")
   writer = ShardWriter(directory, args.vectors, args.dim,
                        shard_size=args.shard_size, source={"bench": 1})
@@ -148,7 +150,9 @@ def measure_faiss_jaxfid(args) -> dict:
                            train_size=args.train_size, progress=False)
   index = ShardedIndex.load(directory, info, store)
   build = time.perf_counter() - t
-  search = _best_of(args.repeats, lambda: index.search(q, args.top_k))
+  # what DenseSearcher.search_vectors does: search, ties, (row, score) lists
+  search = _best_of(args.repeats,
+                    lambda: hit_lists(*index.search(q, args.top_k)))
   return {"write_shards_s": write, "build_s": build,
           "vectors_per_s": args.vectors / build, "search_s": search,
           "queries_per_s": args.queries / search,

@@ -7,7 +7,9 @@ Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
 line and the process exits with status 2, with no traceback. A storage fault
 (:class:`jaxfid.core.errors.StorageError`, or any error caused by a full
 disk or quota, wherever it is raised) is printed as one line naming the path
-and the cause, exit status 1.
+and the cause, exit status 1. When another process of a multi-host run
+fails (:class:`jaxfid.core.errors.PeerError`), one line says which, with
+that process's exit status.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              evaluate, index, plot, predict, reatt, refusion,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
-from jaxfid.core.errors import InputError
+from jaxfid.core.errors import InputError, PeerError
 from jaxfid.core.storage import storage_fault
 
 # in the order `jaxfid --help` lists them
@@ -53,6 +55,9 @@ def main(argv=None) -> int:
   except InputError as e:
     print(f"jaxfid {args.command}: error: {e.message}", file=sys.stderr)
     return 2
+  except PeerError as e:  # another process of a multi-host run failed
+    print(f"jaxfid {args.command}: error: {e.message}", file=sys.stderr)
+    return e.code
   except FloatingPointError as e:  # training.loop.NonFiniteLoss (ON_NAN='stop')
     print(f"jaxfid {args.command}: error: {e}", file=sys.stderr)
     return 1

@@ -276,7 +276,8 @@ def _retrieve_damaged(index: Path, name: str, how: str, queries, tmp_path,
     ("bm25/data.csc.index.npy", "truncate"),
     ("bm25/indices.csc.index.npy", "truncate"),
     ("bm25/indptr.csc.index.npy", "truncate"),
-    ("bm25/vocab.index.json", "truncate"), ("bm25/doc_norms.npy", "delete")])
+    ("bm25/vocab.index.json", "truncate"), ("bm25/doc_norms.npy", "delete"),
+    ("bm25/max_scores.npy", "truncate")])
 def test_damaged_bm25_index(data, bm25_index, tmp_path, name, how, capsys):
   line = _retrieve_damaged(bm25_index, name, how, data["queries"], tmp_path,
                            capsys)

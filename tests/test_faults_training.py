@@ -196,15 +196,21 @@ def test_a_second_run_refuses_and_a_killed_runs_lock_does_not_block(
   assert _losses(model_dir) == pytest.approx(_losses(whole), rel=1e-6)
 
 
+# kill -9 at step 4 before its checkpoint, and in the middle of that
+# checkpoint (every file written, not yet committed by orbax's rename)
+@pytest.mark.parametrize("target", [
+    "jaxfid.checkpoints.model_dir:RunCheckpoints.save",
+    "orbax.checkpoint._src.path.atomicity:on_commit_callback"])
 def test_kill_9_before_a_checkpoint_loses_only_the_steps_since(
-    data, whole, tmp_path):
+    target, data, whole, tmp_path):
   model_dir = tmp_path / "run"
-  proc = fault_tools.hold_at(
-      "jaxfid.checkpoints.model_dir:RunCheckpoints.save", "before", 2,
-      _args(model_dir, data, 6), tmp_path / "held.log")
-  fault_tools.kill(proc)  # at step 4, before its checkpoint
+  proc = fault_tools.hold_at(target, "before", 2, _args(model_dir, data, 6),
+                             tmp_path / "held.log")
+  fault_tools.kill(proc)
   assert _steps(model_dir) == [2]
   assert main(_args(model_dir, data, 6)) == 0
+  left = os.listdir(model_dir / "checkpoints")
+  assert not [name for name in left if "tmp" in name], left
   assert _losses(model_dir) == pytest.approx(_losses(whole), rel=1e-6)
 
 

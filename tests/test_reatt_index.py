@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import jax
@@ -157,8 +158,10 @@ def test_cli_index_reatt_then_retrieve(setup, tmp_path, capsys):
   out = tmp_path / "index"
   assert main(["index", "reatt", "--checkpoint", str(model_dir), "--corpus",
                str(setup["dir"] / "corpus.jsonl"), "--output", str(out),
-               "--batch-size", "8"]) == 0
-  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+               "--batch-size", "8", "--progress"]) == 0
+  out_err = capsys.readouterr()
+  assert re.search(r"indexing.*(passages/s|s/ passages)", out_err.err)
+  summary = json.loads(out_err.out.strip().splitlines()[-1])
   assert summary["num_passages"] == 16 and summary["head"] == HEAD
   queries = tmp_path / "queries.tsv"
   queries.write_text("".join(f"q{i}\t{e.question}\n"

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
+from jaxfid.retrieval.bm25 import scoring, topk
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, LENGTH_TABLE, byte4_to_int, int_to_byte4, top_k)
 from jaxfid.retrieval.bm25.builder import BM25Builder, build_index
@@ -215,3 +216,62 @@ def test_dense_candidate_search_equals_exhaustive_ranking():
     for k in (1, 5, 50):
       assert index.search(query, k, rank) == top_k(docs, scores, k, rank)
   assert dense_queries > 30
+
+
+def _zipf_corpus(seed, n_docs, vocab=300):
+  rng = np.random.default_rng(seed)
+  words = [f"t{i}q" for i in range(vocab)]
+  p = 1.0 / np.arange(1, vocab + 1)
+  p /= p.sum()
+  texts = [" ".join(rng.choice(words, size=rng.integers(3, 60), p=p))
+           for _ in range(n_docs)]
+  texts += [texts[5]] * 7 + [texts[9]] * 5  # equal scores: ties
+  return texts, words, p
+
+
+@pytest.mark.parametrize("lucene_norms, expand_all", [
+    (True, 0), (False, 0), (True, 10**9)])
+def test_pruned_search_equals_exhaustive_top_k(monkeypatch, lucene_norms,
+                                               expand_all):
+  monkeypatch.setattr(scoring, "_EXHAUSTIVE_POSTINGS", 0)
+  monkeypatch.setattr(topk, "EXPAND_ALL_POSTINGS", expand_all)
+  texts, words, p = _zipf_corpus(11, 3000)
+  index = build_index(texts, BM25Params(lucene_norms=lucene_norms))
+  rank = np.random.default_rng(12).permutation(len(texts))
+  rng = np.random.default_rng(13)
+  pruned = 0
+  calls = []
+  real = topk.pruned_top_k
+
+  def spy(terms, k, space):
+    docs, scores = real(terms, k, space)
+    calls.append(len(docs))
+    return docs, scores
+
+  monkeypatch.setattr(scoring, "pruned_top_k", spy)
+  for _ in range(80):
+    # common and rare words, sometimes repeated (boosted)
+    query = " ".join(rng.choice(words, size=rng.integers(2, 8), p=p ** 0.3
+                                / (p ** 0.3).sum()))
+    docs, scores = index.match(query)
+    for k in (1, 10, 100):
+      calls.clear()
+      got = index.search(query, k, rank)
+      assert got == top_k(docs, scores, k, rank), (query, k)
+      pruned += bool(calls) and calls[-1] < len(docs) // 2
+  assert pruned > 100  # most searches scored well under half the matches
+  space = index._workspaces.get(index.num_docs)
+  assert not space.acc.any() and not space.mark.any()
+
+
+def test_upper_bounds_stored_and_recomputed(tmp_path):
+  texts, _, _ = _zipf_corpus(3, 200)
+  index = build_index(texts)
+  expected = np.array([index.data[a:b].max() for a, b in
+                       zip(index.indptr[:-1], index.indptr[1:])])
+  np.testing.assert_array_equal(index.upper_bounds(), expected)
+  index.save(tmp_path)
+  assert np.array_equal(np.load(tmp_path / "max_scores.npy"), expected)
+  (tmp_path / "max_scores.npy").unlink()  # an index saved before them
+  np.testing.assert_array_equal(BM25Index.load(tmp_path).upper_bounds(),
+                                expected)

@@ -7,6 +7,7 @@ brute force over the stored embeddings, and the FiD JSON must feed
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -112,8 +113,10 @@ def test_rebuild_reuses_embeddings_and_shards_agree(index, files, tmp_path,
   common = ["index", "dense", "--checkpoint", str(files["ckpt"]), "--corpus",
             str(files["corpus"]), "--shard-size", "16",
             "--passage-maxlength", "64"]
-  assert main(common + ["--output", str(out)]) == 0
-  assert _json_stdout(capsys)["embedded"] == 40
+  assert main(common + ["--output", str(out), "--progress"]) == 0
+  out_err = capsys.readouterr()
+  assert json.loads(out_err.out.strip().splitlines()[-1])["embedded"] == 40
+  assert re.search(r"embedding.*(passages/s|s/ passages)", out_err.err)
   assert main(common + ["--output", str(out), "--index-shards", "3"]) == 0
   summary = _json_stdout(capsys)
   assert (summary["embedded"], summary["reused"]) == (0, 40)

@@ -3,6 +3,7 @@
 Random vectors; the reference is numpy: top-k of ``X @ q`` (or of minus the
 squared distance), ties impossible in practice.
 """
+import faiss
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ from jaxfid.core.errors import InputError
 from jaxfid.retrieval.dense.embedding_store import (
     EmbeddingStore, ShardWriter, shard_name)
 from jaxfid.retrieval.dense.faiss_index import (
-    ShardedIndex, build_faiss_index, merge_topk, split_rows)
+    ShardedIndex, build_faiss_index, merge_topk, order_ties, split_rows)
 
 
 def _store(tmp_path, vectors, shard_size=37, dtype="float32"):
@@ -71,6 +72,24 @@ def test_merge_breaks_ties_by_row():
   s, r = merge_topk(scores, rows, 4)
   assert r.tolist() == [[2, 7, 3, -1]]
   assert s[0, :3].tolist() == [1.0, 1.0, 0.5]
+
+
+def test_one_part_orders_only_tied_queries():
+  scores = np.array([[3.0, 2.0, 2.0, 2.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0],
+                     [9.0, 9.0, 8.0, 7.0, 0.0]], np.float32)
+  rows = np.array([[4, 9, 1, 5, 0], [8, 6, 7, 5, 4], [3, 2, 1, -1, -1]])
+  s, r = order_ties(scores, rows)
+  assert r.tolist() == [[4, 1, 5, 9, 0], [8, 6, 7, 5, 4],
+                        [2, 3, 1, -1, -1]]
+  assert s[0].tolist() == [3.0, 2.0, 2.0, 2.0, 1.0]
+  assert np.isneginf(s[2, 3:]).all() and s[2, :3].tolist() == [9, 9, 8]
+  # an exact single-part index: FAISS's order, ties by row
+  vectors = np.zeros((6, 4), np.float32)
+  vectors[:, 0] = [1, 2, 2, 1, 2, 0]
+  index = faiss.IndexFlatIP(4)
+  index.add(vectors)
+  d, i = ShardedIndex([(index, 0)]).search(np.eye(4, dtype=np.float32)[:1], 6)
+  assert i.tolist() == [[1, 2, 4, 0, 3, 5]]
 
 
 def test_split_rows_covers_everything():

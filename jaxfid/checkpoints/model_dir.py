@@ -190,8 +190,15 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
   'auto' takes the best-EM checkpoint when there is one, else the latest.
   ``target``: abstract params (``ShapeDtypeStruct`` leaves, with shardings or
   not). Returns (params, step, which one was used). An unreadable checkpoint
-  is an InputError naming its directory and step.
+  is an InputError naming its directory and step. With several processes a
+  leaf without a sharding goes to this process's first device (the sharding
+  file names the devices of the process that saved it).
   """
+  if jax.process_count() > 1:
+    local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda leaf: leaf if getattr(leaf, "sharding", None) else
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=local), target)
   best_dir = paths.join(model_dir, "best")
   latest_dir = paths.join(model_dir, "checkpoints")
   choices = {"best": [best_dir], "latest": [latest_dir],

@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
   s.add_argument("--output", required=True, help="passage TSV to write")
   s.add_argument("--words", type=_positive, default=100,
                  help="words per passage (default 100)")
+  s.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the input (default utf-8)")
   s.add_argument("--sequential-ids", action="store_true",
                  help="number passages 1, 2, ... as DPR does (default: "
                  "DOCID_K)")
@@ -41,7 +43,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  passages = split_into_passages(iter_passages(args.input), words=args.words,
+  passages = split_into_passages(iter_passages(args.input, args.encoding), words=args.words,
                                  sequential_ids=args.sequential_ids)
   count = write_dpr_tsv(args.output, passages)
   print(json.dumps({"output": args.output, "passages": count}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands.progress import add_progress_flag
 from jaxfid.retrieval import evaluate
 
 
@@ -33,13 +34,14 @@ def add_parser(subparsers) -> None:
                  ".json/.jsonl)")
   source = p.add_mutually_exclusive_group(required=True)
   source.add_argument("--qrels", help="TREC or BEIR qrels file")
-  source.add_argument("--data", help="QA set with answers (JSONL or FiD "
-                      "JSON)")
+  source.add_argument("--data", help="QA set with answers (JSONL, FiD JSON "
+                      "or the QA TSV of DPR's test sets)")
   p.add_argument("--k", type=_ks, default=None,
                  help="cutoffs, e.g. 1,5,20,100")
   p.add_argument("--index", help="index directory: the passage text of a "
                  "TREC run evaluated with --data; with --qrels, judged "
                  "documents missing from it are counted")
+  add_progress_flag(p)
   p.set_defaults(func=run)
 
 
@@ -51,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
   else:
     metrics = evaluate.evaluate_with_answers(
         args.run, args.data, ks=args.k or evaluate.DEFAULT_ANSWER_KS,
-        index_dir=args.index)
+        index_dir=args.index, progress=args.progress)
   print(json.dumps(metrics))
   return 0

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from jaxfid.commands import index_dense, index_reatt
+from jaxfid.commands.progress import add_progress_flag, positive as _positive
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.bm25.scoring import BM25Params
 
@@ -18,8 +19,9 @@ from jaxfid.retrieval.bm25.scoring import BM25Params
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
       "index", help="build a retrieval index from a corpus",
-      description="Build a retrieval index directory from a corpus (BEIR "
-      "JSONL, DPR TSV or JSONL, optionally gzipped).")
+      description="Build a retrieval index directory from a corpus (BEIR, "
+      "DPR or pyserini JSONL, DPR TSV, or sentences one per line in .txt; "
+      "optionally gzipped).")
   types = p.add_subparsers(dest="index_type", required=True,
                            metavar="{bm25,...}")
   _add_bm25(types)
@@ -41,13 +43,21 @@ def _add_bm25(types) -> None:
   p.add_argument("--exact-lengths", action="store_true",
                  help="use exact document lengths instead of Lucene's "
                  "one-byte quantised ones (scores then differ from Lucene)")
+  p.add_argument("--threads", type=_positive, default=None,
+                 help="tokenising processes (default: all CPUs)")
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
   p.set_defaults(func=run_bm25)
 
 
 def run_bm25(args: argparse.Namespace) -> int:
   params = BM25Params(k1=args.k1, b=args.b,
                       lucene_norms=not args.exact_lengths)
-  meta = build_bm25_index(args.corpus, args.output, params)
+  meta = build_bm25_index(args.corpus, args.output, params,
+                          progress=args.progress, encoding=args.encoding,
+                          threads=args.threads)
   print(json.dumps({"index": args.output, "type": meta["type"],
                     "num_passages": meta["num_passages"]}))
   return 0

@@ -6,7 +6,8 @@ T5 / GTR / Sentence-T5 directory or a jaxfid MODEL_DIR, mean-pooled) and
 builds a FAISS index; ``jaxfid index import-embeddings --embeddings
 'wiki_passages_*' --corpus psgs_w100.tsv --output INDEX_DIR`` builds one from
 DPR's precomputed passage embeddings. ``jaxfid retrieve --index INDEX_DIR``
-searches either. The logic lives in :mod:`jaxfid.dual_encoder.index` (with
+searches either. ``index dense`` takes the multi-host launch flags of
+:mod:`jaxfid.commands.distributed`. The logic lives in :mod:`jaxfid.dual_encoder.index` (with
 :mod:`jaxfid.retrieval.dense.index` and
 :mod:`jaxfid.retrieval.dense.dpr_import`).
 """
@@ -15,6 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands import distributed
+from jaxfid.commands.progress import add_progress_flag
+from jaxfid.core import multihost
 from jaxfid.dual_encoder.index import build_dense_index, import_dpr_embeddings
 
 
@@ -44,6 +48,10 @@ def _add_faiss_arguments(p) -> None:
                  help="passages per embeddings_NNNNN.npy file")
   p.add_argument("--embedding-dtype", choices=("float32", "float16"),
                  default="float32", help="storage of the embeddings")
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
 
 
 def add_parser(types) -> None:
@@ -53,7 +61,9 @@ def add_parser(types) -> None:
       "GTR / Sentence-T5 projection and normalisation when the checkpoint "
       "has them) on all devices, store the embeddings in shards and build a "
       "FAISS index. Rerunning resumes an interrupted build; rebuilding with "
-      "other FAISS settings reuses the embeddings.")
+      "other FAISS settings reuses the embeddings. Multi-host: run it on "
+      "every host with --distributed (the devices of all hosts embed, host "
+      "0 writes; --output on a file system they share).")
   p.add_argument("--checkpoint", required=True,
                  help="HF T5 / T5EncoderModel / sentence-transformers "
                  "directory, T5X checkpoint or jaxfid MODEL_DIR")
@@ -76,6 +86,7 @@ def add_parser(types) -> None:
   p.add_argument("--mesh", default="",
                  help="device mesh, e.g. 'data=4,model=2' (default: all "
                  "devices on data)")
+  distributed.add_arguments(p)
   p.set_defaults(func=run_dense)
 
   q = types.add_parser(
@@ -93,6 +104,7 @@ def add_parser(types) -> None:
 
 
 def run_dense(args: argparse.Namespace) -> int:
+  distributed.initialize(args)
   summary = build_dense_index(
       args.checkpoint, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
@@ -101,8 +113,10 @@ def run_dense(args: argparse.Namespace) -> int:
       train_size=args.train_size, passage_maxlength=args.passage_maxlength,
       query_maxlength=args.query_maxlength,
       passage_format=args.passage_format, pooling=args.pooling,
-      normalize=args.normalize)
-  print(json.dumps(summary))
+      normalize=args.normalize, encoding=args.encoding,
+      progress=args.progress)
+  if multihost.is_leader():  # one summary for a multi-host build
+    print(json.dumps(summary))
   return 0
 
 
@@ -111,6 +125,7 @@ def run_import(args: argparse.Namespace) -> int:
       args.embeddings, args.corpus, args.output, factory=args.faiss_factory,
       metric=args.metric, index_shards=args.index_shards,
       shard_size=args.shard_size, embedding_dtype=args.embedding_dtype,
-      train_size=args.train_size, query_encoder=args.query_encoder)
+      train_size=args.train_size, query_encoder=args.query_encoder,
+      encoding=args.encoding, progress=args.progress)
   print(json.dumps(summary))
   return 0

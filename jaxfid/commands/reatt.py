@@ -16,15 +16,17 @@ conversion). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
 ``ITERATION_STEPS``) or, explicitly, by ``iterate``: N rounds of training,
 ``jaxfid index reatt`` of the corpus and ``jaxfid retrieve`` of the training
 queries into the next round's TRAIN_DATA, one JSON line per round
-(:mod:`jaxfid.reatt.iterate`). Rerunning ``iterate`` resumes.
+(:mod:`jaxfid.reatt.iterate`). Rerunning ``iterate`` resumes. ``iterate``
+takes the multi-host launch flags of :mod:`jaxfid.commands.distributed`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from jaxfid.commands import gin_flags
+from jaxfid.commands import distributed, gin_flags
 from jaxfid.commands.gin_flags import GinRun
+from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
 from jaxfid.reatt import adaptation as adapt
 from jaxfid.reatt import iterate as reatt_iterate
@@ -59,7 +61,9 @@ def _add_iterate(sub) -> None:
       description="Train a ReAtt run (gin) in N iterations of S steps (after "
       "RETRIEVAL_WARMUP_STEPS); after each, index the corpus with the model "
       "and retrieve the training queries' close documents, which become "
-      "the next iteration's TRAIN_DATA. Rerunning resumes.")
+      "the next iteration's TRAIN_DATA. Rerunning resumes. Multi-host: run "
+      "it on every host with --distributed (MODEL_DIR on a shared file "
+      "system).")
   gin_flags.add_gin_arguments(p)
   p.add_argument("--corpus", required=True, help="corpus to re-index")
   p.add_argument("--queries", required=True,
@@ -72,6 +76,7 @@ def _add_iterate(sub) -> None:
                  help="tokens retrieved per query token (default TOKEN_TOP_K)")
   p.add_argument("--work-dir", default=None,
                  help="indexes and training files (default MODEL_DIR/iterate)")
+  distributed.add_arguments(p)
   p.set_defaults(func=run_iterate, accepts_gin_bindings=True)
 
 
@@ -104,12 +109,14 @@ def iterate_gin_run(gin_files, gin_bindings=(), gin_search_paths=(), *,
 
 
 def run_iterate(args: argparse.Namespace) -> int:
+  distributed.initialize(args)
   summary = iterate_gin_run(
       args.gin_file, args.gin_bindings, args.gin_search_path,
       corpus=args.corpus, queries=args.queries, iterations=args.iterations,
       steps_per_iteration=args.steps_per_iteration, top_k=args.top_k,
       token_top_k=args.token_top_k, work_dir=args.work_dir,
-      emit=lambda record: print(json.dumps(record), flush=True))
+      emit=(lambda record: print(json.dumps(record), flush=True))
+      if multihost.is_leader() else None)  # one report for a multi-host run
   return 0 if summary["complete"] else 1
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
+from jaxfid.commands.progress import add_progress_flag
 from jaxfid.retrieval.search import retrieve_to_file
 
 
@@ -42,7 +43,8 @@ def add_parser(subparsers) -> None:
   p.add_argument("--index", required=True, help="index directory")
   p.add_argument("--queries", required=True,
                  help="queries: TSV id<TAB>text, JSONL (id/_id + question/"
-                 "text) or QA JSONL (question + answers)")
+                 "text), QA JSONL (question + answers) or the QA TSV of "
+                 "DPR's test sets (question<TAB>['answer', ...])")
   p.add_argument("--top-k", type=_positive, required=True,
                  help="passages per query")
   p.add_argument("--output", required=True,
@@ -54,6 +56,10 @@ def add_parser(subparsers) -> None:
   p.add_argument("--search-option", type=_key_value, action="append",
                  default=[], metavar="NAME=VALUE",
                  help="other index-specific search option (repeatable)")
+  p.add_argument("--threads", type=_positive, default=None,
+                 help="CPUs to search on (default: all): worker processes "
+                 "for BM25, FAISS threads for dense indexes")
+  add_progress_flag(p)
   p.set_defaults(func=run)
 
 
@@ -62,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
   if args.token_top_k is not None:
     options["token_top_k"] = args.token_top_k
   summary = retrieve_to_file(args.index, args.queries, args.top_k,
-                             args.output, tag=args.tag, **options)
+                             args.output, tag=args.tag,
+                             progress=args.progress, threads=args.threads,
+                             **options)
   print(json.dumps(summary))
   return 0

@@ -62,3 +62,26 @@ class StorageError(OSError):
 
   def __reduce__(self):
     return type(self), (self.path, self.reason, self.errno)
+
+
+class PeerError(Exception):
+  """Another process of a multi-host command failed, so this one stops too.
+
+  ``str()`` is one line naming that process and the step; the command line
+  prints it and exits with that process's exit status (its own error, on its
+  own stderr, says why).
+
+  Attributes:
+    process: the index of the process that failed.
+    what: the step it failed in.
+    code: its exit status (2: bad input, 1: anything else).
+  """
+
+  def __init__(self, process: int, what: str, code: int = 1):
+    self.process, self.what, self.code = process, what, code
+    super().__init__(self.message)
+
+  @property
+  def message(self) -> str:
+    return (f"process {self.process} failed while {self.what}; its own "
+            "error says why")

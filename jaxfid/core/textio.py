@@ -8,6 +8,7 @@ and the line.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
@@ -57,20 +58,46 @@ def open_binary(path: str | os.PathLike, expected: str = "a file"
   return f
 
 
-def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-  """Yields (1-based line number, line without its newline) of a text file.
+def check_encoding(encoding: str) -> str:
+  """The canonical name of a text encoding lines can be read in.
 
   Raises:
-    InputError: on bytes that are not UTF-8, or a corrupt gzip stream.
+    InputError: the encoding is unknown, or not ASCII-compatible (lines are
+      split on the byte ``\\n``, as in UTF-8, cp1252 or latin-1).
   """
+  try:
+    name = codecs.lookup(encoding).name
+  except LookupError:
+    raise InputError("--encoding", f"unknown encoding {encoding!r}") from None
+  if "\n\t{}".encode(name, "replace") != b"\n\t{}":
+    raise InputError("--encoding", f"{encoding!r} is not ASCII-compatible; "
+                     "convert the file to UTF-8")
+  return name
+
+
+def iter_lines(path: str | os.PathLike, encoding: str = "utf-8"
+               ) -> Iterator[tuple[int, str]]:
+  """Yields (1-based line number, line without its newline) of a text file.
+
+  Args:
+    path: the file (gzip or not).
+    encoding: its text encoding (UTF-8 by default; any ASCII-compatible
+      one, such as cp1252 for legacy corpora).
+
+  Raises:
+    InputError: on bytes that are not valid in the encoding, or a corrupt
+      gzip stream.
+  """
+  encoding = "utf-8" if encoding == "utf-8" else check_encoding(encoding)
+  what = "UTF-8" if encoding == "utf-8" else encoding
   with open_binary(path) as f:
     lineno = 0
     try:
       for lineno, raw in enumerate(f, start=1):
         try:
-          line = raw.decode("utf-8")
+          line = raw.decode(encoding)
         except UnicodeDecodeError as e:
-          raise InputError(path, f"not valid UTF-8 ({e.reason} at byte "
+          raise InputError(path, f"not valid {what} ({e.reason} at byte "
                            f"{e.start})", where=lineno) from None
         if lineno == 1 and line.startswith("\ufeff"):
           line = line[1:]  # UTF-8 byte order mark
@@ -79,14 +106,15 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
       raise InputError(path, f"cannot read: {e}", where=lineno + 1) from None
 
 
-def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False
+def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False,
+                    encoding: str = "utf-8"
                     ) -> Iterator[tuple[int, object]]:
   """Yields (line number, parsed value) of each non-blank line of JSON lines.
 
   Raises InputError naming the line and column of bad JSON; with
   ``array_hint``, a first line that opens a JSON array says so instead.
   """
-  for lineno, line in iter_lines(path):
+  for lineno, line in iter_lines(path, encoding):
     if not line.strip():
       continue
     try:
@@ -116,5 +144,5 @@ def read_json_document(path: str | os.PathLike) -> object:
                        where=getattr(e, "lineno", None)) from None
 
 
-__all__ = ["GZIP_MAGIC", "open_binary", "iter_lines", "iter_json_lines",
+__all__ = ["GZIP_MAGIC", "open_binary", "check_encoding", "iter_lines", "iter_json_lines",
            "starts_json_array", "read_json_document"]

@@ -7,7 +7,9 @@ on all devices and writes a dense index directory
 (:mod:`jaxfid.retrieval.dense.index`: layout, resuming, reuse of
 embeddings); the encoder is recorded in ``meta.json`` as ``encoder`` and
 ``query_encoder``. :func:`import_dpr_embeddings` imports DPR's embeddings,
-optionally recording a T5 query encoder.
+optionally recording a T5 query encoder. Run on every process of a
+multi-host job, :func:`build_dense_index` embeds on all their devices and
+process 0 writes the index.
 
 Importing this module registers the ``"dense"`` index type of
 :func:`jaxfid.retrieval.search.open_index`: a
@@ -18,11 +20,14 @@ fingerprint recorded at indexing), or by another checkpoint given as the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterator, Sequence
 
+import jax
 import numpy as np
 
+from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import LoadedEncoder, load_dual_encoder
@@ -32,7 +37,7 @@ from jaxfid.retrieval.dense.embedding_store import DEFAULT_SHARD_SIZE
 from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE)
 from jaxfid.retrieval.dense.index import (
-    INDEX_TYPE, DenseSearcher, read_dense_meta, write_dense_index)
+    INDEX_TYPE, DenseSearcher, read_dense_meta, staging_dir, write_dense_index)
 from jaxfid.retrieval.index_dir import check_output
 from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.passage_store import PassageStore
@@ -59,15 +64,19 @@ class EncoderPassages:
   """A loaded dual encoder as the passage encoder of a dense index.
 
   The device embedder is made on first use, so an index whose embeddings
-  are all reused never touches the devices (nor parses ``mesh``).
+  are all reused never touches the devices (nor parses ``mesh``). With
+  several processes, process 0's passages carry a ``channel``: before
+  embedding rows it tells the other processes which, and they embed the
+  same rows with it (:func:`follow_dense_build`).
   """
 
   def __init__(self, loaded: LoadedEncoder, *, batch_size: int = 128,
-               mesh: str = ""):
+               mesh: str = "", channel: multihost.Channel | None = None):
     self.loaded = loaded
     self.dim = loaded.encoder.dim
     self.batch_size = batch_size
     self.mesh = mesh
+    self.channel = channel
     self._embedder: Embedder | None = None
 
   def entry(self) -> dict:
@@ -85,6 +94,12 @@ class EncoderPassages:
         device_mesh = shd.parse_mesh(self.mesh)
       except ValueError as e:
         raise InputError("--mesh", str(e)) from None
+      if (multihost.process_count() > 1
+          and device_mesh.devices.size != jax.device_count()):
+        raise InputError("--mesh", f"{self.mesh!r} uses "
+                         f"{device_mesh.devices.size} of the "
+                         f"{jax.device_count()} devices; a multi-host build "
+                         "uses them all")
       loaded = self.loaded
       self._embedder = Embedder(loaded.encoder, loaded.params,
                                 loaded.tokenizer, mesh=device_mesh,
@@ -94,6 +109,9 @@ class EncoderPassages:
   def embed(self, store: PassageStore, start: int,
             end: int) -> Iterator[np.ndarray]:
     embedder = self._device_embedder()
+    if self.channel is not None:  # the other processes embed these rows too
+      self.channel.send({"rows": [start, end]})
+      multihost.agree(None, "reading the passages")
     settings = self.loaded.encoder.settings
     step = embedder.batch_size
     batches = ([passage_text(store.title(i), store.text(i),
@@ -115,7 +133,7 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
                       train_size: int = DEFAULT_TRAIN_SIZE,
                       progress: bool | None = None,
                       encoder: LoadedEncoder | None = None,
-                      **settings) -> dict:
+                      encoding: str = "utf-8", **settings) -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
   Args:
@@ -135,20 +153,67 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
     train_size: vectors to train IVF/PQ indexes on.
     progress: show progress bars (None: only on a terminal).
     encoder: an already loaded encoder.
+    encoding: the corpus's text encoding.
     **settings: DualEncoderConfig overrides (passage_maxlength, normalize,
       pooling, ...; None = the checkpoint's).
 
   Returns:
-    ``{"index", "num_passages", "dim", "embedded", "reused", ...}``.
+    ``{"index", "num_passages", "dim", "embedded", "reused", ...}`` (with
+    several processes, on process 0; the others return ``{"index",
+    "process"}``).
+
+  With several processes (``jax.distributed``) every process calls this
+  with the same arguments: every process loads the encoder and takes part
+  in every embedding call, while process 0 alone reads the corpus and
+  writes the index (locking, resuming and reusing as one process does);
+  the others read the passages process 0 stored in ``.NAME.partial/``, so
+  ``output`` must be on a file system they all share. Every process returns
+  when the index is published, or raises when any of them failed.
   """
-  check_output(output)  # before the (slow) load
-  loaded = encoder if encoder is not None else load_dual_encoder(
-      checkpoint, dtype=dtype, **settings)
-  return write_dense_index(
-      EncoderPassages(loaded, batch_size=batch_size, mesh=mesh), corpus,
-      output, factory=factory, metric=metric, index_shards=index_shards,
-      shard_size=shard_size, embedding_dtype=embedding_dtype,
-      train_size=train_size, progress=progress)
+  leader = multihost.is_leader()
+
+  def load() -> LoadedEncoder:
+    if leader:
+      check_output(output)  # before the (slow) load
+    return encoder if encoder is not None else load_dual_encoder(
+        checkpoint, dtype=dtype, **settings)
+  loaded = multihost.run_agreed(load, "loading the encoder")
+  channel = (multihost.Channel("building the dense index")
+             if multihost.process_count() > 1 else None)
+  passages = EncoderPassages(loaded, batch_size=batch_size, mesh=mesh,
+                             channel=channel if leader else None)
+  if not leader:
+    follow_dense_build(passages, output, channel)
+    return {"index": str(output), "process": multihost.process_index()}
+  with (channel.leading() if channel else contextlib.nullcontext()):
+    return write_dense_index(
+        passages, corpus, output, factory=factory, metric=metric,
+        index_shards=index_shards, shard_size=shard_size,
+        embedding_dtype=embedding_dtype, train_size=train_size,
+        progress=progress, encoding=encoding)
+
+
+def follow_dense_build(passages: EncoderPassages, output: str | os.PathLike,
+                       channel: multihost.Channel) -> None:
+  """A process other than 0 in a multi-host :func:`build_dense_index`.
+
+  For each row range process 0 embeds, reads those passages from its store
+  in ``.NAME.partial/`` and makes the same device calls; returns when
+  process 0 has published the index.
+  """
+  store = None
+  while "rows" in (message := channel.receive()):
+    error = None
+    if store is None:
+      try:
+        store = PassageStore(staging_dir(output))
+      except (InputError, OSError) as e:
+        error = InputError(staging_dir(output), "process 0's passages cannot "
+                           f"be read here ({e}); the index output must be on "
+                           "a file system every process shares")
+    multihost.agree(error, "reading the passages")
+    for _ in passages.embed(store, *message["rows"]):
+      pass
 
 
 def import_dpr_embeddings(embeddings: str | Sequence[str],
@@ -207,8 +272,10 @@ class EncoderQueries:
       if loaded.encoder.dim != self.dim:
         raise InputError(checkpoint, f"encoder gives {loaded.encoder.dim}-d "
                          f"vectors, the index holds {self.dim}-d")
+      # searching is one process's work: its own devices
       self._embedder = Embedder(loaded.encoder, loaded.params,
-                                loaded.tokenizer)
+                                loaded.tokenizer,
+                                mesh=shd.parse_mesh("", jax.local_devices()))
       self._checkpoint = checkpoint
     return self._embedder
 
@@ -230,4 +297,5 @@ def open_dense_index(directory: str | os.PathLike) -> DenseSearcher:
 register_index_type(INDEX_TYPE, searcher)
 
 __all__ = ["build_dense_index", "import_dpr_embeddings", "open_dense_index",
-           "encoder_entry", "EncoderPassages", "EncoderQueries", "searcher"]
+           "encoder_entry", "EncoderPassages", "EncoderQueries",
+           "follow_dense_build", "searcher"]

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
 from jaxfid.core.tokenization import pad_ids
 from jaxfid.t5.config import T5Config
@@ -286,7 +287,8 @@ class Embedder:
     tokenizer: the T5 tokenizer.
     mesh: a device mesh (default: every device on ``data``); parameters are
       placed by the T5 logical axis rules, so ``model``/``fsdp`` meshes shard
-      large encoders.
+      large encoders. With several processes every process passes the same
+      texts and gets every vector (outputs are replicated).
     batch_size: texts per device call (rounded up to the data-parallel size).
     length_bucket: token lengths are padded to a multiple of this (at most
       the max length), so a batch of short texts costs less, with few
@@ -301,7 +303,7 @@ class Embedder:
     parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     self.batch_size = _round_up(max(batch_size, 1), parallel)
     self.length_bucket = max(1, length_bucket)
-    self.params = jax.device_put(params, encoder.param_shardings(self.mesh))
+    self.params = multihost.put(params, encoder.param_shardings(self.mesh))
     self.batch_sharding = NamedSharding(
         self.mesh, shd.logical_to_mesh((shd.BATCH,), mesh=self.mesh))
     self.parallel = parallel
@@ -328,7 +330,7 @@ class Embedder:
       tokens = np.concatenate(
           [tokens, np.zeros((size - n, tokens.shape[1]), np.int32)])
     with jax.set_mesh(self.mesh):
-      batch = jax.device_put(tokens, self.batch_sharding)
+      batch = multihost.put(tokens, self.batch_sharding)
       return self._fns[tower](self.params, batch), n
 
   def embed_batches(self, batches, tower: str, max_length: int):

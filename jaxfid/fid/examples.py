@@ -10,11 +10,15 @@ stored either as one JSON list or as JSONL (one record per line), optionally
 gzip-compressed. The reader decides by content, not by name: if the first
 non-blank character is ``[`` the file is a JSON list, otherwise JSONL; gzip is
 recognised by its magic bytes. JSONL is streamed line by line, so large
-retrieval outputs need not fit in memory twice.
+retrieval outputs need not fit in memory twice. Questions without passages
+may also come as the QA TSV of DPR's and Anserini's open-domain test sets
+(``question<TAB>['answer 1', 'answer 2']``, recognised by its first line;
+ids are the 0-based line positions, see
+:mod:`jaxfid.retrieval.store.queries`).
 
 Only ``question`` is required. ``answers`` defaults to ``[]`` (prediction
-needs none; the NQ-open spelling ``answer`` is accepted when ``answers`` is
-absent), ``target`` to None, ``ctxs`` to ``[]``, a passage's ``title`` to
+needs none; the NQ-open spelling ``answer`` and FlashRAG's
+``golden_answers`` are accepted when ``answers`` is absent), ``target`` to None, ``ctxs`` to ``[]``, a passage's ``title`` to
 ``""`` and its ``score`` / ``id`` to None. Scores may be numbers or numeric
 strings (DPR writes ``"score": "80.3"``; FiD calls ``float()`` on them). Ids
 may be strings or integers and are kept as strings. Anything else raises
@@ -55,6 +59,7 @@ from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import open_binary
 from jaxfid.core.tokenization import (
     DECODER_START_ID, PAD_ID, Tokenizer, encode_padded)
+from jaxfid.retrieval.store.queries import split_qa_line
 
 QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"
@@ -175,7 +180,8 @@ def parse_record(record, path, where,
   if not isinstance(question, str):
     raise InputError(path, "\"question\" must be a string, got "
                      f"{_json_type(question)}", where=where)
-  key = "answers" if "answers" in record or "answer" not in record else "answer"
+  key = next((k for k in ("answers", "answer", "golden_answers")
+              if k in record), "answers")
   answers = record.get(key)
   if answers is None:
     answers = []
@@ -258,6 +264,26 @@ def _read_jsonl(first: tuple[int, bytes], lines, path,
     yield parse_record(record, path, lineno, require_answers)
 
 
+def _read_qa_tsv(first: tuple[int, bytes], lines, path,
+                 require_answers: bool) -> Iterator[FidExample]:
+  position = 0
+  for lineno, raw in itertools.chain([first], lines):
+    line = _decode(raw, path, lineno).rstrip("\r\n")
+    if not line.strip():
+      continue
+    pair = split_qa_line(line)
+    if pair is None:
+      raise InputError(path, "expected question<TAB>['answer', ...] like the "
+                       "lines before", where=lineno)
+    question, answers = pair
+    if require_answers and not answers:
+      raise InputError(path, "no answers: nothing to train or evaluate on",
+                       where=lineno)
+    yield FidExample(question=question, answers=tuple(answers),
+                     id=str(position))
+    position += 1
+
+
 def iter_fid_examples(path: str | os.PathLike,
                       require_answers: bool = False) -> Iterator[FidExample]:
   """Yields the examples of a FiD JSON / JSONL (/ .gz) file, validating each.
@@ -283,6 +309,9 @@ def iter_fid_examples(path: str | os.PathLike,
     if first[1].lstrip().startswith(b"["):
       # a JSON list: everything before `first` was blank
       yield from _read_json_list(first[1], stream, path, require_answers)
+    elif not first[1].lstrip().startswith(b"{") and split_qa_line(
+        _decode(first[1], path, first[0]).rstrip("\r\n")) is not None:
+      yield from _read_qa_tsv(first, lines, path, require_answers)
     else:
       yield from _read_jsonl(first, lines, path, require_answers)
   except (gzip.BadGzipFile, EOFError, zlib.error) as e:

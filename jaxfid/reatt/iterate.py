@@ -50,10 +50,11 @@ import time
 from typing import Callable
 
 from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
 from jaxfid.fid import examples as fid_format
-from jaxfid.reatt import token_index
+from jaxfid.reatt import index_build
 from jaxfid.retrieval import evaluate
 from jaxfid.retrieval.search import retrieve_to_file
 from jaxfid.retrieval.store.queries import read_queries
@@ -243,17 +244,40 @@ def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
 
 def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
                   queries: str, top_k: int, token_top_k: int,
-                  index_batch_size: int, progress: bool | None) -> dict:
-  """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA."""
-  out = {}
-  if not os.path.exists(os.path.join(it.index_dir, "meta.json")):
-    meta = token_index.build_from_checkpoint(
+                  index_batch_size: int, progress: bool | None) -> None:
+  """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA.
+
+  Multi-host: every process builds the index (process 0 writes it), then
+  process 0 retrieves while the others wait for it.
+  """
+  indexed = multihost.on_leader(
+      lambda: os.path.exists(os.path.join(it.index_dir, "meta.json")),
+      f"checking {it.index_dir}")
+  if not indexed:
+    index_build.build_from_checkpoint(
         model_dir, corpus, it.index_dir, which="latest",
         batch_size=index_batch_size, progress=progress)
-    out["num_tokens"] = meta["num_tokens"]
-  retrieve_to_file(it.index_dir, queries, top_k, it.train_file,
-                   progress=progress, token_top_k=token_top_k)
-  return out
+
+  def retrieve() -> None:
+    retrieve_to_file(it.index_dir, queries, top_k, it.train_file,
+                     progress=progress, token_top_k=token_top_k)
+  multihost.on_leader(retrieve, f"retrieving into {it.train_file}")
+
+
+def finished_record(it: Iteration) -> dict | None:
+  """The record of a finished iteration (None if it is not finished)."""
+  if not it.finished():
+    return None
+  with open(it.record) as f:
+    return json.load(f)
+
+
+def write_record(it: Iteration, **kwargs) -> dict:
+  """Writes (and returns) :func:`iteration_record`: the round is finished."""
+  record = iteration_record(it, **kwargs)
+  with atomic_write(it.record) as f:
+    json.dump(record, f)
+  return record
 
 
 def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
@@ -288,22 +312,33 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
   ``"skipped": True``) and, last, the summary. The summary has
   ``"complete": False`` when training stopped early (SIGTERM): rerun to
   resume.
+
+  Multi-host (``jax.distributed``; every process calls this with the same
+  arguments, MODEL_DIR and the work directory on a shared file system):
+  training and indexing run on every process, process 0 alone decides
+  which rounds are finished, retrieves and writes the records, and the
+  others wait for it, so every process sees the same finished rounds.
   """
   emit = emit or (lambda record: None)
-  for name, value in (("--iterations", iterations),
-                      ("--steps-per-iteration", steps_per_iteration),
-                      ("--top-k", top_k), ("--token-top-k", token_top_k)):
-    if value is not None and value < 1:
-      raise InputError(name, f"must be at least 1, got {value}")
-  for name, path in (("--corpus", corpus), ("--queries", queries)):
-    if not os.path.isfile(path):
-      raise InputError(path, f"no such file ({name})")
-  num_queries = check_queries(queries)
-  for name in ("model_dir", "train_data"):
-    if not settings[name]:
-      raise InputError("gin", f"{name.upper()} is required "
-                       f"(--gin.{name.upper()}=\"'...'\")")
-  check_settings(settings, steps_per_iteration)
+
+  def check() -> int:
+    for name, value in (("--iterations", iterations),
+                        ("--steps-per-iteration", steps_per_iteration),
+                        ("--top-k", top_k), ("--token-top-k", token_top_k)):
+      if value is not None and value < 1:
+        raise InputError(name, f"must be at least 1, got {value}")
+    for name, path in (("--corpus", corpus), ("--queries", queries)):
+      if not os.path.isfile(path):
+        raise InputError(path, f"no such file ({name})")
+    num = check_queries(queries)
+    for name in ("model_dir", "train_data"):
+      if not settings[name]:
+        raise InputError("gin", f"{name.upper()} is required "
+                         f"(--gin.{name.upper()}=\"'...'\")")
+    check_settings(settings, steps_per_iteration)
+    return num
+  # every process checks its own view of the inputs; all stop if one fails
+  num_queries = multihost.run_agreed(check, "checking the inputs")
   n_context = settings["n_context"]
   top_k = top_k or n_context
   if top_k < n_context:
@@ -313,13 +348,15 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
   model_dir = settings["model_dir"]
   work_dir = work_dir or os.path.join(model_dir, DEFAULT_WORK_DIR)
   warmup = settings["retrieval_warmup_steps"]
-  claim_work_dir(work_dir, {
+  identity = {
       "model_dir": os.path.abspath(model_dir),
       "train_data": os.path.abspath(settings["train_data"]),
       "corpus": os.path.abspath(corpus), "queries": os.path.abspath(queries),
       "retrieval_warmup_steps": warmup,
       "steps_per_iteration": steps_per_iteration, "top_k": top_k,
-      "token_top_k": token_top_k})
+      "token_top_k": token_top_k}
+  multihost.on_leader(lambda: claim_work_dir(work_dir, identity),
+                      f"claiming {work_dir}")
   plan = plan_iterations(settings["train_data"], work_dir, iterations,
                          steps_per_iteration, warmup)
   final_step = plan[-1].end_step
@@ -327,15 +364,17 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
   t0 = time.time()
   skipped, complete, noted = 0, True, False
   for it in plan:
-    if it.finished():
-      with open(it.record) as f:
-        record = json.load(f)
+    record = multihost.on_leader(lambda: finished_record(it),
+                                 f"reading {it.record}")
+    if record is not None:
       skipped += 1
       emit({**record, "skipped": True})
       continue
     t_round = time.time()
-    if resume_step(it, model_dir) < it.end_step:
-      if not noted and settings["train_steps"] != final_step:
+    if multihost.on_leader(lambda: resume_step(it, model_dir),
+                           f"reading {model_dir}") < it.end_step:
+      if (not noted and settings["train_steps"] != final_step
+          and multihost.is_leader()):
         print(f"note: TRAIN_STEPS ({settings['train_steps']}) is not used: "
               "`reatt iterate` trains to RETRIEVAL_WARMUP_STEPS + iterations "
               f"x steps = {final_step}", file=sys.stderr)
@@ -347,11 +386,9 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
                   top_k=top_k, token_top_k=token_top_k,
                   index_batch_size=settings["index_batch_size"],
                   progress=progress)
-    record = iteration_record(it, model_dir=model_dir, top_k=top_k,
-                              n_context=n_context,
-                              seconds=time.time() - t_round)
-    with atomic_write(it.record) as f:
-      json.dump(record, f)
+    record = multihost.on_leader(lambda: write_record(
+        it, model_dir=model_dir, top_k=top_k, n_context=n_context,
+        seconds=time.time() - t_round), f"writing {it.record}")
     emit({**record, "skipped": False})
   summary = {"complete": complete, "iterations": iterations,
              "skipped": skipped, "step": latest_step(model_dir),

@@ -43,14 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.checkpoints import names
+from jaxfid.core import multihost
+from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_directory
-from jaxfid.core.tokenization import (
-    Tokenizer, encode_padded, load_tokenizer, pad_ids)
+from jaxfid.core.tokenization import Tokenizer, encode_padded, pad_ids
 from jaxfid.fid.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
 from jaxfid.reatt import model as reatt
 from jaxfid.retrieval.index_dir import building, check_output, write_meta
@@ -143,10 +144,15 @@ def _unflatten(flat) -> dict:
 
 
 class TokenEncoder:
-  """Jitted query and document encoders for one retrieval head."""
+  """Jitted query and document encoders for one retrieval head.
+
+  Token rows are split over ``devices`` (default: this process's), the
+  parameters replicated. A multi-host index build passes every device: each
+  process then passes the same tokens and gets every vector.
+  """
 
   def __init__(self, config: T5Config, reatt_config: reatt.ReAttConfig,
-               params: dict, head: int):
+               params: dict, head: int, devices=None):
     n = reatt_config.bi_encoder_layers
     config = config.replace(dropout_rate=0.0, remat="none")
     module = nnx.eval_shape(lambda: BiEncoder(config, n, rngs=nnx.Rngs(0)))
@@ -154,22 +160,37 @@ class TokenEncoder:
     nnx.replace_by_pure_dict(state, params)
     self.config, self.reatt_config, self.head = config, reatt_config, head
     self.params = params
+    self.mesh = shd.parse_mesh(
+        "", jax.local_devices() if devices is None else devices)
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._rows = NamedSharding(
+        self.mesh, shd.logical_to_mesh((shd.BATCH,), mesh=self.mesh))
     fn = lambda st, tokens, queries: nnx.merge(graphdef, st).vectors(
         tokens, queries=queries, head=head)
-    self._encode = jax.jit(fn, static_argnums=2)
-    self._state = state
+    self._encode = jax.jit(fn, static_argnums=2, out_shardings=replicated)
+    self._state = multihost.put(state, replicated)
 
   @classmethod
-  def from_model(cls, model: reatt.ReAttModel, params: dict) -> "TokenEncoder":
+  def from_model(cls, model: reatt.ReAttModel, params: dict,
+                 devices=None) -> "TokenEncoder":
     """The retrieval head (argmax of the head selector) of a trained model."""
     head = int(np.argmax(np.asarray(jax.device_get(
         model.head_probabilities(params)))))
     sub = jax.tree.map(lambda x: jnp.asarray(jax.device_get(x)),
                        bi_encoder_params(params, model.reatt.bi_encoder_layers))
-    return cls(model.config, model.reatt, sub, head)
+    return cls(model.config, model.reatt, sub, head, devices)
 
   def encode(self, tokens: np.ndarray, queries: bool) -> np.ndarray:
-    return np.asarray(self._encode(self._state, jnp.asarray(tokens), queries))
+    """float32 [N, L, E] of int32 tokens [N, L]."""
+    n, parallel = len(tokens), self.mesh.size
+    size = max(parallel, -(-n // parallel) * parallel)
+    if size > n:  # rows split evenly over the devices
+      tokens = np.concatenate(
+          [tokens, np.zeros((size - n, tokens.shape[1]), np.int32)])
+    with jax.set_mesh(self.mesh):
+      out = self._encode(self._state, multihost.put(tokens, self._rows),
+                         queries)
+    return np.asarray(out)[:n]
 
 
 def query_tokens(tokenizer: Tokenizer, texts: Sequence[str],
@@ -226,20 +247,35 @@ def _faiss_ivfpq(keys: np.ndarray, nlist: int, pq_m: int, pq_bits: int,
   return index
 
 
+def document_batch(tokenizer: Tokenizer, chunk, doc_maxlength: int,
+                   batch_size: int) -> np.ndarray:
+  """int32 [batch_size, doc_maxlength]: the documents of (line, Passage)
+  pairs ``chunk``, then rows of padding (one shape: one compilation)."""
+  tokens = document_tokens(tokenizer, [p.title for _, p in chunk],
+                           [p.text for _, p in chunk], doc_maxlength)
+  return np.concatenate([tokens, np.zeros(
+      (batch_size - len(chunk), doc_maxlength), np.int32)])
+
+
 def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
                       corpus: str | os.PathLike, output: str | os.PathLike, *,
                       doc_maxlength: int, query_maxlength: int,
                       batch_size: int = 64, faiss_type: str = "flat",
                       nlist: int = 1024, pq_m: int = 16, pq_bits: int = 8,
                       progress: bool | None = None,
-                      extra_meta: dict | None = None) -> dict:
+                      extra_meta: dict | None = None,
+                      announce=None, encoding: str = "utf-8") -> dict:
   """Encodes every corpus passage's tokens and writes the index directory.
 
   One compiled encoder serves all batches (fixed ``[batch_size,
   doc_maxlength]``). The directory appears only when complete; one build
   of ``output`` runs at a time, and a full disk is one
   :class:`~jaxfid.core.errors.StorageError` naming ``output`` (see
-  :func:`jaxfid.retrieval.index_dir.building`).
+  :func:`jaxfid.retrieval.index_dir.building`). The corpus is read as
+  :func:`~jaxfid.retrieval.store.corpus.read_corpus` reads it, its text in
+  ``encoding``. ``announce``: in a multi-host build, process 0's batches of
+  passages pass through it before they are encoded
+  (:mod:`jaxfid.reatt.index_build`).
   """
   if faiss_type not in FAISS_TYPES:
     raise InputError("--faiss", f"must be one of {FAISS_TYPES}, got "
@@ -255,17 +291,15 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:
-      passages = tqdm(read_corpus(corpus), desc="indexing", unit=" passages",
+      passages = tqdm(read_corpus(corpus, encoding=encoding),
+                      desc="indexing", unit=" passages",
                       disable=None if progress is None else not progress)
-      for chunk in _batches(passages, batch_size):
+      chunks = _batches(passages, batch_size)
+      for chunk in announce(chunks) if announce else chunks:
         for lineno, passage in chunk:
           store.add(passage, lineno)
-        tokens = document_tokens(tokenizer, [p.title for _, p in chunk],
-                                 [p.text for _, p in chunk], doc_maxlength)
+        tokens = document_batch(tokenizer, chunk, doc_maxlength, batch_size)
         real = len(chunk)
-        if real < batch_size:
-          tokens = np.concatenate(
-              [tokens, np.zeros((batch_size - real, doc_maxlength), np.int32)])
         vectors = encoder.encode(tokens, queries=False)[:real]   # [b, L, E]
         valid = tokens[:real] != 0
         keys_file.write(np.ascontiguousarray(vectors[valid], np.float32)
@@ -293,23 +327,6 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
            if faiss_type == "ivfpq" else {}),
         **(extra_meta or {}))
   return meta
-
-
-def build_from_checkpoint(checkpoint: str, corpus: str, output: str, *,
-                          doc_maxlength: int | None = None,
-                          query_maxlength: int | None = None,
-                          which: str = "auto", **kwargs) -> dict:
-  """``jaxfid index reatt``: index a corpus with a ReAtt MODEL_DIR's model."""
-  model, params, spiece = reatt.load_reatt(checkpoint, which=which)
-  run = checkpointing.read_run_config(checkpoint)
-  length = int(run.get("text_maxlength", 250))
-  tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
-  return build_token_index(
-      TokenEncoder.from_model(model, params), tokenizer, corpus, output,
-      doc_maxlength=doc_maxlength or length,
-      query_maxlength=query_maxlength or model.reatt.query_maxlength or length,
-      extra_meta={"checkpoint": os.path.abspath(checkpoint),
-                  **kwargs.pop("extra_meta", {})}, **kwargs)
 
 
 # ---------------------------------------------------------------- searching

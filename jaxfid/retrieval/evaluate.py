@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from tqdm.auto import tqdm
+
 from jaxfid.core.errors import InputError
 from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
 from jaxfid.evaluation.retrieval import answer_recall, evaluate_run, read_qrels
@@ -109,11 +111,17 @@ def _answers_by_id(data_path) -> dict[str, Query]:
 def evaluate_with_answers(run_path: str | os.PathLike,
                           data_path: str | os.PathLike | None = None,
                           ks: Sequence[int] = DEFAULT_ANSWER_KS,
-                          index_dir: str | os.PathLike | None = None) -> dict:
-  """Answer recall R@k of a run; see the module docstring for the inputs."""
+                          index_dir: str | os.PathLike | None = None,
+                          progress: bool | None = False) -> dict:
+  """Answer recall R@k of a run; see the module docstring for the inputs.
+
+  ``progress``: a bar over the run's queries on stderr (None: only on a
+  terminal).
+  """
   data = _answers_by_id(data_path) if data_path is not None else None
   hits: dict[str, list[bool]] = {}
   cache = PreparedCache()
+  disable = None if progress is None else not progress
   if run_format(run_path) == "fid":
     examples = _fid_run(run_path)
     run_ids = [_example_id(example, i) for i, (_, example)
@@ -122,7 +130,9 @@ def evaluate_with_answers(run_path: str | os.PathLike,
       _check_overlap(run_path, run_ids, data_path, list(data), "QA set")
     elif not run_ids:
       raise InputError(run_path, "the run holds no query")
-    for i, (where, example) in enumerate(examples):
+    for i, (where, example) in enumerate(tqdm(
+        examples, desc="matching answers", unit=" queries",
+        disable=disable)):
       qid = run_ids[i]
       if data is not None:
         if qid not in data:
@@ -156,7 +166,9 @@ def evaluate_with_answers(run_path: str | os.PathLike,
     run_ids = list(run)
     _check_overlap(run_path, run_ids, data_path, list(data), "QA set")
     store = _open_store(index_dir)
-    for qid, docs in run.items():
+    for qid, docs in tqdm(run.items(), total=len(run),
+                          desc="matching answers", unit=" queries",
+                          disable=disable):
       if qid not in data:
         continue
       matcher = AnswerMatcher(data[qid].answers or ())

@@ -7,7 +7,11 @@ registry of loaders and returns a *searcher*: an object with
 * ``search(texts, top_k, **options) -> list[list[(row, score)]]``: for each
   query text, up to ``top_k`` store rows with scores, best first. Options are
   index-specific (``token_top_k`` for token-level indexes); a searcher
-  rejects options it does not know with an InputError.
+  rejects options it does not know with an InputError;
+* optionally ``search_batches(batches, top_k, threads, **options)``: the
+  results of ``search`` for each batch of texts, in order, computed on
+  ``threads`` CPUs (worker processes for BM25, FAISS's threads for dense
+  indexes). :func:`search_all` uses it when present (``--threads``).
 
 Index types register themselves with :func:`register_index_type` when their
 module is imported: ``"bm25"`` (:mod:`jaxfid.retrieval.bm25.index`),
@@ -58,18 +62,33 @@ def open_index(directory: str | os.PathLike) -> Searcher:
 
 
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
-               progress: bool | None = None,
+               progress: bool | None = None, threads: int | None = None,
                **options) -> list[list[tuple[int, float]]]:
-  """Runs all queries in batches, with a progress bar on stderr."""
+  """Runs all queries in batches, with a progress bar on stderr.
+
+  Args:
+    searcher: an open index.
+    texts: the queries.
+    top_k: results per query.
+    progress: show the bar (None: only on a terminal).
+    threads: CPUs to use where the searcher can (None: all).
+    **options: the searcher's options.
+  """
   if top_k < 1:
     raise ValueError(f"top_k must be positive, got {top_k}")
   results: list[list[tuple[int, float]]] = []
+  batches = [texts[i:i + BATCH_SIZE] for i in range(0, len(texts),
+                                                      BATCH_SIZE)]
+  parallel = getattr(searcher, "search_batches", None)
+  if parallel is not None:
+    outputs = parallel(batches, top_k, threads, **options)
+  else:
+    outputs = (searcher.search(batch, top_k, **options) for batch in batches)
   disable = None if progress is None else not progress
   with tqdm(total=len(texts), desc="retrieving", unit=" queries",
-            disable=disable) as bar:
-    for start in range(0, len(texts), BATCH_SIZE):
-      batch = texts[start:start + BATCH_SIZE]
-      results.extend(searcher.search(batch, top_k, **options))
+            disable=disable, smoothing=0.05) as bar:
+    for batch, found in zip(batches, outputs):
+      results.extend(found)
       bar.update(len(batch))
   return results
 
@@ -92,7 +111,8 @@ def _with_ids(store: PassageStore,
 def retrieve_to_file(index_dir: str | os.PathLike,
                      queries_path: str | os.PathLike, top_k: int,
                      output: str | os.PathLike, tag: str = "jaxfid",
-                     progress: bool | None = None, **options) -> dict:
+                     progress: bool | None = None, threads: int | None = None,
+                     **options) -> dict:
   """``jaxfid retrieve``: searches all queries and writes a run file.
 
   ``output`` ending in ``.json``/``.jsonl`` gets FiD JSON, anything else a
@@ -101,7 +121,7 @@ def retrieve_to_file(index_dir: str | os.PathLike,
   queries = read_queries(queries_path)
   searcher = open_index(index_dir)
   rows = search_all(searcher, [q.text for q in queries], top_k, progress,
-                    **options)
+                    threads, **options)
   if run_format(output) == "fid":
     write_fid_json(output, queries, rows, searcher.store)
   else:

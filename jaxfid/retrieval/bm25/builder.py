@@ -21,23 +21,26 @@ per-term arrays, not the collection's postings, which is what makes a
 from __future__ import annotations
 
 import array
+import itertools
 import os
 import shutil
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxfid.core.files import preallocate
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
-from jaxfid.retrieval.text.analysis import EnglishAnalyzer, raw_tokens
+from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
+from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
 _FIELDS = ("terms", "docs", "tfs")
 
 
 class BM25Builder:
-  """Incremental indexing: ``add(text)`` per document, then ``finish()``.
+  """Incremental indexing: ``add_batch``/``add`` documents, then ``finish()``.
 
   Args:
     analyzer: the analyzer (Lucene English by default).
@@ -53,9 +56,11 @@ class BM25Builder:
     self.flush_tokens = flush_tokens
     self.spill_dir = Path(spill_dir) if spill_dir is not None else None
     self.vocab: dict[str, int] = {}
-    self._word_ids: dict[str, int] = {}  # raw token -> column, -1: none
-    self._tokens = array.array("i")
-    self._raw_lengths = array.array("i")
+    self._batcher: BatchAnalyzer | None = None
+    self._tables: dict[tuple, array.array] = {}  # per analyzer: id+1 -> col
+    self._tokens: list[np.ndarray] = []  # column per raw token, -1: none
+    self._raw_lengths: list[np.ndarray] = []
+    self._buffered_tokens = 0
     self._num_docs = 0
     self._buffered_docs = 0
     self._doc_lengths: list[np.ndarray] = []
@@ -64,36 +69,35 @@ class BM25Builder:
   def __len__(self) -> int:
     return self._num_docs
 
-  def _word_id(self, token: str) -> int:
-    term = self.analyzer.raw_term(token)
-    col = -1 if term is None else self.vocab.setdefault(term, len(self.vocab))
-    self._word_ids[token] = col
-    return col
+  def add_batch(self, batch: TokenBatch) -> None:
+    """Appends the documents of a tokenised batch (the next rows)."""
+    table = self._tables.get(batch.source)
+    if table is None:
+      table = self._tables[batch.source] = array.array("i", [-1])
+    vocab = self.vocab
+    table.extend([vocab.setdefault(t, len(vocab)) for t in batch.new_terms])
+    self._tokens.append(np.frombuffer(table, np.int32)[batch.ids + 1])
+    self._raw_lengths.append(np.asarray(batch.lengths, np.int32))
+    self._buffered_tokens += len(batch.ids)
+    self._num_docs += len(batch.lengths)
+    self._buffered_docs += len(batch.lengths)
+    if self._buffered_tokens >= self.flush_tokens:
+      self._flush()
 
   def add(self, text: str) -> None:
-    """Tokenises one document (the next row)."""
-    words = raw_tokens(text)
-    word_ids = self._word_ids
-    try:
-      cols = [word_ids[w] for w in words]
-    except KeyError:
-      cols = [word_ids[w] if w in word_ids else self._word_id(w)
-              for w in words]
-    self._tokens.extend(cols)
-    self._raw_lengths.append(len(cols))
-    self._num_docs += 1
-    self._buffered_docs += 1
-    if len(self._tokens) >= self.flush_tokens:
-      self._flush()
+    """Tokenises and appends one document (the next row)."""
+    if self._batcher is None:
+      self._batcher = BatchAnalyzer(self.analyzer)
+    self.add_batch(self._batcher([text]))
 
   def _flush(self) -> None:
     n = self._buffered_docs
     if n == 0:
       return
     first = self._num_docs - n
-    tokens = np.frombuffer(self._tokens, dtype=np.int32)
+    tokens = np.concatenate(self._tokens)
     rows = np.repeat(np.arange(n, dtype=np.int64),
-                     np.frombuffer(self._raw_lengths, dtype=np.int32))
+                     np.concatenate(self._raw_lengths))
     kept = tokens >= 0  # drop stop words
     tokens, rows = tokens[kept], rows[kept]
     self._doc_lengths.append(np.bincount(rows, minlength=n).astype(np.int64))
@@ -110,8 +114,8 @@ class BM25Builder:
       self._chunks.append(prefix)
     else:
       self._chunks.append(chunk)
-    self._tokens = array.array("i")
-    self._raw_lengths = array.array("i")
+    self._tokens, self._raw_lengths = [], []
+    self._buffered_tokens = 0
     self._buffered_docs = 0
 
   def _load(self, chunk, name: str) -> np.ndarray:
@@ -120,7 +124,8 @@ class BM25Builder:
     return np.load(f"{chunk}.{name}.npy")
 
   def finish(self, params: BM25Params = BM25Params(),
-             directory: str | os.PathLike | None = None) -> BM25Index:
+             directory: str | os.PathLike | None = None,
+             progress: bool | None = False) -> BM25Index:
     """Computes the score matrix; the builder is spent afterwards.
 
     Args:
@@ -128,9 +133,12 @@ class BM25Builder:
       directory: if given, the postings arrays are created there as
         memory-mapped ``.npy`` files (``BM25Index.save`` to the same
         directory then leaves them in place).
+      progress: show a progress bar over the postings written (None: only
+        on a terminal).
     """
     self._flush()
-    self._word_ids = {}
+    self._batcher = None
+    self._tables = {}
     lengths = (np.concatenate(self._doc_lengths) if self._doc_lengths
                else np.zeros(0, np.int64))
     num_terms = len(self.vocab)
@@ -146,17 +154,28 @@ class BM25Builder:
     np.cumsum(df, out=indptr[1:])
     data, indices = self._allocate(int(indptr[-1]), directory)
     cursor = indptr[:-1].copy()  # next free slot of every term
+    max_scores = np.zeros(num_terms, np.float32)
+    bar = tqdm(total=int(indptr[-1]), desc="writing postings",
+               unit=" postings", unit_scale=True,
+               disable=None if progress is None else not progress)
     for chunk in self._chunks:
       terms, docs, tfs = (self._load(chunk, name) for name in _FIELDS)
       counts = np.bincount(terms, minlength=num_terms)
       run_start = np.cumsum(counts) - counts  # where each term's run begins
       dest = cursor[terms] + (np.arange(len(terms)) - run_start[terms])
-      data[dest] = term_scores(idf[terms], tfs, norm_inv[docs])
+      scores = term_scores(idf[terms], tfs, norm_inv[docs])
+      data[dest] = scores
+      present = np.flatnonzero(counts)
+      if len(present):
+        np.maximum.at(max_scores, present,
+                      np.maximum.reduceat(scores, run_start[present]))
       indices[dest] = docs
       cursor += counts
+      bar.update(len(terms))
       if not isinstance(chunk, dict):
         for name in _FIELDS:
           os.unlink(f"{chunk}.{name}.npy")
+    bar.close()
     self._chunks = []
     if self.spill_dir is not None:
       shutil.rmtree(self.spill_dir, ignore_errors=True)
@@ -165,7 +184,7 @@ class BM25Builder:
     return BM25Index(data, indices, indptr, self.vocab,
                      num_docs=self._num_docs, params=params,
                      analyzer=self.analyzer, stats=stats, idf=idf,
-                     doc_norms=norm_inv)
+                     doc_norms=norm_inv, max_scores=max_scores)
 
   @staticmethod
   def _allocate(size: int, directory) -> tuple[np.ndarray, np.ndarray]:
@@ -185,9 +204,12 @@ class BM25Builder:
 
 
 def build_index(texts: Iterable[str], params: BM25Params = BM25Params(),
-                analyzer: EnglishAnalyzer | None = None) -> BM25Index:
+                analyzer: EnglishAnalyzer | None = None,
+                batch_size: int = 1024) -> BM25Index:
   """Indexes ``texts`` (document i is row i) in memory."""
   builder = BM25Builder(analyzer)
-  for text in texts:
-    builder.add(text)
+  batcher = BatchAnalyzer(builder.analyzer)
+  texts = iter(texts)
+  while batch := list(itertools.islice(texts, batch_size)):
+    builder.add_batch(batcher(batch))
   return builder.finish(params)

@@ -4,7 +4,7 @@
 (:mod:`jaxfid.retrieval.bm25.scoring` layout) before loading it: the
 document count of ``bm25.json`` against ``meta.json``'s, the CSC arrays
 against ``indptr`` (sizes and dtypes from the ``.npy`` headers, nothing read
-whole), the per-term and per-document arrays, and that the vocabulary was not
+whole), the per-term and per-document arrays (``max_scores.npy`` when present), and that the vocabulary was not
 cut short. A missing, truncated or inconsistent file is one
 :class:`~jaxfid.core.errors.InputError` naming it.
 """
@@ -37,6 +37,8 @@ def check_bm25_files(directory: str | os.PathLike, num_docs: int) -> None:
   load_array(d / "indices.csc.index.npy", (nnz,), (np.int32,))
   load_array(d / "idf.npy", (num_terms,), (np.float32,))
   load_array(d / "doc_norms.npy", (num_docs,), (np.float32,))
+  if (d / "max_scores.npy").exists():  # absent in indexes saved before it
+    load_array(d / "max_scores.npy", (num_terms,), (np.float32,))
   check_json_complete(d / "vocab.index.json")
 
 

@@ -8,27 +8,35 @@ Layout of ``INDEX_DIR`` (``jaxfid index bm25``)::
   bm25/            the postings, in bm25s's file layout (jaxfid.retrieval.bm25.scoring)
 
 Documents are indexed as Anserini indexes BEIR/DPR corpora: title and text
-together ("contents"). Indexing reads the corpus once, streaming passages to
-the store while tokenising them, and spills postings to disk as it goes
-(:mod:`jaxfid.retrieval.bm25.builder`); the directory appears only when
-complete. Importing this module registers the ``"bm25"`` index type of
-:func:`jaxfid.retrieval.search.open_index`.
+together ("contents"). Indexing reads the corpus once in the main process,
+streaming passages to the store, while ``threads`` worker processes tokenise
+batches of them (:mod:`jaxfid.retrieval.bm25.tokens`); postings are spilled
+to disk as they come (:mod:`jaxfid.retrieval.bm25.builder`), so memory stays
+bounded, and the directory appears only when complete. Searching many
+queries also runs on ``threads`` processes, each with the index memory-mapped
+(:meth:`BM25Searcher.search_batches`). Importing this module registers the
+``"bm25"`` index type of :func:`jaxfid.retrieval.search.open_index`.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_directory
 from jaxfid.retrieval.bm25.builder import BM25Builder
-from jaxfid.retrieval.bm25.scoring import BM25Params
 from jaxfid.retrieval.bm25.check import open_bm25_index
-from jaxfid.retrieval.index_dir import building, check_output, write_meta
+from jaxfid.retrieval.bm25.scoring import BM25Params
+from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
+from jaxfid.retrieval.index_dir import (
+    building, check_output, read_meta, write_meta)
 from jaxfid.retrieval.search import register_index_type
+from jaxfid.retrieval.text.analysis import EnglishAnalyzer
+from jaxfid.retrieval.workers import ordered_map, resolve_threads
 from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
@@ -36,9 +44,25 @@ from jaxfid.retrieval.store.passage_store import (
 INDEX_TYPE = "bm25"
 
 
+BATCH_DOCS = 2048  # documents per tokenising task
+MIN_PARALLEL_WORK = 20_000_000  # queries x passages worth worker processes
+
+_BATCHER: BatchAnalyzer | None = None  # a worker's tokenizer
+
+
+def _init_tokenizer(config: dict) -> None:
+  global _BATCHER
+  _BATCHER = BatchAnalyzer(EnglishAnalyzer.from_config(config))
+
+
+def _tokenize(texts: list[str]) -> TokenBatch:
+  return _BATCHER(texts)
+
+
 def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
                      params: BM25Params = BM25Params(),
-                     progress: bool | None = None) -> dict:
+                     progress: bool | None = None, encoding: str = "utf-8",
+                     threads: int | None = None) -> dict:
   """Indexes a corpus file into the directory ``output``; returns meta.json.
 
   Args:
@@ -46,6 +70,8 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
     output: the index directory (replaced if it already holds an index).
     params: BM25 parameters.
     progress: show a progress bar (None: only on a terminal).
+    encoding: the corpus's text encoding.
+    threads: tokenising processes (None: all available CPUs).
 
   Raises:
     InputError: on a malformed or empty corpus, or while another build of
@@ -56,17 +82,22 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "
                      f"b={params.b} (need k1 >= 0, 0 <= b <= 1)")
+  threads = resolve_threads(threads)
   with building(output), \
       atomic_directory(output, check=check_output) as tmp:
     builder = BM25Builder(spill_dir=tmp / "chunks")
-    with PassageStoreWriter(tmp, source=corpus) as store:
-      for lineno, passage in tqdm(read_corpus(corpus), desc="indexing",
-                                  unit=" passages", disable=_quiet(progress)):
-        store.add(passage, lineno)
-        builder.add(passage_contents(passage))
+    with PassageStoreWriter(tmp, source=corpus) as store, \
+        tqdm(desc="indexing", unit=" passages", disable=_quiet(progress),
+             smoothing=0.05) as bar:
+      batches = _text_batches(read_corpus(corpus, encoding=encoding), store)
+      for tokens in ordered_map(_tokenize, batches, threads, _init_tokenizer,
+                                (builder.analyzer.config(),)):
+        builder.add_batch(tokens)
+        bar.update(len(tokens.lengths))
     if len(builder) == 0:
       raise InputError(corpus, "no passages in the corpus")
-    index = builder.finish(params, directory=tmp / "bm25")
+    index = builder.finish(params, directory=tmp / "bm25",
+                           progress=progress)
     index.save(tmp / "bm25")
     meta = write_meta(tmp, INDEX_TYPE, k1=params.k1, b=params.b,
                       lucene_norms=params.lucene_norms,
@@ -75,6 +106,20 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
                       analyzer=index.analyzer.config()["name"],
                       stats=index.stats)
   return meta
+
+
+def _text_batches(passages: Iterable, store: PassageStoreWriter
+                  ) -> Iterator[list[str]]:
+  """Stores each (line, passage) and yields their indexed texts in batches."""
+  batch: list[str] = []
+  for lineno, passage in passages:
+    store.add(passage, lineno)
+    batch.append(passage_contents(passage))
+    if len(batch) == BATCH_DOCS:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
 
 
 def _quiet(progress: bool | None) -> bool | None:
@@ -91,15 +136,59 @@ class BM25Searcher:
         "num_passages"))
     self.index = open_bm25_index(self.directory / "bm25", len(self.store))
 
-  def search(self, texts: Sequence[str], top_k: int,
-             **options) -> list[list[tuple[int, float]]]:
-    """Top ``top_k`` (store row, score) per query text, best first."""
+  def _check(self, options: dict) -> None:
     if options:
       names = ", ".join("--" + k.replace("_", "-") for k in sorted(options))
       raise InputError(self.directory, f"option {names} does not apply to a "
                        "bm25 index")
+
+  def search(self, texts: Sequence[str], top_k: int,
+             **options) -> list[list[tuple[int, float]]]:
+    """Top ``top_k`` (store row, score) per query text, best first."""
+    self._check(options)
     rank = self.store.id_rank
     return [self.index.search(text, top_k, rank) for text in texts]
+
+  def search_batches(self, batches: Sequence[Sequence[str]], top_k: int,
+                     threads: int | None = None, **options
+                     ) -> Iterator[list[list[tuple[int, float]]]]:
+    """:meth:`search` of each batch, in order, on ``threads`` processes
+    that each map the index (None: all CPUs); small jobs (queries times
+    passages under ``MIN_PARALLEL_WORK``) run here, without workers."""
+    self._check(options)
+    threads = resolve_threads(threads)
+    queries = sum(len(batch) for batch in batches)
+    if (threads == 1 or len(batches) < 2
+        or queries * len(self.store) < MIN_PARALLEL_WORK):
+      for batch in batches:
+        yield self.search(batch, top_k)
+      return
+    for counts, rows, scores in ordered_map(
+        _search_batch, batches, threads, _open_searcher,
+        (str(self.directory), top_k)):
+      rows, scores = rows.tolist(), scores.tolist()
+      ends = np.cumsum(counts).tolist()
+      yield [list(zip(rows[a:b], scores[a:b]))
+             for a, b in zip([0] + ends[:-1], ends)]
+
+
+_SEARCH: tuple | None = None  # a worker's (searcher, top_k)
+
+
+def _open_searcher(directory: str, top_k: int) -> None:
+  global _SEARCH
+  _SEARCH = BM25Searcher(directory, read_meta(directory)), top_k
+
+
+def _search_batch(texts: Sequence[str]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A batch's results, compactly: (count per query, rows, scores)."""
+  searcher, top_k = _SEARCH
+  found = searcher.search(texts, top_k)
+  flat = [hit for hits in found for hit in hits]
+  return (np.array([len(hits) for hits in found], np.int64),
+          np.array([row for row, _ in flat], np.int64),
+          np.array([score for _, score in flat], np.float32))
 
 
 register_index_type(INDEX_TYPE, BM25Searcher)

@@ -29,11 +29,13 @@ scores for all 10,570 dev questions.
 Storage is bm25s's "eager" sparse layout: a term-major CSC matrix of
 precomputed per-(term, document) scores (``data`` float32, ``indices`` int32
 document numbers, ``indptr`` int64 per term), saved with bm25s's file names so
-``bm25s.BM25.load`` opens the same directory. A query's postings are summed
-over the distinct matching rows when they are few, or else into a dense
-float32 array as bm25s does, followed by an exact rescoring of the candidates
-(:meth:`BM25Index.search`). Every document is scored (no dynamic pruning as
-in Lucene's WAND), so query time grows with the postings of the query terms.
+``bm25s.BM25.load`` opens the same directory; ``max_scores.npy`` adds each
+term's largest score (older indexes without it get it computed on load). A
+query with few postings is scored exhaustively (double sums over the distinct
+matching rows); otherwise :func:`jaxfid.retrieval.bm25.topk.pruned_top_k`
+skips the documents that cannot reach the top k (MaxScore) and scores the
+rest exactly (:meth:`BM25Index.search`), so query time grows with the
+postings the query touches, not with the collection.
 
 Indexing (:mod:`jaxfid.retrieval.bm25.builder`) streams documents in
 bounded memory.
@@ -42,12 +44,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from jaxfid.retrieval.bm25.topk import Term, Workspaces, pruned_top_k
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
 # --- Lucene's SmallFloat: document lengths in one byte ----------------------
@@ -145,7 +149,17 @@ def term_scores(weight, tf, norm_inv) -> np.ndarray:
 
 
 # --- the index --------------------------------------------------------------
-_SPARSE_FRACTION = 0.125  # below this postings/N ratio, accumulate sparsely
+_EXHAUSTIVE_POSTINGS = 4096  # queries with fewer postings are not pruned
+
+
+def term_maxima(data: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+  """float32 per term: the largest of its postings' scores (0 if none)."""
+  starts = np.asarray(indptr[:-1], np.int64)
+  out = np.zeros(len(starts), np.float32)
+  nonempty = np.flatnonzero(np.diff(indptr) > 0)
+  if len(nonempty):
+    out[nonempty] = np.maximum.reduceat(data, starts[nonempty])
+  return out
 
 
 class BM25Index:
@@ -154,6 +168,7 @@ class BM25Index:
   Attributes:
     data, indices, indptr: term-major CSC of per-(term, doc) scores.
     idf: float32 idf per term; doc_norms: float32 norm inverse per document.
+    max_scores: float32 per term, its largest score (for pruning).
     vocab: term -> column.
     num_docs: N.
     params: the BM25Params it was built with.
@@ -163,8 +178,11 @@ class BM25Index:
 
   def __init__(self, data, indices, indptr, vocab: dict[str, int],
                num_docs: int, params: BM25Params, analyzer: EnglishAnalyzer,
-               stats: dict, idf: np.ndarray, doc_norms: np.ndarray):
+               stats: dict, idf: np.ndarray, doc_norms: np.ndarray,
+               max_scores: np.ndarray | None = None):
     self.data, self.indices, self.indptr = data, indices, indptr
+    self.max_scores = max_scores  # float32 per term (computed when None)
+    self._workspaces = Workspaces()
     self.idf = idf  # float32 per term
     self.doc_norms = doc_norms  # float32 normInverse per document
     self.vocab = vocab
@@ -234,6 +252,20 @@ class BM25Index:
       return np.zeros(0, np.int64), np.zeros(0, np.float32)
     return self._sum_sparse(terms)
 
+  def upper_bounds(self) -> np.ndarray:
+    """float32 per term: its largest score (at boost 1) in the index."""
+    if self.max_scores is None:  # an index saved before they were stored
+      self.max_scores = term_maxima(self.data, self.indptr)
+    return self.max_scores
+
+  def _upper(self, col: int, boost: float) -> float:
+    """An upper bound of the term's scores with weight ``boost * idf``."""
+    bound = float(self.upper_bounds()[col])
+    if boost == 1:
+      return bound
+    weight = float(np.float32(np.float32(boost) * self.idf[col]))
+    return bound * weight / max(float(self.idf[col]), 1e-30) * (1 + 2.0**-18)
+
   def search(self, text: str, k: int,
              tie_rank: np.ndarray | None = None) -> list[tuple[int, float]]:
     """The top ``k`` matching documents: [(row, score)], best first.
@@ -242,41 +274,24 @@ class BM25Index:
     there may be fewer than ``k``. Ties are broken by ``tie_rank[row]``
     ascending (the rank of the document id; row order when None).
 
-    When the terms have many postings, they are summed in float32 into a
-    dense array (as bm25s does; a repeated term's scores multiplied by its
-    count) only to find candidates: every row whose approximate score is
-    within the worst-case rounding error of the k-th largest. The candidates'
-    scores are then recomputed exactly (double sums of their postings, found
-    by binary search, with Lucene's boosted weights), so results equal
-    Lucene's.
+    Few postings are scored exhaustively; otherwise
+    :func:`jaxfid.retrieval.bm25.topk.pruned_top_k` skips documents that
+    cannot reach the top ``k``. Both give Lucene's exact scores (double sums
+    of Lucene's float scores, boosted weights for repeated terms).
     """
     terms = self._postings(text)
-    if not terms:
+    if not terms or k <= 0:
       return []
     num_postings = sum(len(rows) for _, _, rows, _ in terms)
-    if (len(terms) == 1 or k >= self.num_docs
-        or num_postings < _SPARSE_FRACTION * self.num_docs):
+    if len(terms) == 1 or num_postings <= _EXHAUSTIVE_POSTINGS:
       docs, scores = self._sum_sparse(terms)
       return top_k(docs, scores, k, tie_rank)
-    approx = np.zeros(self.num_docs, np.float32)
-    for _, rep, rows, scores in terms:
-      np.add.at(approx, rows, scores if rep == 1 else scores * np.float32(rep))
-    kth = np.partition(approx, self.num_docs - k)[self.num_docs - k]
-    if kth > 0:
-      # float32 sums of m non-negative terms err by < m ulps of the sum (and
-      # a boosted term by a few ulps): keep a margin of 8 ulps per term
-      slack = 1.0 + 8.0 * len(terms) * 2.0**-24
-      candidates = np.flatnonzero(approx >= np.float32(kth / slack**2))
-    else:  # fewer than k matching rows
-      candidates = np.flatnonzero(approx > 0)
-    exact = np.zeros(len(candidates), np.float64)
-    wanted = candidates.astype(self.indices.dtype)  # no conversion of rows
-    for col, rep, rows, scores in terms:
-      pos = np.minimum(np.searchsorted(rows, wanted), len(rows) - 1)
-      hit = rows[pos] == wanted
-      pos = pos[hit]
-      exact[hit] += self._boosted(col, rep, rows[pos], scores[pos])
-    return top_k(candidates, exact.astype(np.float32), k, tie_rank)
+    docs, scores = pruned_top_k(
+        [Term(rows, scores, int(rep), self._upper(col, rep),
+              functools.partial(self._boosted, col, rep))
+         for col, rep, rows, scores in terms], k,
+        self._workspaces.get(self.num_docs))
+    return top_k(docs, scores, k, tie_rank)
 
   # -- persistence
   def save(self, directory: str | os.PathLike) -> None:
@@ -296,6 +311,7 @@ class BM25Index:
                  "backend": "numpy"}, f, indent=2)
     np.save(d / "idf.npy", np.asarray(self.idf, np.float32))
     np.save(d / "doc_norms.npy", np.asarray(self.doc_norms, np.float32))
+    np.save(d / "max_scores.npy", self.upper_bounds())
     with open(d / "bm25.json", "w") as f:
       json.dump({"params": dataclasses.asdict(self.params),
                  "analyzer": self.analyzer.config(),
@@ -321,7 +337,9 @@ class BM25Index:
                params=BM25Params(**meta["params"]),
                analyzer=EnglishAnalyzer.from_config(meta["analyzer"]),
                stats=meta["stats"], idf=np.load(d / "idf.npy"),
-               doc_norms=load("doc_norms.npy"))
+               doc_norms=load("doc_norms.npy"),
+               max_scores=(np.load(d / "max_scores.npy")
+                           if (d / "max_scores.npy").exists() else None))
 
 
 def top_k(docs: np.ndarray, scores: np.ndarray, k: int,

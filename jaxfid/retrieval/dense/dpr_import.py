@@ -96,7 +96,8 @@ def import_embeddings(embeddings: str | Sequence[str],
                       embedding_dtype: str = "float32",
                       train_size: int = DEFAULT_TRAIN_SIZE,
                       query_encoder_entry: dict | None = None,
-                      progress: bool | None = None) -> dict:
+                      progress: bool | None = None,
+                      encoding: str = "utf-8") -> dict:
   """Builds a dense index directory from DPR embedding pickles.
 
   Args:
@@ -107,6 +108,8 @@ def import_embeddings(embeddings: str | Sequence[str],
       as for :func:`jaxfid.retrieval.dense.index.write_dense_index`.
     query_encoder_entry: the ``meta.json`` entry of an encoder that embeds
       queries into the same space (its ``dim`` must match), or None.
+    progress: show progress bars (None: only on a terminal).
+    encoding: the corpus's text encoding.
 
   Returns:
     A summary: ``{"index", "num_passages", "dim", "files"}``.
@@ -125,7 +128,7 @@ def import_embeddings(embeddings: str | Sequence[str],
                              embedding_dtype=embedding_dtype,
                              train_size=train_size,
                              query_encoder_entry=query_encoder_entry,
-                             progress=progress)
+                             progress=progress, encoding=encoding)
     except BaseException:
       shutil.rmtree(staging, ignore_errors=True)
       raise
@@ -135,8 +138,8 @@ def import_embeddings(embeddings: str | Sequence[str],
 
 def _import_into(staging: Path, files: list[str], corpus, *, factory, metric,
                  index_shards, shard_size, embedding_dtype, train_size,
-                 query_encoder_entry, progress) -> dict:
-  store = write_store(corpus, staging, progress)
+                 query_encoder_entry, progress, encoding) -> dict:
+  store = write_store(corpus, staging, progress, encoding)
   resolver = _IdResolver(store)
   pairs = ((path, *pair) for path in files
            for pair in iter_pairs(path, load_pickle(path)))

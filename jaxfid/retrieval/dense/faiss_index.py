@@ -127,6 +127,18 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
   return info
 
 
+def _order(s: np.ndarray, r: np.ndarray, k: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """The best k of each row of (scores, rows): score desc, then row asc."""
+  missing = r < 0
+  s = np.where(missing, -np.inf, s)
+  r = np.where(missing, np.iinfo(np.int64).max, r)
+  order = np.lexsort((r, -s), axis=1)[:, :k]
+  s = np.take_along_axis(s, order, axis=1)
+  r = np.take_along_axis(r, order, axis=1)
+  return s, np.where(r == np.iinfo(np.int64).max, -1, r)
+
+
 def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray],
                k: int) -> tuple[np.ndarray, np.ndarray]:
   """Merges per-part results ([Q, k_i] each, row -1 = none) into the top k.
@@ -136,15 +148,22 @@ def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray],
   """
   s = np.concatenate([np.asarray(x, np.float32) for x in scores], axis=1)
   r = np.concatenate([np.asarray(x, np.int64) for x in rows], axis=1)
-  s = np.where(r < 0, -np.inf, s)
-  r = np.where(r < 0, np.iinfo(np.int64).max, r)
-  by_row = np.argsort(r, axis=1, kind="stable")
-  s = np.take_along_axis(s, by_row, axis=1)
-  r = np.take_along_axis(r, by_row, axis=1)
-  by_score = np.argsort(-s, axis=1, kind="stable")[:, :k]
-  s = np.take_along_axis(s, by_score, axis=1)
-  r = np.take_along_axis(r, by_score, axis=1)
-  r = np.where(r == np.iinfo(np.int64).max, -1, r)
+  return _order(s, r, k)
+
+
+def order_ties(s: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """One part's (FAISS-sorted) results with equal scores ordered by row and
+  missing results (row -1) scored -inf; only queries with ties are sorted,
+  so the usual case costs one comparison per result."""
+  s = np.asarray(s, np.float32)
+  r = np.asarray(r, np.int64)
+  missing = r < 0
+  if missing.any():
+    s = np.where(missing, -np.inf, s)
+  tied = np.flatnonzero(((s[:, 1:] == s[:, :-1]) & ~missing[:, 1:]).any(1))
+  if len(tied):
+    s, r = s.copy(), r.copy()
+    s[tied], r[tied] = _order(s[tied], r[tied], s.shape[1])
   return s, r
 
 
@@ -256,8 +275,10 @@ class ShardedIndex:
       if self.metric == "l2":
         d = -d
       all_scores.append(d)
-      all_rows.append(np.where(i >= 0, i + start, -1))
+      all_rows.append(i if start == 0 else np.where(i >= 0, i + start, -1))
     if not all_scores:
       return (np.full((len(queries), 0), -np.inf, np.float32),
               np.full((len(queries), 0), -1, np.int64))
+    if len(all_scores) == 1:
+      return order_ties(all_scores[0], all_rows[0])
     return merge_topk(all_scores, all_rows, k)

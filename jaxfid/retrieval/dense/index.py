@@ -18,10 +18,10 @@ This module knows nothing of the model that makes the vectors. Building
 :mod:`jaxfid.dual_encoder.index`; DPR's released embeddings are imported by
 :mod:`jaxfid.retrieval.dense.dpr_import`.
 
-The corpus is any format of :mod:`jaxfid.retrieval.store.corpus`, or *sentences*
-(ReFusion's key-value store): a ``.txt`` file with one sentence per line, or
-JSONL whose records have ``text`` but no id; sentence ids are their 0-based
-row (blank lines are skipped).
+The corpus is any format of :mod:`jaxfid.retrieval.store.corpus`, including
+*sentences* (ReFusion's key-value store): a ``.txt`` file with one sentence
+per line, or JSONL whose records have ``text`` but no id; sentence ids are
+their 0-based row (blank lines are skipped).
 
 Building happens in ``.NAME.partial/`` beside the output and is renamed into
 place when complete. An interrupted build (kill -9, a crash) leaves that
@@ -46,18 +46,17 @@ Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
+import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import remove_stale_temporaries, replace_directory
-from jaxfid.core.textio import iter_json_lines, iter_lines
 from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
@@ -66,11 +65,13 @@ from jaxfid.retrieval.dense.faiss_index import (
 from jaxfid.retrieval.dense.vector_files import read_query_vectors
 from jaxfid.retrieval.index_dir import (
     building, check_output, read_meta, write_meta)
-from jaxfid.retrieval.store.corpus import Passage, detect_format, read_corpus
+from jaxfid.retrieval.store.corpus import Passage, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
+from jaxfid.retrieval.workers import resolve_threads
 
 INDEX_TYPE = "dense"
+QUERY_CHUNK = 16  # search batches whose queries are embedded together
 
 
 class PassageEncoder(Protocol):
@@ -103,49 +104,11 @@ class QueryEmbedder(Protocol):
 # corpora and sentence files
 
 
-def _sentences_from_text(path) -> Iterator[tuple[int, Passage]]:
-  row = 0
-  for lineno, line in iter_lines(path):
-    if line.strip():
-      yield lineno, Passage(str(row), "", line)
-      row += 1
-
-
-def _sentences_from_jsonl(path) -> Iterator[tuple[int, Passage]]:
-  row = 0
-  for lineno, record in iter_json_lines(path):
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-      raise InputError(path, "expected a JSON object with a string 'text'",
-                       where=lineno)
-    title = record.get("title") or ""
-    if not isinstance(title, str):
-      raise InputError(path, "'title' must be a string", where=lineno)
-    yield lineno, Passage(str(row), title, record["text"])
-    row += 1
-
-
-def _first_record(path) -> dict | None:
-  for _, line in iter_lines(path):
-    if line.strip():
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        return None  # read_corpus reports it
-      return record if isinstance(record, dict) else None
-  return None
-
-
-def read_dense_corpus(path: str | os.PathLike
+def read_dense_corpus(path: str | os.PathLike, encoding: str = "utf-8"
                       ) -> Iterator[tuple[int, Passage]]:
-  """(line, Passage) of a corpus or sentence file (see the module docstring)."""
-  name = os.path.basename(str(path)).lower()
-  if name.endswith((".txt", ".txt.gz")):
-    return _sentences_from_text(path)
-  if detect_format(path) == "jsonl":
-    first = _first_record(path)
-    if first is not None and "_id" not in first and "id" not in first:
-      return _sentences_from_jsonl(path)
-  return read_corpus(path)
+  """(line, Passage) of a corpus or sentence file: :func:`jaxfid.retrieval
+  .store.corpus.read_corpus`, which reads both."""
+  return read_corpus(path, encoding=encoding)
 
 
 # --------------------------------------------------------------------------
@@ -170,9 +133,10 @@ def staging_dir(output: str | os.PathLike) -> Path:
   return output.parent / f".{output.name}.partial"
 
 
-def write_store(corpus, staging: Path,
-                progress: bool | None = None) -> PassageStore:
-  """Reads the corpus into the staging directory's passage store.
+def write_store(corpus, staging: Path, progress: bool | None = None,
+                encoding: str = "utf-8") -> PassageStore:
+  """Reads the corpus (text in ``encoding``) into the staging directory's
+  passage store.
 
   On a malformed corpus the staging directory is removed (its embeddings, if
   any, belong to another corpus) and the InputError propagates.
@@ -180,7 +144,8 @@ def write_store(corpus, staging: Path,
   try:
     with PassageStoreWriter(staging, source=corpus) as writer:
       for lineno, passage in tqdm(
-          read_dense_corpus(corpus), desc="reading", unit=" passages",
+          read_dense_corpus(corpus, encoding), desc="reading",
+          unit=" passages",
           disable=None if progress is None else not progress):
         writer.add(passage, lineno)
   except InputError:
@@ -220,7 +185,8 @@ def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
                       shard_size: int = DEFAULT_SHARD_SIZE,
                       embedding_dtype: str = "float32",
                       train_size: int = DEFAULT_TRAIN_SIZE,
-                      progress: bool | None = None) -> dict:
+                      progress: bool | None = None,
+                      encoding: str = "utf-8") -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
   Args:
@@ -234,6 +200,7 @@ def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
     embedding_dtype: 'float32' or 'float16' storage of the embeddings.
     train_size: vectors to train IVF/PQ indexes on.
     progress: show progress bars (None: only on a terminal).
+    encoding: the corpus's text encoding.
 
   Returns:
     ``{"index", "num_passages", "dim", "embedded", "reused", ...}``.
@@ -248,7 +215,7 @@ def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
   with building(output, remove=[staging]):
     remove_stale_temporaries(staging)  # a dead build's unfinished files
     staging.mkdir(parents=True, exist_ok=True)
-    store = write_store(corpus, staging, progress)
+    store = write_store(corpus, staging, progress, encoding)
     source = {**encoder.source(), "passages": store_fingerprint(staging)}
     writer = ShardWriter(staging, len(store), dim, dtype=embedding_dtype,
                          shard_size=shard_size, source=source)
@@ -286,6 +253,16 @@ def read_dense_meta(directory: str | os.PathLike) -> dict:
   if meta["type"] != INDEX_TYPE:
     raise InputError(directory, f"a {meta['type']!r} index, not a dense one")
   return meta
+
+
+def hit_lists(scores: np.ndarray, rows: np.ndarray
+              ) -> list[list[tuple[int, float]]]:
+  """[Q, k] FAISS results (row -1 = none, at the end) as (row, score) lists."""
+  if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
+    return [list(zip(r, s)) for r, s in zip(rows.tolist(), scores.tolist())]
+  found = (rows >= 0).sum(axis=1).tolist()
+  return [list(zip(r[:n], s[:n])) for r, s, n in zip(
+      rows.tolist(), scores.tolist(), found)]
 
 
 class DenseSearcher:
@@ -359,11 +336,27 @@ class DenseSearcher:
   def search_vectors(self, vectors: np.ndarray, top_k: int
                      ) -> list[list[tuple[int, float]]]:
     """Top ``top_k`` (row, score) per query vector, best first."""
-    scores, rows = self.index(self._index_mmap).search(vectors, top_k)
-    out = []
-    for s, r in zip(scores.tolist(), rows.tolist()):
-      out.append([(row, score) for row, score in zip(r, s) if row >= 0])
-    return out
+    return hit_lists(*self.index(self._index_mmap).search(vectors, top_k))
+
+  def search_batches(self, batches: Sequence[Sequence[str]], top_k: int,
+                     threads: int | None = None, **options
+                     ) -> Iterator[list[list[tuple[int, float]]]]:
+    """:meth:`search` of each batch, in order: queries are embedded
+    ``QUERY_CHUNK`` batches at a time (the embedder pipelines its device
+    batches), and FAISS searches on ``threads`` threads (None: all)."""
+    threads = resolve_threads(threads)
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+      for start in range(0, len(batches), QUERY_CHUNK):
+        chunk = batches[start:start + QUERY_CHUNK]
+        texts = [text for batch in chunk for text in batch]
+        found = self.search(texts, top_k, **options)
+        for batch in chunk:
+          yield found[:len(batch)]
+          found = found[len(batch):]
+    finally:
+      faiss.omp_set_num_threads(previous)
 
   def search(self, texts: Sequence[str], top_k: int,
              **options) -> list[list[tuple[int, float]]]:

@@ -1,24 +1,38 @@
-"""Reading passage corpora: BEIR JSONL, DPR TSV and DPR JSONL, gzipped or not.
+"""Reading passage corpora: JSONL, DPR TSV and sentence files, gzipped or not.
 
-Three formats are accepted, detected from the file name (``.tsv``,
-``.jsonl``/``.json``, each optionally ``.gz``) or, for other names, from the
-first non-blank line (``{`` starts JSON lines):
+Accepted formats:
 
 * **BEIR JSONL**: ``{"_id": ..., "title": ..., "text": ...}`` per line (other
   keys such as ``metadata`` are ignored);
-* **DPR JSONL**: the same with ``id`` instead of ``_id`` (pyserini's
-  ``contents`` is accepted in place of ``text``);
+* **DPR JSONL**: the same with ``id`` instead of ``_id``;
+* **pyserini / FlashRAG JSONL**: ``{"id": ..., "contents": ...}``; a
+  ``contents`` whose first line is a double-quoted title (``"Title"\\ntext``,
+  as in pyserini's and FlashRAG's Wikipedia) is split into title and text,
+  any other ``contents`` is the text;
+* **sentence JSONL**: records with ``text`` (and optionally ``title``) but
+  no id; passage ids are the 0-based record numbers;
 * **DPR TSV**: a header naming the columns (``id``, ``text`` and optionally
   ``title``, in any order; DPR's ``psgs_w100.tsv`` has ``id text title``), then
   one passage per row. Fields follow DPR's ``csv`` conventions: tab-separated,
   a field holding quotes, tabs or newlines is double-quoted with ``""``
-  escapes.
+  escapes;
+* **sentences** (``.txt``): one passage per non-blank line, ids 0, 1, ...
+  (ReFusion's key-value store).
 
-Gzip is recognised by its magic bytes, whatever the file name. Every problem
-in the file (undecodable UTF-8, bad JSON, a missing id or text, a wrong
-number of TSV columns, an id with whitespace, which a TREC run cannot hold)
-raises :class:`InputError` naming the file and the line. Duplicate ids are
-caught where passages are stored (:mod:`jaxfid.retrieval.store.passage_store`).
+The format comes from the name where it says (``.jsonl``/``.json``: JSON
+lines, ``.tsv``: DPR TSV, each optionally ``.gz``) and otherwise from the
+first non-blank line: a JSON object starts JSON lines whatever the suffix (a
+``.txt`` file of JSON lines is JSONL); a ``.txt`` file is otherwise a
+sentence file unless its first line is a DPR TSV header; any other name is
+DPR TSV. Whether JSON lines carry ids is decided by the first record.
+
+Gzip is recognised by its magic bytes, whatever the file name. Text is UTF-8
+unless ``encoding`` names another ASCII-compatible encoding (``cp1252`` for
+legacy corpora; ``--encoding`` of the commands). Every problem in the file
+(undecodable text, bad JSON, a missing id or text, a wrong number of TSV
+columns, an id with whitespace, which a TREC run cannot hold) raises
+:class:`InputError` naming the file and the line. Duplicate ids are caught
+where passages are stored (:mod:`jaxfid.retrieval.store.passage_store`).
 
 Readers are generators: a 21M-passage corpus streams through in constant
 memory.
@@ -26,6 +40,7 @@ memory.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 from typing import Iterator, NamedTuple
@@ -33,7 +48,7 @@ from typing import Iterator, NamedTuple
 from jaxfid.core.errors import InputError
 from jaxfid.core.textio import iter_json_lines, iter_lines
 
-FORMATS = ("jsonl", "tsv")
+FORMATS = ("jsonl", "tsv", "sentences")
 
 
 class Passage(NamedTuple):
@@ -50,17 +65,44 @@ def _suffix(path: str | os.PathLike) -> str:
   return os.path.splitext(name)[1]
 
 
-def detect_format(path: str | os.PathLike) -> str:
-  """``"jsonl"`` or ``"tsv"``, from the extension or the first line."""
+def _first_line(path, encoding: str = "utf-8") -> str | None:
+  for _, line in iter_lines(path, encoding):
+    if line.strip():
+      return line
+  return None
+
+
+def _json_object(line: str) -> dict | None:
+  """The line parsed as a JSON object, or None if it is not one."""
+  if not line.lstrip().startswith("{"):
+    return None
+  try:
+    value = json.loads(line)
+  except json.JSONDecodeError:
+    return None
+  return value if isinstance(value, dict) else None
+
+
+def _tsv_header(line: str) -> bool:
+  names = {field.strip().lower() for field in line.split("\t")}
+  return "\t" in line and {"id", "text"} <= names
+
+
+def detect_format(path: str | os.PathLike, encoding: str = "utf-8") -> str:
+  """``"jsonl"``, ``"tsv"`` or ``"sentences"``: see the module docstring."""
   suffix = _suffix(path)
   if suffix in (".jsonl", ".json"):
     return "jsonl"
   if suffix == ".tsv":
     return "tsv"
-  for _, line in iter_lines(path):
-    if line.strip():
-      return "jsonl" if line.lstrip().startswith("{") else "tsv"
-  return "jsonl"  # empty file: no passages either way
+  line = _first_line(path, encoding)
+  if line is None:  # an empty file: no passages either way
+    return "sentences" if suffix == ".txt" else "jsonl"
+  if suffix == ".txt":
+    if _json_object(line) is not None:
+      return "jsonl"
+    return "tsv" if _tsv_header(line) else "sentences"
+  return "jsonl" if line.lstrip().startswith("{") else "tsv"
 
 
 def check_id(path, docid, lineno: int, what: str = "id") -> str:
@@ -80,11 +122,30 @@ def check_id(path, docid, lineno: int, what: str = "id") -> str:
   return docid
 
 
-def _read_jsonl(path) -> Iterator[tuple[int, Passage]]:
-  for lineno, record in iter_json_lines(path, array_hint=True):
+def split_contents(contents: str) -> tuple[str, str]:
+  """(title, text) of pyserini's ``contents``: ``"Title"\\ntext`` is split,
+  anything else is all text."""
+  first, newline, rest = contents.partition("\n")
+  if newline and len(first) >= 2 and first[0] == first[-1] == '"':
+    return first[1:-1], rest
+  return "", contents
+
+
+def _read_jsonl(path, encoding: str = "utf-8"
+                ) -> Iterator[tuple[int, Passage]]:
+  with_ids = None
+  row = 0
+  for lineno, record in iter_json_lines(path, array_hint=True,
+                                        encoding=encoding):
     if not isinstance(record, dict):
       raise InputError(path, f"expected a JSON object, got "
                        f"{type(record).__name__}", where=lineno)
+    if with_ids is None:  # the first record decides
+      with_ids = "_id" in record or "id" in record
+    if not with_ids:
+      yield lineno, _sentence_record(path, record, lineno, row)
+      row += 1
+      continue
     if "_id" in record:
       docid = record["_id"]
     elif "id" in record:
@@ -93,21 +154,46 @@ def _read_jsonl(path) -> Iterator[tuple[int, Passage]]:
       raise InputError(path, "missing passage id ('_id' or 'id')",
                        where=lineno)
     docid = check_id(path, docid, lineno)
-    text = record.get("text", record.get("contents"))
-    if text is None:
-      raise InputError(path, "missing 'text'", where=lineno)
     title = record.get("title") or ""
+    if "text" in record:
+      text = record["text"]
+    elif "contents" in record:
+      text = record["contents"]
+      if isinstance(text, str) and "title" not in record:
+        title, text = split_contents(text)
+    else:
+      raise InputError(path, "missing 'text'", where=lineno)
     if not isinstance(text, str) or not isinstance(title, str):
       raise InputError(path, "'title' and 'text' must be strings",
                        where=lineno)
     yield lineno, Passage(docid, title, text)
 
 
+def _sentence_record(path, record: dict, lineno: int, row: int) -> Passage:
+  """A JSON record without id: its row number is the id."""
+  if not isinstance(record.get("text"), str):
+    raise InputError(path, "expected a JSON object with a string 'text'",
+                     where=lineno)
+  title = record.get("title") or ""
+  if not isinstance(title, str):
+    raise InputError(path, "'title' must be a string", where=lineno)
+  return Passage(str(row), title, record["text"])
+
+
+def _read_sentences(path, encoding: str = "utf-8"
+                    ) -> Iterator[tuple[int, Passage]]:
+  row = 0
+  for lineno, line in iter_lines(path, encoding):
+    if line.strip():
+      yield lineno, Passage(str(row), "", line)
+      row += 1
+
+
 class _CsvLines:
   """Feeds csv.reader decoded lines and remembers the physical line number."""
 
-  def __init__(self, path):
-    self._lines = iter_lines(path)
+  def __init__(self, path, encoding: str = "utf-8"):
+    self._lines = iter_lines(path, encoding)
     self.lineno = 0
 
   def __iter__(self):
@@ -118,15 +204,17 @@ class _CsvLines:
     return line + "\n"
 
 
-def _read_tsv(path) -> Iterator[tuple[int, Passage]]:
+def _read_tsv(path, encoding: str = "utf-8"
+              ) -> Iterator[tuple[int, Passage]]:
   csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # long documents
-  lines = _CsvLines(path)
+  lines = _CsvLines(path, encoding)
   reader = csv.reader(lines, delimiter="\t", strict=True)
   header = None
   columns: dict[str, int] = {}
   try:
+    end = 0  # the last physical line of the previous row
     for row in reader:
-      start = lines.lineno - (_row_lines(row) - 1)
+      start, end = end + 1, lines.lineno  # quoted fields may span lines
       if header is None:
         if not any(field.strip() for field in row):
           continue
@@ -151,33 +239,33 @@ def _read_tsv(path) -> Iterator[tuple[int, Passage]]:
     raise InputError(path, f"malformed TSV: {e}", where=lines.lineno) from None
 
 
-def _row_lines(row: list[str]) -> int:
-  """Physical lines a parsed TSV row spanned (quoted fields may hold '\\n')."""
-  return 1 + sum(field.count("\n") for field in row)
-
-
-def read_corpus(path: str | os.PathLike,
-                fmt: str | None = None) -> Iterator[tuple[int, Passage]]:
+def read_corpus(path: str | os.PathLike, fmt: str | None = None,
+                encoding: str = "utf-8") -> Iterator[tuple[int, Passage]]:
   """Yields (line number, Passage) for every passage of a corpus file.
 
   Args:
-    path: a BEIR/DPR JSONL or DPR TSV file, optionally gzipped.
-    fmt: ``"jsonl"`` or ``"tsv"``; detected when None.
+    path: a corpus file in any format of the module docstring, optionally
+      gzipped.
+    fmt: ``"jsonl"``, ``"tsv"`` or ``"sentences"``; detected when None.
+    encoding: the file's text encoding (UTF-8 by default).
 
   Raises:
     InputError: on any malformed line (the message names file and line).
   """
-  fmt = fmt or detect_format(path)
+  fmt = fmt or detect_format(path, encoding)
   if fmt == "jsonl":
-    return _read_jsonl(path)
+    return _read_jsonl(path, encoding)
   if fmt == "tsv":
-    return _read_tsv(path)
+    return _read_tsv(path, encoding)
+  if fmt == "sentences":
+    return _read_sentences(path, encoding)
   raise ValueError(f"unknown corpus format {fmt!r}; one of {FORMATS}")
 
 
-def iter_passages(path: str | os.PathLike) -> Iterator[Passage]:
+def iter_passages(path: str | os.PathLike,
+                  encoding: str = "utf-8") -> Iterator[Passage]:
   """Like :func:`read_corpus` without line numbers."""
-  for _, passage in read_corpus(path):
+  for _, passage in read_corpus(path, encoding=encoding):
     yield passage
 
 
@@ -189,4 +277,4 @@ def passage_contents(passage: Passage) -> str:
 
 
 __all__ = ["Passage", "read_corpus", "iter_passages", "detect_format",
-           "check_id", "passage_contents", "FORMATS"]
+           "check_id", "passage_contents", "split_contents", "FORMATS"]

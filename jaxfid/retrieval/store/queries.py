@@ -5,20 +5,29 @@ Accepted files (optionally gzipped):
 * **TSV** (``.tsv``, ``.txt``, or any file whose first line is not JSON):
   ``id<TAB>text`` per line; a first line that is a header (``id``/``qid``/
   ``query_id``/``_id`` then ``text``/``query``/``question``) is skipped.
-* **JSONL** (``.jsonl``, or lines starting with ``{``): an id under ``id``,
-  ``_id`` or ``qid`` and the text under ``question``, ``text`` or ``query``
-  (BEIR's ``queries.jsonl``). QA sets carry ``answer`` or ``answers`` (a string
-  or a list of strings), as NQ-open does; they are kept for answer recall and
+* **QA TSV** (DPR's and Anserini's open-domain test sets, ``nq-test.qa.csv``
+  ...): ``question<TAB>['answer 1', 'answer 2']`` per line, no id column;
+  recognised by its first line, whose second column is a Python (or JSON)
+  list of strings. The question may be double-quoted with ``""`` escapes
+  (DPR writes them with ``csv``).
+* **JSONL** (``.jsonl``, or a first line that is a JSON object, whatever the
+  suffix): an id under ``id``, ``_id`` or ``qid`` and the text under
+  ``question``, ``text`` or ``query`` (BEIR's ``queries.jsonl``). QA sets
+  carry ``answer``, ``answers`` or ``golden_answers`` (FlashRAG; a string or
+  a list of strings), as NQ-open does; they are kept for answer recall and
   the FiD output.
 * **JSON** (``.json`` holding a list): FiD data, the same keys per element.
 
-Records without an id are numbered by their position (``"0"``, ``"1"``, ...),
-so NQ-open's dev set gets ids that :mod:`jaxfid.evaluation.retrieval` reproduces
-when it reads the same file. Duplicate ids, records without text, bad JSON and
+Records without an id (and QA TSV lines) are numbered by their position
+(``"0"``, ``"1"``, ...; blank lines are not counted), so NQ-open's dev set
+gets ids that :mod:`jaxfid.evaluation.retrieval` reproduces when it reads the
+same file. Duplicate ids, records without text, bad JSON and
 TSV lines without a tab raise :class:`InputError` with the file and line.
 """
 from __future__ import annotations
 
+import ast
+import json
 import os
 from typing import Iterator, NamedTuple
 
@@ -31,6 +40,7 @@ _ID_KEYS = ("id", "_id", "qid")
 _TEXT_KEYS = ("question", "text", "query")
 _HEADER_IDS = {"id", "qid", "query_id", "query-id", "_id"}
 _HEADER_TEXTS = {"text", "query", "question"}
+_ANSWER_KEYS = ("answers", "answer", "golden_answers")
 
 
 class Query(NamedTuple):
@@ -47,20 +57,93 @@ def _suffix(path) -> str:
   return os.path.splitext(name)[1]
 
 
-def _first_char(path) -> str:
+def _first_line(path) -> str:
   for _, line in iter_lines(path):
     if line.strip():
-      return line.lstrip()[0]
+      return line
   return ""
 
 
-def _answers(path, record: dict, where) -> tuple[str, ...] | None:
-  if "answers" in record:
-    value = record["answers"]
-  elif "answer" in record:
-    value = record["answer"]
-  else:
+def _first_char(path) -> str:
+  line = _first_line(path)
+  return line.lstrip()[0] if line else ""
+
+
+def _is_json_object(line: str) -> bool:
+  if not line.lstrip().startswith("{"):
+    return False
+  try:
+    return isinstance(json.loads(line), dict)
+  except json.JSONDecodeError:
+    return False
+
+
+def answer_list(text: str) -> list[str] | None:
+  """A QA TSV answer column (``['a', "b's"]``, a Python or JSON list of
+  strings) as a list, or None if it is not one."""
+  text = text.strip()
+  if not (text.startswith("[") and text.endswith("]")):
     return None
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError, MemoryError, RecursionError):
+    try:
+      value = json.loads(text)
+    except json.JSONDecodeError:
+      return None
+  if isinstance(value, (list, tuple)) and all(isinstance(a, str)
+                                              for a in value):
+    return list(value)
+  return None
+
+
+def _unquote(field: str) -> str:
+  """A field double-quoted as csv writes it, without the quotes."""
+  if len(field) >= 2 and field[0] == field[-1] == '"':
+    return field[1:-1].replace('""', '"')
+  return field
+
+
+def split_qa_line(line: str) -> tuple[str, list[str]] | None:
+  """(question, answers) of a QA TSV line, or None if it is not one."""
+  question, tab, answers = line.rpartition("\t")
+  if not tab:
+    return None
+  parsed = answer_list(answers)
+  if parsed is None:
+    return None
+  return _unquote(question.strip()), parsed
+
+
+def is_qa_tsv(path: str | os.PathLike) -> bool:
+  """Whether the file's first non-blank line is a QA TSV line."""
+  line = _first_line(path)
+  return bool(line) and not line.lstrip().startswith(("{", "[")) and (
+      split_qa_line(line) is not None)
+
+
+def iter_qa_tsv(path: str | os.PathLike
+                ) -> Iterator[tuple[int, tuple[str, list[str]]]]:
+  """Yields (line number, (question, answers)) of a QA TSV file.
+
+  Raises:
+    InputError: a line that is not ``question<TAB>[answers]``.
+  """
+  for lineno, line in iter_lines(path):
+    if not line.strip():
+      continue
+    pair = split_qa_line(line)
+    if pair is None:
+      raise InputError(path, "expected question<TAB>['answer', ...] (a QA "
+                       "TSV such as DPR's nq-test.qa.csv)", where=lineno)
+    yield lineno, pair
+
+
+def _answers(path, record: dict, where) -> tuple[str, ...] | None:
+  key = next((k for k in _ANSWER_KEYS if k in record), None)
+  if key is None:
+    return None
+  value = record[key]
   if isinstance(value, str):
     value = [value]
   if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
@@ -113,6 +196,11 @@ def _read_tsv(path) -> Iterator[tuple[int, Query]]:
     yield lineno, Query(check_id(path, qid.strip(), lineno, "query id"), text)
 
 
+def _read_qa_tsv(path) -> Iterator[tuple[int, Query]]:
+  for position, (lineno, (question, answers)) in enumerate(iter_qa_tsv(path)):
+    yield lineno, Query(str(position), question, tuple(answers))
+
+
 def iter_queries(path: str | os.PathLike) -> Iterator[tuple[int | str, Query]]:
   """Yields (line number or element, Query); formats: see the module doc."""
   suffix = _suffix(path)
@@ -122,9 +210,13 @@ def iter_queries(path: str | os.PathLike) -> Iterator[tuple[int | str, Query]]:
     return _read_jsonl(path)
   if suffix == ".jsonl":
     return _read_jsonl(path)
-  if suffix in (".tsv", ".txt"):
-    return _read_tsv(path)
-  return _read_jsonl(path) if _first_char(path) == "{" else _read_tsv(path)
+  line = _first_line(path)
+  if _is_json_object(line) or (suffix not in (".tsv", ".txt")
+                               and line.lstrip().startswith("{")):
+    return _read_jsonl(path)
+  if is_qa_tsv(path):
+    return _read_qa_tsv(path)
+  return _read_tsv(path)
 
 
 def read_queries(path: str | os.PathLike) -> list[Query]:

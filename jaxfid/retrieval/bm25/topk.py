@@ -1,0 +1,226 @@
+"""Exact top-k BM25 search that skips what cannot reach the top k (MaxScore).
+
+A query's score for a document is a sum of per-term scores, each at most the
+term's *upper bound* (its largest score in the index, stored per term).
+Term-at-a-time with MaxScore's cut-off (Turtle & Flood 1995), vectorised
+with numpy over the memory-mapped postings:
+
+1. **Expand**: terms are taken in decreasing order of upper bound (rare
+   terms first) and all their postings are added into a float32
+   accumulator. After each term, the k-th best sum of its documents gives
+   ``theta``, a lower bound of the final k-th score. Once the upper bounds of
+   the terms still to come sum to less than ``theta``, a document that none
+   of the expanded terms contains cannot reach the top k: expansion stops.
+2. **Candidates**: the expanded documents whose sum plus the remaining
+   upper bounds reaches ``theta``.
+3. **Update**: each remaining (common, low-weight) term adds its scores to
+   the candidates only, found by binary search in its postings or, when
+   candidates are many, by a mask over them; then candidates that can no
+   longer reach ``theta`` are dropped.
+4. **Exact scores** of the few remaining candidates: each term's score is
+   looked up and the scores are summed in double and rounded to float, as
+   Lucene does (boosted weights for repeated terms included).
+
+The float32 sums of steps 1-3 are within a relative ``(m + 16) * 2^-23`` of
+the exact ones (m terms, all scores positive), and every comparison with
+``theta`` allows for that and for float rounding of the final scores, so no
+document that could tie the k-th score is dropped: the result equals the
+exhaustive ranking (``BM25Index.match`` then ``top_k``), ties included. The
+work per query is the postings of the expanded terms, plus the candidates
+(or postings) of the others; nothing is proportional to the collection size
+(the accumulator is allocated once per thread, only touched entries are
+reset).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+# a document is dropped only when its bound is below theta by this factor:
+# float32 rounding (2^-24 relative) can then never make it tie theta
+SAFE = 1.0 - 2.0**-20
+# a term is added to the candidates by binary search when they are fewer
+# than its postings / LOOKUP_RATIO, else by a mask over its postings
+LOOKUP_RATIO = 24
+# below this many postings per query, expanding every term in a few numpy
+# calls is faster than pruning (calls cost more than the work saved)
+EXPAND_ALL_POSTINGS = 50_000
+
+
+class Term(NamedTuple):
+  """One distinct query term.
+
+  Attributes:
+    rows: its postings' rows, ascending (int32, usually memory-mapped).
+    scores: float32 scores of those postings at boost 1.
+    boost: how many times the term occurs in the query.
+    upper: an upper bound of its boosted scores.
+    exact: ``exact(rows, scores)``, Lucene's boosted float32 scores of a
+      subset of its postings.
+  """
+  rows: np.ndarray
+  scores: np.ndarray
+  boost: int
+  upper: float
+  exact: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class Workspace:
+  """Per-thread arrays over all N documents: the float32 accumulator and
+  flags of candidates."""
+
+  def __init__(self, num_docs: int):
+    self.acc = np.zeros(num_docs, np.float32)
+    self.mark = np.zeros(num_docs, bool)
+
+
+class Workspaces(threading.local):
+  """One :class:`Workspace` per thread, made on first use."""
+
+  def get(self, num_docs: int) -> Workspace:
+    space = getattr(self, "space", None)
+    if space is None or len(space.acc) != num_docs:
+      space = self.space = Workspace(num_docs)
+    return space
+
+
+def _kth(values: np.ndarray, k: int) -> float:
+  return float(np.partition(values, len(values) - k)[len(values) - k])
+
+
+def _approx(term: Term, scores: np.ndarray) -> np.ndarray:
+  return scores if term.boost == 1 else scores * np.float32(term.boost)
+
+
+def _lookup(cand: np.ndarray, rows: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """(which of the sorted candidates are in ``rows``, their positions)."""
+  wanted = cand.astype(rows.dtype)  # rows stay as they are on disk
+  pos = np.minimum(np.searchsorted(rows, wanted), len(rows) - 1)
+  hit = rows[pos] == wanted
+  return hit, pos[hit]
+
+
+def _union(space: Workspace, expanded: Sequence[np.ndarray],
+           need: float, last: np.ndarray | None) -> np.ndarray:
+  """The distinct rows of the expanded postings whose sum is >= need
+  (``last``: the sums of the last expanded rows, if already gathered)."""
+  acc, mark = space.acc, space.mark
+  parts = []
+  for j, rows in enumerate(expanded):
+    sums = last if j == len(expanded) - 1 and last is not None else acc[rows]
+    picked = rows[sums >= need]
+    if j:  # a row picked from an earlier term is not taken again
+      picked = picked[~mark[picked]]
+    if j < len(expanded) - 1:
+      mark[picked] = True
+    parts.append(picked)
+  cand = np.concatenate(parts) if len(parts) > 1 else parts[0]
+  mark[cand] = False
+  return cand
+
+
+def _add(space: Workspace, cand: np.ndarray, term: Term) -> None:
+  """Adds a term's approximate scores to the candidates it contains."""
+  acc, mark, rows = space.acc, space.mark, term.rows
+  if len(cand) * LOOKUP_RATIO < len(rows):
+    cand = np.sort(cand)
+    hit, pos = _lookup(cand, rows)
+    acc[cand[hit]] += _approx(term, term.scores[pos])
+  else:
+    mark[cand] = True
+    inside = np.flatnonzero(mark[rows])
+    mark[cand] = False
+    acc[rows[inside]] += _approx(term, term.scores[inside])
+
+
+def exact_scores(terms: Sequence[Term], docs: np.ndarray) -> np.ndarray:
+  """float32 scores of ``docs`` (sorted): Lucene's, summed in double."""
+  total = np.zeros(len(docs), np.float64)
+  for term in terms:
+    hit, pos = _lookup(docs, term.rows)
+    total[hit] += term.exact(term.rows[pos], term.scores[pos])
+  return total.astype(np.float32)
+
+
+def expand_all_top_k(terms: Sequence[Term], k: int, space: Workspace
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """Like :func:`pruned_top_k` with every term expanded, in a few numpy
+  calls (for queries with few postings, where calls cost more than work)."""
+  eps = (len(terms) + 16) * 2.0**-23
+  acc = space.acc
+  rows = np.concatenate([t.rows for t in terms]).astype(np.intp)
+  np.add.at(acc, rows, np.concatenate([_approx(t, t.scores) for t in terms]))
+  try:
+    sums = acc[rows]
+    theta = -np.inf
+    best = len(terms) * k  # a row occurs at most once per term
+    if len(rows) > best:
+      top = np.argpartition(sums, len(rows) - best)[len(rows) - best:]
+      docs = np.unique(rows[top])
+    else:
+      docs = np.unique(rows)
+    if len(docs) >= k:
+      theta = _kth(acc[docs], k) * (1 - eps)
+    cand = np.unique(rows[sums * (1 + eps) >= theta * SAFE]).astype(np.int64)
+    return cand, exact_scores(terms, cand)
+  finally:
+    acc[rows] = 0.0
+
+
+def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """Documents that include the exact top ``k``, with their exact scores.
+
+  Args:
+    terms: the distinct query terms (at least one posting each).
+    k: how many documents are wanted (>= 1).
+    space: the thread's workspace (left all zero on return).
+
+  Returns:
+    (rows int64 ascending, float32 scores): every document that can be in
+    the top ``k`` (ties at the k-th score included) and possibly a few
+    more; pass them to :func:`jaxfid.retrieval.bm25.scoring.top_k`.
+  """
+  if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
+    return expand_all_top_k(terms, k, space)
+  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
+  terms = sorted(terms, key=lambda t: -t.upper)
+  bounds = np.array([t.upper for t in terms], np.float64)
+  rest = np.concatenate([np.cumsum(bounds[::-1])[::-1], [0.0]])
+  done = np.concatenate([[0.0], np.cumsum(bounds)])
+  acc = space.acc
+  expanded: list[np.ndarray] = []
+  theta = -np.inf
+  i = 0
+  try:
+    while i < len(terms) and not rest[i] < theta * SAFE:
+      term = terms[i]
+      rows = term.rows.astype(np.intp)
+      expanded.append(rows)
+      np.add.at(acc, rows, _approx(term, term.scores))
+      i += 1
+      sums = None
+      # theta cannot exceed the bounds summed so far: compute it only when
+      # it might stop the expansion
+      if i < len(terms) and rest[i] < done[i] and len(rows) >= k:
+        sums = acc[rows]
+        theta = max(theta, _kth(sums, k) * (1 - eps))
+    cand = _union(space, expanded, (theta * SAFE - rest[i]) / (1 + eps),
+                  sums)
+    for term in terms[i:]:
+      if len(cand) == 0:
+        break
+      _add(space, cand, term)
+      i += 1
+      partial = acc[cand]
+      if len(cand) >= k:
+        theta = max(theta, _kth(partial, k) * (1 - eps))
+      cand = cand[partial * (1 + eps) + rest[i] >= theta * SAFE]
+    cand = np.sort(cand).astype(np.int64)
+    return cand, exact_scores(terms, cand)
+  finally:
+    for rows in expanded:
+      acc[rows] = 0.0
