@@ -188,6 +188,8 @@ TABLE.add(
     n_context=OPTIONAL_SIZE,                            # N_CONTEXT
     text_maxlength=OPTIONAL_SIZE,                       # TEXT_MAXLENGTH
     answer_maxlength=OPTIONAL_SIZE,                     # ANSWER_MAXLENGTH
+    target_maxlength=OPTIONAL_SIZE,                     # TARGET_MAXLENGTH
+    decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
     num_beams=SIZE,                                     # EVAL_BEAMS
     alpha=number(0), dtype=text(DTYPES, optional=True))
 TABLE.add(ReFusionCheckpointEvaluator, neighbour_cache=OPTIONAL_PATH,
@@ -203,7 +205,10 @@ TABLE.add(
     dataset=text(),                                     # DATASET
     n_context=SIZE,                                     # N_CONTEXT
     text_maxlength=SIZE,                                # TEXT_MAXLENGTH
-    answer_maxlength=SIZE,                              # ANSWER_MAXLENGTH
+    answer_maxlength=OPTIONAL_SIZE,                     # ANSWER_MAXLENGTH
+    target_maxlength=OPTIONAL_SIZE,                     # TARGET_MAXLENGTH (None: whole)
+    decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH (None: 50)
+    passage_eos=flag(),                                 # PASSAGE_EOS
     eval_max_examples=OPTIONAL_SIZE,                    # EVAL_MAX_EXAMPLES
     eval_batch_size=SIZE,                               # EVAL_BATCH_SIZE
     eval_beams=SIZE,                                    # EVAL_BEAMS
@@ -289,10 +294,11 @@ COMMANDS: dict[str, Reads] = {
     "bench": Reads(
         roots=(t5_config.T5Config,),
         macros={"BATCH_SIZE": SIZE, "N_CONTEXT": SIZE,
-                "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": SIZE,
+                "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": OPTIONAL_SIZE,
+                "TARGET_MAXLENGTH": OPTIONAL_SIZE,
+                "DECODE_MAXLENGTH": OPTIONAL_SIZE,
                 "ACCUMULATION_STEPS": SIZE, "USE_HARDWARE_RNG": flag()},
-        needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH",
-               "ANSWER_MAXLENGTH"),
+        needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH"),
         accepts=(launch.run,)),  # takes `jaxfid train`'s arguments
 }
 
