@@ -17,6 +17,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError
+from jaxfid.core.runtime import apply_runtime_defaults
 
 # in the order `jaxfid --help` lists them
 COMMANDS = (convert, predict, train, evaluate, index, retrieve, corpus, eval_retrieval,
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     args.gin_bindings, unknown = split_gin_bindings(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  apply_runtime_defaults()  # the persistent compilation cache (single process)
   try:
     result = args.func(args)
   except InputError as e:
