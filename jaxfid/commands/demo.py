@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import sys
+import threading
 import time
 
 import gin
@@ -33,6 +34,62 @@ from jaxfid.fid.examples import read_fid_examples
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.search import retrieve_to_file
 from jaxfid.training import launch
+
+
+INTERRUPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a killed command
+ANSWER_SECONDS = 15  # answering the held-out questions at the end (measured)
+
+
+class RemainingTime:
+  """Prints, once, the demo's estimated remaining time.
+
+  Watches the trainer's ``metrics.jsonl``; from its first training record
+  (LOG_EVERY steps in: the speed is measured, compilation is behind) it
+  prints the steps left at that speed plus the final answering, in minutes.
+  The progress bar keeps its own time left for the training.
+  """
+
+  def __init__(self, metrics_path: str, *, total_steps: int, batch_size: int,
+               poll_s: float = 2.0):
+    self.metrics_path, self.total_steps = metrics_path, total_steps
+    self.batch_size, self.poll_s = batch_size, poll_s
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._watch, daemon=True)
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def stop(self) -> None:
+    self._done.set()
+    self._thread.join()
+
+  def estimate(self) -> float | None:
+    """Seconds left from the first training record, or None before it."""
+    try:
+      with open(self.metrics_path, encoding="utf-8") as f:
+        lines = f.readlines()
+    except OSError:
+      return None
+    for line in lines:
+      try:
+        record = json.loads(line)
+      except ValueError:  # a line being written
+        continue
+      rate = record.get("examples_per_sec")
+      if rate:
+        steps_per_s = rate / self.batch_size
+        left = max(self.total_steps - record["step"], 0)
+        return left / steps_per_s + ANSWER_SECONDS
+    return None
+
+  def _watch(self) -> None:
+    while not self._done.wait(self.poll_s):
+      seconds = self.estimate()
+      if seconds is not None:
+        print(f"\n[demo] about {seconds / 60:.1f} min left (training at the "
+              "measured speed, then answering the held-out questions)",
+              file=sys.stderr, flush=True)
+        return
 
 
 def add_parser(subparsers) -> None:
@@ -120,11 +177,21 @@ def run(args) -> int:
       # Learns in ~1,500 steps with these (measured; see README):
       f"LEARNING_RATE = {args.learning_rate}", "WARMUP_STEPS = 100",
       "DROPOUT_RATE = 0.0", "MESH = 'data=1'"])
+  estimate = RemainingTime(os.path.join(model_dir, "metrics.jsonl"),
+                           total_steps=args.steps, batch_size=args.batch_size)
+  estimate.start()
   try:
-    gin.get_configurable(launch.run)()
+    result = gin.get_configurable(launch.run)()
   finally:
+    estimate.stop()
     gin.clear_config()
   t_train = time.time() - t0
+  if result.get("preempted"):
+    # The trainer saved a checkpoint; a half-trained model is not the demo's.
+    print(f"jaxfid demo: interrupted (SIGTERM) at step {result.get('step')} "
+          f"of {args.steps}; the checkpoint is in {model_dir}; run the same "
+          "command again to resume", file=sys.stderr)
+    return INTERRUPTED_EXIT
 
   print("[3/3] answering the held-out questions with the best checkpoint",
         file=sys.stderr)
