@@ -64,12 +64,16 @@ def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
   assert os.path.exists(out / "test_predictions.jsonl")
 
 
-def test_remaining_time_from_the_first_training_record(tmp_path):
+def test_remaining_time_from_the_second_training_record(tmp_path):
   path = tmp_path / "metrics.jsonl"
   timer = demo.RemainingTime(str(path), total_steps=300, batch_size=10)
   assert timer.estimate() is None  # no file yet
   path.write_text(json.dumps({"step": 33, "eval_em": 0.1}) + "\n")
   assert timer.estimate() is None  # evaluations carry no speed
+  with open(path, "a") as f:  # the first record's speed includes compiling
+    f.write(json.dumps({"step": 25, "loss": 2.5, "examples_per_sec": 5.0})
+            + "\n")
+  assert timer.estimate() is None
   with open(path, "a") as f:
     f.write(json.dumps({"step": 50, "loss": 2.0, "examples_per_sec": 20.0})
             + "\n")
