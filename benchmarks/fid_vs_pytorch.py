@@ -59,41 +59,14 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def limit_threads(argv) -> int | None:
-  """``--threads N`` before JAX starts: N CPUs for both runtimes (see --help).
-
-  XLA:CPU sizes its thread pools from the CPUs the process may run on, so
-  the process is restricted to N of them (``sched_setaffinity``), with
-  ``--xla_cpu_multi_thread_eigen=false`` for N = 1; torch gets
-  ``set_num_threads(N)`` in ``main``.
-  """
-  n = None
-  for i, arg in enumerate(argv):
-    if arg == "--threads" and i + 1 < len(argv):
-      n = argv[i + 1]
-    elif arg.startswith("--threads="):
-      n = arg.split("=", 1)[1]
-  if n is None or not n.isdigit() or int(n) < 1:
-    return None  # parse_args reports a bad value
-  n = int(n)
-  cpus = sorted(os.sched_getaffinity(0))
-  if n < len(cpus):
-    os.sched_setaffinity(0, cpus[:n])
-  if n == 1:
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-      os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
-                                 ).strip()
-  return n
-
+from bench_report import brief, table, write_json  # noqa: E402
+from cpu_host import cpu_model, limit_threads, load_average  # noqa: E402
 
 if __name__ == "__main__":
   limit_threads(sys.argv[1:])
@@ -176,30 +149,6 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def cpu_model() -> tuple[str, bool]:
-  """(the CPU's model name, whether it has AVX-512 bf16) from /proc/cpuinfo."""
-  name, bf16 = platform.processor() or platform.machine(), False
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-          name = value.strip()
-        elif key.strip() == "flags":
-          bf16 = "avx512_bf16" in value.split()
-          break
-  except OSError:
-    pass
-  return name, bf16
-
-
-def load_average() -> str:
-  try:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-  except OSError:
-    return "n/a"
-
-
 def hardware() -> dict:
   model, bf16 = cpu_model()
   info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -251,15 +200,6 @@ def _row(name, impl, mode, shape, step_time, flops, peak, mem_gb, mem_exact,
           "peak_memory_gb": mem_gb, "peak_memory_exact": mem_exact,
           "peak_memory_source": mem_source, "setup_s": setup_s,
           **(extra or {})}
-
-
-def brief(row: dict) -> str:
-  """One row as a log line, so a run cut short still leaves its numbers."""
-  memory = _memory(row)
-  return (f"  -> {row['name']} b={row['batch_size']}: {row['step_time_s']:.4f} "
-          f"s/step, {row['examples_per_sec']:.2f} examples/s, "
-          f"{100 * row['mfu']:.1f}% MFU, peak memory {memory}"
-          f"{'' if memory == 'n/a' else ' GB'}, setup {row['setup_s']:.1f} s")
 
 
 def fido_label(cfg) -> str:
@@ -463,44 +403,6 @@ def add_ratios(rows: list[dict]) -> dict:
     if r["mode"] == "train":
       summary[f"{label}_vs_torch_compile"] = r["vs_torch_compile"]
   return summary
-
-
-def _fmt(x, spec, none="n/a"):
-  return none if x is None else format(x, spec)
-
-
-def _memory(r) -> str:
-  if r["peak_memory_source"].startswith("growth"):
-    return f"+{r['peak_memory_gb']:.2f}" if r["peak_memory_gb"] > 0 else "n/a"
-  return ("" if r["peak_memory_exact"] else "<= ") + f"{r['peak_memory_gb']:.1f}"
-
-
-def table(rows: list[dict]) -> str:
-  head = ("| row | batch | step time (s) | CPU s/step | examples/s "
-          "| model TFLOP/s | MFU | peak memory (GB) | setup+compile (s) "
-          "| x torch | x torch.compile |")
-  lines = [head, "|" + "---|" * 11]
-  for r in rows:
-    lines.append(
-        f"| {r['name']} | {r['batch_size']} | {r['step_time_s']:.4f} "
-        f"| {_fmt(r.get('cpu_time_s'), '.3f')} "
-        f"| {r['examples_per_sec']:.2f} | {r['model_tflops_per_sec']:.3f} "
-        f"| {100 * r['mfu']:.1f}% | {_memory(r)} | {r['setup_s']:.1f} "
-        f"| {_fmt(r['vs_torch'], '.2f')} | {_fmt(r['vs_torch_compile'], '.2f')} |")
-  return "\n".join(lines)
-
-
-def write_json(path: str, result: dict) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fid_vs_pytorch.")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
 
 
 def main(argv=None) -> int:
