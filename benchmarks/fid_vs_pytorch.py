@@ -17,18 +17,35 @@ TFLOP/s and MFU are comparable; the peak is a measured large bf16/fp32 matmul
 (the best of 3 timings, the larger of JAX's and torch's) unless
 ``--peak-tflops`` is given.
 
+jaxfid and the eager reference, for the train step and each decode batch,
+are prepared together and timed in alternation, step by step, the order
+reversed every other round; each row reports the median wall-clock step time
+and the median process CPU seconds per step (``CPU s/step``: on a shared
+machine it moves less with the load). ``--threads N`` gives both runtimes N
+CPU threads (see ``limit_threads``); the hardware lines include the CPU
+model, whether it has AVX-512 bf16, and the load average at the start and
+the end. The other rows (FiDO, more remat policies, ``torch.compile``) run
+one after another as before.
+
 Memory: torch rows report ``torch.cuda.max_memory_allocated`` (exact per
-row). JAX cannot reset its peak counter, so a jaxfid row reports the device's
-``peak_bytes_in_use`` when the row raised it and "<= X" when it did not; rows
-run in an order of (roughly) growing memory: all decodes by batch size, then
-the train steps. The torch rows run first and release their memory; JAX is
-told not to preallocate. On CPU both report the growth of the process's
-maximum RSS during the row (a lower bound; "n/a" when it did not grow).
+row; for an alternated row, the peak since its pair was built). JAX cannot
+reset its peak counter, so a jaxfid row reports the device's
+``peak_bytes_in_use`` when the row raised it and "<= X" when it did not;
+the other rows run in an order of (roughly) growing memory: all decodes by
+batch size, then the train steps; the torch rows release their memory before
+JAX's; JAX is told not to preallocate. On CPU the sequential rows report the
+growth of the process's maximum RSS during the row (a lower bound; "n/a"
+when it did not grow); alternated rows on CPU report none.
 
 Usage (from the repository root):
   python benchmarks/fid_vs_pytorch.py --size t5_base --batch-size 4 \\
       --n-context 100 --text-maxlength 250 --answer-maxlength 20 \\
       --decode-batch-sizes 1,16 --compile --fido-period 6 --fido-mq
+  # CPU, one thread per runtime (issue #16's shapes):
+  python benchmarks/fid_vs_pytorch.py --size t5_small --batch-size 2 \\
+      --n-context 8 --text-maxlength 128 --answer-maxlength 16 \\
+      --decode-batch-sizes 4 --decode-n-context 10 --steps 5 --remat none \\
+      --threads 1
 
 Prints the hardware, a markdown table and, last, one JSON line.
 """
@@ -40,13 +57,19 @@ import json
 import os
 import platform
 import resource
+import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_report import brief, table, write_json  # noqa: E402
+from cpu_host import cpu_model, limit_threads, load_average  # noqa: E402
+
+if __name__ == "__main__":
+  limit_threads(sys.argv[1:])
 
 import jax  # noqa: E402
 
@@ -67,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--answer-maxlength", type=int, default=20)
   p.add_argument("--decode-batch-sizes", default="1,16",
                  help="comma-separated batch sizes for greedy decoding")
+  p.add_argument("--decode-n-context", type=int, default=None,
+                 help="passages per question when decoding (default: "
+                      "--n-context)")
   p.add_argument("--steps", type=int, default=5,
                  help="timed steps after the warm-up")
   p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
@@ -85,9 +111,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="also time jaxfid with cross-attention every K-th layer")
   p.add_argument("--fido-mq", action="store_true",
                  help="also time jaxfid with multi-query cross-attention")
+  p.add_argument("--threads", type=int, default=None,
+                 help="CPU threads for both runtimes: the process may run on "
+                      "N CPUs (XLA sizes its pools from them; N = 1 also sets "
+                      "--xla_cpu_multi_thread_eigen=false) and torch uses N "
+                      "threads (default: each runtime's own default)")
   p.add_argument("--torch-threads", type=int, default=None,
-                 help="torch.set_num_threads for the reference (CPU); for "
-                      "jaxfid set XLA_FLAGS (see RESULTS.md)")
+                 help="torch.set_num_threads for the reference only "
+                      "(overrides --threads for torch)")
   p.add_argument("--skip-torch", action="store_true")
   p.add_argument("--skip-jax", action="store_true",
                  help="only the reference (e.g. if both runtimes cannot share "
@@ -109,6 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error(f"--remat must list none, full or dots, got {args.remat!r}")
   if args.steps < 1:
     p.error("--steps must be at least 1")
+  if args.threads is not None and args.threads < 1:
+    p.error("--threads must be at least 1")
   if args.fido_period is not None and args.fido_period < 1:
     p.error("--fido-period must be at least 1")
   if args.dtype is None:
@@ -117,11 +150,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def hardware() -> dict:
+  model, bf16 = cpu_model()
   info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
               timespec="seconds"),
           "platform": platform.platform(),
-          "processor": platform.processor() or platform.machine(),
+          "processor": model,
+          "avx512_bf16": bf16,
           "cpu_count": os.cpu_count(),
+          "cpus_allowed": len(os.sched_getaffinity(0)),
+          "load_average_at_start": load_average(),
           "jax": jax.__version__, "jax_backend": jax.default_backend(),
           "jax_devices": [str(d) for d in jax.devices()],
           "jax_device_kind": jax.devices()[0].device_kind,
@@ -165,15 +202,6 @@ def _row(name, impl, mode, shape, step_time, flops, peak, mem_gb, mem_exact,
           **(extra or {})}
 
 
-def brief(row: dict) -> str:
-  """One row as a log line, so a run cut short still leaves its numbers."""
-  memory = _memory(row)
-  return (f"  -> {row['name']} b={row['batch_size']}: {row['step_time_s']:.4f} "
-          f"s/step, {row['examples_per_sec']:.2f} examples/s, "
-          f"{100 * row['mfu']:.1f}% MFU, peak memory {memory}"
-          f"{'' if memory == 'n/a' else ' GB'}, setup {row['setup_s']:.1f} s")
-
-
 def fido_label(cfg) -> str:
   parts = []
   if cfg.cross_attention_period > 1:
@@ -183,9 +211,96 @@ def fido_label(cfg) -> str:
   return "FiDO " + "+".join(parts)
 
 
-def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
-  """jaxfid rows: decodes by batch (FiDO before dense), then train steps."""
-  cfgs = [("jaxfid", cfg)]
+def alternate(steps_by_name: dict, reps: int) -> dict:
+  """Time prepared step closures in alternation; per name the medians.
+
+  Each closure is called once first (compile / warm-up; its wall time is
+  ``first_s``), then ``reps`` rounds call every closure once, the order
+  reversed every other round, so both runtimes see the same machine load.
+  Returns ``{name: {step_time_s, cpu_time_s, first_s, wall_s, cpu_s}}`` with
+  the medians of wall-clock and process CPU seconds per step.
+  """
+  out = {}
+  for name, fn in steps_by_name.items():
+    t0 = time.perf_counter()
+    fn()
+    out[name] = {"first_s": time.perf_counter() - t0, "wall_s": [],
+                 "cpu_s": []}
+  names = list(steps_by_name)
+  for r in range(reps):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      wall, cpu = bench.timed(steps_by_name[name])
+      out[name]["wall_s"].append(wall)
+      out[name]["cpu_s"].append(cpu)
+  for r in out.values():
+    r["step_time_s"] = statistics.median(r["wall_s"])
+    r["cpu_time_s"] = statistics.median(r["cpu_s"])
+  return out
+
+
+def run_pairs(cfg, shapes, args, peak, log) -> list[dict]:
+  """jaxfid and torch eager side by side: train, then decodes by batch size.
+
+  The two are prepared together and timed in alternation (``alternate``):
+  the fair comparison on a machine whose load changes from minute to minute.
+  Memory: the torch row's CUDA peak (reset first) on GPU; not measured on CPU
+  (both runtimes share the process's RSS).
+  """
+  import torch
+  import torch_fid_reference as ref
+  gpu = torch.cuda.is_available()
+  jobs = []
+  if not args.skip_train:
+    jobs.append(("train", shapes["train"]))
+  jobs += [("decode", shapes["decode"][b]) for b in args.decode_batch_sizes]
+  rows = []
+  for mode, shape in jobs:
+    log(f"jaxfid and torch {mode} b={shape.batch_size}, alternating ...")
+    batch = bench.synthetic_batch(cfg, shape)
+    if gpu:
+      torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    if mode == "train":
+      jax_fn = bench.prepare_train(cfg, shape)
+      t1 = time.perf_counter()
+      torch_fn = ref.prepare_train(cfg, batch, dtype=args.dtype)
+      flops = 3 * bench.forward_flops(cfg, shape)
+    else:
+      jax_fn = bench.prepare_decode(cfg, shape)
+      t1 = time.perf_counter()
+      torch_fn = ref.prepare_decode(cfg, batch, dtype=args.dtype,
+                                    num_tokens=shape.answer_maxlength)
+      flops = bench.forward_flops(cfg, shape)
+    build_s = {"jaxfid": t1 - t0, "torch": time.perf_counter() - t1}
+    with JaxMemory() as mem:
+      r = alternate({"jaxfid": jax_fn, "torch": torch_fn}, args.steps)
+    torch_gb = torch.cuda.max_memory_allocated() / 1e9 if gpu else 0.0
+    for impl in ("torch", "jaxfid"):
+      x = r[impl]
+      if impl == "jaxfid" and gpu:
+        memory = (mem.gb, mem.exact, mem.source)
+      elif gpu:
+        memory = (torch_gb, True, "cuda max_memory_allocated")
+      else:
+        memory = (0.0, True, "growth of process max RSS (not measured: "
+                  "runtimes alternate)")
+      extra = {"cpu_time_s": x["cpu_time_s"], "alternated": True,
+               "wall_s": x["wall_s"], "cpu_s": x["cpu_s"]}
+      if impl == "jaxfid" and mode == "train":
+        extra["remat"] = cfg.remat
+      rows.append(_row(f"{impl} {mode}", impl, mode, shape, x["step_time_s"],
+                       flops, peak, *memory, x["first_s"] + build_s[impl],
+                       extra))
+      log(brief(rows[-1]))
+  return rows
+
+
+def run_jax(cfg, shapes, args, peak, log, *, paired=False) -> list[dict]:
+  """jaxfid rows: decodes by batch (FiDO before dense), then train steps.
+
+  With ``paired`` the dense model's rows were timed by ``run_pairs``.
+  """
+  cfgs = [] if paired else [("jaxfid", cfg)]
   if args.fido_period or args.fido_mq:
     fido = cfg.replace(cross_attention_period=args.fido_period or 1,
                        multi_query_cross_attention=args.fido_mq)
@@ -236,14 +351,15 @@ def run_jax(cfg, shapes, args, peak, log) -> list[dict]:
   return rows
 
 
-def run_torch(cfg, shapes, args, peak, log) -> list[dict]:
+def run_torch(cfg, shapes, args, peak, log, *, paired=False) -> list[dict]:
+  """Reference rows; with ``paired`` only torch.compile (eager was paired)."""
   import torch_fid_reference as ref
   rows = []
   if not args.skip_train:
     shape = shapes["train"]
     batch = bench.synthetic_batch(cfg, shape)
-    variants = [("torch", False)] + ([("torch.compile", True)]
-                                     if args.compile else [])
+    variants = ([] if paired else [("torch", False)]) + (
+        [("torch.compile", True)] if args.compile else [])
     for name, compiled in variants:
       log(f"{name} train b={shape.batch_size} ...")
       r = ref.bench_train(cfg, batch, steps=args.steps, dtype=args.dtype,
@@ -253,7 +369,7 @@ def run_torch(cfg, shapes, args, peak, log) -> list[dict]:
                        r["peak_memory_gb"], True, r["peak_memory_source"],
                        r["setup_s"], {"loss": r["loss"]}))
       log(brief(rows[-1]))
-  for b in args.decode_batch_sizes:
+  for b in ([] if paired else args.decode_batch_sizes):
     shape = shapes["decode"][b]
     log(f"torch decode b={b} ...")
     batch = bench.synthetic_batch(cfg, shape)
@@ -289,42 +405,6 @@ def add_ratios(rows: list[dict]) -> dict:
   return summary
 
 
-def _fmt(x, spec, none="n/a"):
-  return none if x is None else format(x, spec)
-
-
-def _memory(r) -> str:
-  if r["peak_memory_source"].startswith("growth"):
-    return f"+{r['peak_memory_gb']:.2f}" if r["peak_memory_gb"] > 0 else "n/a"
-  return ("" if r["peak_memory_exact"] else "<= ") + f"{r['peak_memory_gb']:.1f}"
-
-
-def table(rows: list[dict]) -> str:
-  head = ("| row | batch | step time (s) | examples/s | model TFLOP/s | MFU "
-          "| peak memory (GB) | setup+compile (s) | x torch | x torch.compile |")
-  lines = [head, "|" + "---|" * 10]
-  for r in rows:
-    lines.append(
-        f"| {r['name']} | {r['batch_size']} | {r['step_time_s']:.4f} "
-        f"| {r['examples_per_sec']:.2f} | {r['model_tflops_per_sec']:.3f} "
-        f"| {100 * r['mfu']:.1f}% | {_memory(r)} | {r['setup_s']:.1f} "
-        f"| {_fmt(r['vs_torch'], '.2f')} | {_fmt(r['vs_torch_compile'], '.2f')} |")
-  return "\n".join(lines)
-
-
-def write_json(path: str, result: dict) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fid_vs_pytorch.")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-
-
 def main(argv=None) -> int:
   args = parse_args(argv)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -334,19 +414,22 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"fid_vs_pytorch.py: error: --size: {e}", file=sys.stderr)
     return 2
+  decode_n_context = args.decode_n_context or args.n_context
   shapes = {
       "train": bench.Shape(args.batch_size, args.n_context,
                            args.text_maxlength, args.answer_maxlength),
-      "decode": {b: bench.Shape(b, args.n_context, args.text_maxlength,
+      "decode": {b: bench.Shape(b, decode_n_context, args.text_maxlength,
                                 args.answer_maxlength)
                  for b in args.decode_batch_sizes}}
   hw = hardware()
+  hw["threads"] = args.threads or "default"
   peaks = {}
   if not args.skip_torch:
     import torch_fid_reference as ref
-    if args.torch_threads:
+    torch_threads = args.torch_threads or args.threads
+    if torch_threads:
       import torch
-      torch.set_num_threads(args.torch_threads)
+      torch.set_num_threads(torch_threads)
     hw.update(ref.describe())
     peaks["torch"] = max(ref.measure_peak_tflops(args.dtype)
                          for _ in range(PEAK_TRIES))
@@ -360,23 +443,33 @@ def main(argv=None) -> int:
   print(f"- model: {args.size} (d_model {cfg.d_model}, {cfg.num_layers}+"
         f"{cfg.num_decoder_layers} layers, {cfg.dtype}, jaxfid remat "
         f"{', '.join(args.remat)}, dropout {cfg.dropout_rate})")
+  paired = not (args.skip_torch or args.skip_jax)
   print(f"- shape: train batch {args.batch_size}, {args.n_context} passages x "
         f"{args.text_maxlength} tokens, {args.answer_maxlength} answer tokens; "
-        f"decode batches {args.decode_batch_sizes}; {args.steps} timed steps")
+        f"decode batches {args.decode_batch_sizes} x {decode_n_context} "
+        f"passages; {args.steps} timed steps"
+        + ("; jaxfid and torch eager alternate step by step (medians)"
+           if paired else ""))
   print(f"- peak TFLOP/s for MFU: {peak:.2f} ("
         + ("given" if args.peak_tflops else ", ".join(
             f"{k} {args.dtype} matmul {v:.2f}" for k, v in peaks.items()))
         + ")", flush=True)
   rows = []
+  if paired:
+    rows += run_pairs(cfg, shapes, args, peak, log)
   if not args.skip_torch:
-    rows += run_torch(cfg, shapes, args, peak, log)
+    rows += run_torch(cfg, shapes, args, peak, log, paired=paired)
     ref.release()
   if not args.skip_jax:
-    rows += run_jax(cfg, shapes, args, peak, log)
+    rows += run_jax(cfg, shapes, args, peak, log, paired=paired)
+  hw["load_average_at_end"] = load_average()
   order = {"train": 0, "decode": 1}
   rows.sort(key=lambda r: (order[r["mode"]], r["batch_size"],
                            r["impl"] != "jaxfid", r["name"]))
   summary = add_ratios(rows)
+  print()
+  print(f"load average (1, 5, 15 min): {hw['load_average_at_start']} at the "
+        f"start, {hw['load_average_at_end']} at the end")
   print()
   print(table(rows))
   estimates = [f"{r['name']} {r['memory_lower_bound_gb']:.1f} GB" for r in rows
@@ -389,6 +482,10 @@ def main(argv=None) -> int:
             "rows": rows, "ratios": summary}
   if args.json_out:
     write_json(args.json_out, result)
+  print()
+  print("CPU s/step: process CPU seconds per step (all threads), the median "
+        "of the alternated steps; on a shared machine it moves less with the "
+        "load than the wall-clock step time.")
   print()
   print(json.dumps(result))
   return 0

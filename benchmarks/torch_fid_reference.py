@@ -134,43 +134,71 @@ def build(cfg: T5Config, seed: int = 0) -> FiDReference:
       hf_config(cfg))).to(device())
 
 
+def prepare_train(cfg: T5Config, batch: dict, *, dtype: str,
+                  compile: bool = False, learning_rate: float = 1e-4,
+                  seed: int = 0):
+  """A closure running one train step (forward, backward, Adam) and syncing.
+
+  With ``compile`` the model is ``torch.compile``d (default mode); the
+  compile happens in the first calls. The closure returns the loss.
+  """
+  model = build(cfg, seed)
+  model.train()
+  opt = torch.optim.Adam(model.parameters(), lr=learning_rate)
+  inputs = _to_torch(batch)
+  fn = torch.compile(model) if compile else model
+
+  def step():
+    with autocast(dtype):
+      loss = fn(**inputs)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    _sync()
+    return loss.detach()
+  return step
+
+
+def prepare_decode(cfg: T5Config, batch: dict, *, dtype: str, num_tokens: int,
+                   seed: int = 0):
+  """A closure decoding exactly ``num_tokens`` tokens greedily (encoder included)."""
+  model = build(cfg, seed)
+  model.eval()
+  inputs = _to_torch(batch)
+
+  def generate():
+    with autocast(dtype):
+      out = model.generate(inputs["input_ids"], inputs["attention_mask"],
+                           num_tokens)
+    _sync()
+    if out.shape[1] != num_tokens + 1:
+      raise RuntimeError(f"generate returned {out.shape[1] - 1} tokens, "
+                         f"expected {num_tokens}")
+    return out
+  return generate
+
+
 def bench_train(cfg: T5Config, batch: dict, *, steps: int, dtype: str,
                 compile: bool = False, learning_rate: float = 1e-4,
                 seed: int = 0) -> dict[str, Any]:
   """Time forward + backward + Adam on ``batch`` (jaxfid's synthetic batch).
 
-  With ``compile`` the loss function is ``torch.compile``d (default mode);
-  the compile happens in the two warm-up steps, reported as ``setup_s``.
-  Returns step_time_s, setup_s (model construction + warm-up steps),
-  loss, peak_memory_gb and its source.
+  The compile (with ``compile``) happens in the two warm-up steps, reported
+  as ``setup_s``. Returns step_time_s, setup_s (model construction + warm-up
+  steps), loss, peak_memory_gb and its source.
   """
   with MemoryProbe() as mem:
     t_start = time.perf_counter()
-    model = build(cfg, seed)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    inputs = _to_torch(batch)
-    fn = torch.compile(model) if compile else model
-
-    def step():
-      with autocast(dtype):
-        loss = fn(**inputs)
-      loss.backward()
-      opt.step()
-      opt.zero_grad(set_to_none=True)
-      return loss
-
+    step = prepare_train(cfg, batch, dtype=dtype, compile=compile,
+                         learning_rate=learning_rate, seed=seed)
     for _ in range(2 if compile else 1):
       loss = step()
-    _sync()
     setup = time.perf_counter() - t_start
     t0 = time.perf_counter()
     for _ in range(steps):
       loss = step()
-    _sync()
     dt = (time.perf_counter() - t0) / steps
-    loss = float(loss.detach())
-  return {"step_time_s": dt, "setup_s": setup, "loss": loss,
+  return {"step_time_s": dt, "setup_s": setup, "loss": float(loss),
           "peak_memory_gb": mem.gb, "peak_memory_source": mem.source}
 
 
@@ -179,25 +207,13 @@ def bench_decode(cfg: T5Config, batch: dict, *, steps: int, dtype: str,
   """Time greedy decoding of exactly ``num_tokens`` tokens (encoder included)."""
   with MemoryProbe() as mem:
     t_start = time.perf_counter()
-    model = build(cfg, seed)
-    model.eval()
-    inputs = _to_torch(batch)
-
-    def generate():
-      with autocast(dtype):
-        return model.generate(inputs["input_ids"], inputs["attention_mask"],
-                              num_tokens)
-
-    out = generate()
-    _sync()
-    if out.shape[1] != num_tokens + 1:
-      raise RuntimeError(f"generate returned {out.shape[1] - 1} tokens, "
-                         f"expected {num_tokens}")
+    generate = prepare_decode(cfg, batch, dtype=dtype, num_tokens=num_tokens,
+                              seed=seed)
+    generate()
     setup = time.perf_counter() - t_start
     t0 = time.perf_counter()
     for _ in range(steps):
-      out = generate()
-    _sync()
+      generate()
     dt = (time.perf_counter() - t0) / steps
   return {"step_time_s": dt, "setup_s": setup,
           "peak_memory_gb": mem.gb, "peak_memory_source": mem.source}

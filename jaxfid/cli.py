@@ -23,6 +23,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError, PeerError
+from jaxfid.core.runtime import apply_runtime_defaults
 from jaxfid.core.storage import storage_fault
 
 # in the order `jaxfid --help` lists them
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
     args.gin_bindings, unknown = split_gin_bindings(unknown)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  apply_runtime_defaults()  # the persistent compilation cache (single process)
   try:
     result = args.func(args)
   except InputError as e:

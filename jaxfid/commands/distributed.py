@@ -23,6 +23,7 @@ import os
 import jax
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.runtime import apply_runtime_defaults
 
 ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
        "num_processes": "JAX_NUM_PROCESSES",
@@ -82,3 +83,6 @@ def initialize(args: argparse.Namespace) -> None:
   # CPU devices talk over gloo; GPU/TPU collectives are unaffected.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**values)
+  # A multi-process run: the persistent compilation cache the CLI turned on
+  # for one process goes off (see jaxfid.core.runtime).
+  apply_runtime_defaults()

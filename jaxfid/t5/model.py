@@ -5,6 +5,8 @@ and config); every method is a pure function of ``params`` (an ``nnx.State``)
 and arrays, so the trainer can ``jax.jit`` it with shardings. Plain T5 is the
 P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``.
 
+Letters: B batch, P passages, L passage length, T target length, V vocabulary.
+
 Batches are dicts of int32 arrays:
   encoder_input_tokens  [B, P, L] or [B, L]   0 = padding
   decoder_input_tokens  [B, T]                targets shifted right, start id 0
@@ -34,21 +36,54 @@ def shift_right(targets: Array) -> Array:
   return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
 
 
+@jax.custom_vjp
+def _token_nll(logits: Array, targets: Array) -> Array:
+  """float32 [B, T]: ``logsumexp(logits) - logits[target]`` per token."""
+  return _token_nll_fwd(logits, targets)[0]
+
+
+def _token_nll_fwd(logits, targets):
+  logits32 = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits32, axis=-1)                                       # [B, T]
+  target_logit = jnp.take_along_axis(logits32, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  return lse - target_logit, (logits, lse, targets)
+
+
+def _token_nll_bwd(res, g):
+  # d nll / d logits = softmax - one_hot(target): one elementwise pass over
+  # [B, T, V] (autodiff of log_softmax + take_along_axis makes XLA:CPU build
+  # the one-hot by a scatter and walk the vocabulary three more times).
+  logits, lse, targets = res
+  vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  one_hot = (vocab == targets[..., None]).astype(jnp.float32)
+  probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])     # [B, T, V]
+  dlogits = ((probs - one_hot) * g[..., None]).astype(logits.dtype)  # [B, T, V]
+  # Computed once: unfenced, XLA:CPU fuses this into both of its consumer
+  # dots and recomputes it in a transposed order for the weight gradient.
+  return jax.lax.optimization_barrier(dlogits), None
+
+
+_token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
+
+
 def cross_entropy(logits: Array, targets: Array,
                   normalizer: Array | None = None) -> tuple[Array, Array, Array]:
   """Token cross-entropy over non-padding targets (EOS included).
 
   Returns (loss, number of target tokens, token accuracy). The loss is the
   mean over this batch's target tokens, or the sum divided by ``normalizer``
-  (the whole batch's token count, when this is one microbatch of it).
+  (the whole batch's token count, when this is one microbatch of it). A token
+  counts as correct when its target's logit is the largest (ties, which
+  argmax would break by index, count as correct).
   """
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [B, T, V]
-  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  nll = _token_nll(logits, targets)                                   # [B, T]
   weights = (targets > 0).astype(jnp.float32)
   n = jnp.sum(weights)
   denom = n if normalizer is None else normalizer
   loss = jnp.sum(nll * weights) / jnp.maximum(denom, 1.0)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  logits = jax.lax.stop_gradient(logits)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
   acc = jnp.sum(correct * weights) / jnp.maximum(n, 1.0)
   return loss, n, acc
 

@@ -1,0 +1,82 @@
+"""`jaxfid demo`: SIGTERM stops it (no evaluation of a half-trained model as
+the full run) and the same command resumes; the remaining-time estimate."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from jaxfid.commands import demo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 150
+
+
+def _command(out):
+  return [sys.executable, "-m", "jaxfid.cli", "demo", "--output", str(out),
+          "--steps", str(STEPS), "--batch-size", "8", "--train-entities", "20",
+          "--test-questions", "40"]
+
+
+def _env(tmp_path):
+  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+              JAXFID_COMPILATION_CACHE=str(tmp_path / "xla"))
+
+
+def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
+  out = tmp_path / "demo"
+  proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  stderr = []
+  reader = threading.Thread(
+      target=lambda: stderr.extend(iter(lambda: proc.stderr.read(1), "")),
+      daemon=True)
+  reader.start()
+  deadline = time.time() + 600
+  step = re.compile(rf"train:[^\r\n]*?\| *([1-9]\d*)/{STEPS}")
+  while not step.search("".join(stderr)):
+    assert proc.poll() is None, "".join(stderr)[-3000:]
+    assert time.time() < deadline, "training never started"
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  stdout, _ = proc.communicate(timeout=600)
+  reader.join(timeout=60)
+  err = "".join(stderr)
+  assert proc.returncode == demo.INTERRUPTED_EXIT, err[-3000:]
+  lines = [l for l in err.splitlines() if "interrupted (SIGTERM)" in l]
+  assert len(lines) == 1, err[-3000:]
+  stopped = int(re.search(r"at step (\d+) of", lines[0]).group(1))
+  assert 1 <= stopped < STEPS
+  assert "EM on" not in err and "[3/3]" not in err
+  assert stdout.strip() == ""  # no summary of a run that did not finish
+  assert not os.path.exists(out / "test_predictions.jsonl")
+
+  again = subprocess.run(_command(out), cwd=ROOT, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=900)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"resumed from step {stopped}" in again.stderr
+  summary = json.loads(again.stdout.strip().splitlines()[-1])
+  assert summary["steps"] == STEPS and summary["test_questions"] == 40
+  assert os.path.exists(out / "test_predictions.jsonl")
+
+
+def test_remaining_time_from_the_second_training_record(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  timer = demo.RemainingTime(str(path), total_steps=300, batch_size=10)
+  assert timer.estimate() is None  # no file yet
+  path.write_text(json.dumps({"step": 33, "eval_em": 0.1}) + "\n")
+  assert timer.estimate() is None  # evaluations carry no speed
+  with open(path, "a") as f:  # the first record's speed includes compiling
+    f.write(json.dumps({"step": 25, "loss": 2.5, "examples_per_sec": 5.0})
+            + "\n")
+  assert timer.estimate() is None
+  with open(path, "a") as f:
+    f.write(json.dumps({"step": 50, "loss": 2.0, "examples_per_sec": 20.0})
+            + "\n")
+    f.write('{"step": 10')  # a record being written
+  # 250 steps left at 2 steps/s, then the answering.
+  assert timer.estimate() == 125.0 + demo.ANSWER_SECONDS
