@@ -11,13 +11,14 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from safetensors.numpy import load_file, save_file
 
+# torch, transformers: None without PyTorch; the tests that compare with the
+# reference skip then (require_torch, or the helpers themselves).
 from hf_reference import (load_reference_model, make_fid_wrapper_checkpoint,
                           make_tiny_hf_checkpoint, random_inputs,
-                          reference_logits, write_torch_bin)
+                          reference_logits, require_torch, torch,
+                          transformers, write_torch_bin)
 from jaxfid.checkpoints import detect_format, names, read_hf, write_hf
 from jaxfid.core.errors import InputError
 
@@ -155,6 +156,7 @@ def test_write_hf_copies_spiece_and_is_atomic(v10, tmp_path):
 
 def test_unscaled_model_without_lm_head(tmp_path):
   """transformers 5 saves tie_word_embeddings=False models with shared only."""
+  require_torch()
   config = transformers.T5Config(
       vocab_size=96, d_model=16, d_kv=4, num_heads=2, d_ff=24, num_layers=1,
       num_decoder_layers=1, feed_forward_proj="gated-gelu",
