@@ -8,7 +8,8 @@
 # a CPython 3.12 virtualenv (.venv-latest) with the newest releases of
 # everything (jax, flax, optax, orbax, TensorFlow, ...), upgraded on every
 # run, without PyTorch (its CPU wheel for 3.12 is not at hand; the
-# PyTorch-reference tests skip). `make lock` rewrites the lock from a fresh
+# PyTorch-reference tests skip). `make test-latest LATEST_PYTHON=python3.13`
+# runs it on another Python (the virtualenv is remade for it). `make lock` rewrites the lock from a fresh
 # CPython 3.11 virtualenv with the newest releases for 3.11.
 
 # The interpreter of the lock (CPython 3.11), and the newest one tested; a
@@ -56,10 +57,10 @@ $(VENV)/.stamp-test: $(INSTALL_DEPS) | $(VENV)/bin/python
 
 test-latest:
 	@test -n "$(LATEST_PYTHON)" || { echo "error: no CPython 3.12 found; run 'make test-latest LATEST_PYTHON=/path/to/python3.12'" >&2; exit 1; }
-	test -x $(LATEST_VENV)/bin/python || $(LATEST_PYTHON) -m venv $(LATEST_VENV) || { rm -rf $(LATEST_VENV); exit 1; }
+	@v='import sys; print(sys.version_info[:2])'; test "$$($(LATEST_VENV)/bin/python -c "$$v" 2>/dev/null)" = "$$($(LATEST_PYTHON) -c "$$v")" || { rm -rf $(LATEST_VENV); echo "$(LATEST_PYTHON) -m venv $(LATEST_VENV)"; $(LATEST_PYTHON) -m venv $(LATEST_VENV); } || { rm -rf $(LATEST_VENV); exit 1; }
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install --upgrade --upgrade-strategy eager -e '.[test]'
-	@$(LATEST_VENV)/bin/python -c 'import sys; from importlib.metadata import version; print("Python", sys.version.split()[0], *(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorflow", "seqio", "transformers")), sep=", ")'
+	@$(LATEST_VENV)/bin/python -c 'import sys; from importlib.metadata import version; print("Python " + sys.version.split()[0], *(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorflow", "seqio", "transformers")), sep=", ")'
 	$(LATEST_VENV)/bin/python -m pytest tests -q -rs
 
 lock:
