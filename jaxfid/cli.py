@@ -4,11 +4,15 @@ Each command lives in its own module, which exposes ``add_parser(subparsers)``
 (registering its arguments and ``set_defaults(func=run)``) and a ``run(args)``
 that calls library code. The CLI holds no logic a test cannot call directly.
 Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
-line and the process exits with status 2, with no traceback.
+line and the process exits with status 2, with no traceback. A storage fault
+(:class:`jaxfid.core.errors.StorageError`, or any error caused by a full
+disk or quota, wherever it is raised) is printed as one line naming the path
+and the cause, exit status 1.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
@@ -17,6 +21,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError
+from jaxfid.core.storage import storage_fault
 
 # in the order `jaxfid --help` lists them
 COMMANDS = (convert, predict, train, evaluate, index, retrieve, corpus, eval_retrieval,
@@ -34,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  # orbax and absl log every checkpoint operation; a command says what
+  # matters itself (errors stay visible).
+  logging.getLogger("absl").setLevel(logging.ERROR)
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
@@ -51,6 +59,12 @@ def main(argv=None) -> int:
   except KeyboardInterrupt:
     print(f"jaxfid {args.command}: interrupted", file=sys.stderr)
     return 130
+  except Exception as e:  # pylint: disable=broad-except
+    fault = storage_fault(e)
+    if fault is None:
+      raise
+    print(f"jaxfid {args.command}: error: {fault.message}", file=sys.stderr)
+    return 1
   return int(result or 0)
 
 

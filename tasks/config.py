@@ -18,6 +18,9 @@ the tasks are registered), so bindings made after ``import tasks`` apply:
   {"validation": "/runs/squad_dev.jsonl"}}``, which wins over the directory.
 * :func:`fid_n_context` -- the number of passages per question (default 100,
   FiD's setting).
+* :func:`fid_passage_eos` -- whether passage rows end with EOS (default
+  True, seqio's and T5's format; ``jaxfid eval`` binds it to the evaluated
+  checkpoint's setting: False for the original FiD readers).
 * :func:`fid_join_key` -- what the join matches on: ``"question"`` (the
   question text with runs of whitespace collapsed, the default: ``jaxfid
   retrieve`` numbers questions by position, so its ids are not TFDS ids) or
@@ -75,6 +78,13 @@ def fid_n_context(n_context: int = 100) -> int:
     raise ValueError(f"fid_n_context.n_context must be at least 1, got "
                      f"{n_context}")
   return int(n_context)
+
+
+@gin.configurable
+def fid_passage_eos(passage_eos: bool = True) -> bool:
+  """Whether each passage row ends with EOS (see
+  ``jaxfid.fid.examples.encode_examples``)."""
+  return bool(passage_eos)
 
 
 @gin.configurable

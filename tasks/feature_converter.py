@@ -19,8 +19,10 @@ into fixed-shape model features, the same arrays as
 Rows are cut to their first ``n_context``; a token row longer than its
 length keeps its first ``length - 1`` tokens followed by EOS (so a row that
 already fits is unchanged, and ``fid_format.encode_example`` /
-``encode_target`` give the same ids); missing passages are all-zero rows
-with a False mask; padding is 0.
+``encode_target`` give the same ids) -- unless ``passage_eos`` is False
+(rows of a checkpoint trained without a passage EOS, such as the original
+FiD readers): then a passage row is just cut; missing passages are all-zero
+rows with a False mask; padding is 0.
 
 :class:`FidFeatureConverter` wraps it as a ``seqio.FeatureConverter`` for
 ``seqio.get_dataset`` and ``seqio.Evaluator``. Its ``task_feature_lengths``
@@ -41,17 +43,19 @@ EOS_ID = 1
 _Spec = seqio.FeatureConverter.FeatureSpec
 
 
-def _fit_rows(rows, n_rows: int, length: int):
-  """Ragged int rows -> ``([n_rows, length] int32, [n_rows] bool)``."""
+def _fit_rows(rows, n_rows: int, length: int, eos: bool = True):
+  """Ragged int rows -> ``([n_rows, length] int32, [n_rows] bool)``; with
+  ``eos`` a cut row ends with EOS."""
   if not isinstance(rows, tf.RaggedTensor):
     rows = tf.RaggedTensor.from_tensor(rows, padding=0)
   rows = tf.cast(rows[:n_rows], tf.int32)
   lengths = rows.row_lengths()
   real = tf.shape(lengths)[0]
   dense = rows.to_tensor(default_value=0, shape=[n_rows, length])
-  too_long = tf.pad(lengths > length, [[0, n_rows - real]])
-  last = tf.where(too_long, EOS_ID, dense[:, length - 1])
-  dense = tf.concat([dense[:, :length - 1], last[:, None]], axis=1)
+  if eos:
+    too_long = tf.pad(lengths > length, [[0, n_rows - real]])
+    last = tf.where(too_long, EOS_ID, dense[:, length - 1])
+    dense = tf.concat([dense[:, :length - 1], last[:, None]], axis=1)
   dense = tf.ensure_shape(dense, [n_rows, length])
   mask = tf.ensure_shape(tf.range(n_rows) < real, [n_rows])
   return dense, mask
@@ -69,18 +73,19 @@ def _fit_tokens(tokens, length: int):
 
 
 def convert_example(ex: Mapping[str, tf.Tensor], n_context: int,
-                    text_maxlength: int,
-                    answer_maxlength: int) -> dict[str, tf.Tensor]:
+                    text_maxlength: int, answer_maxlength: int,
+                    passage_eos: bool = True) -> dict[str, tf.Tensor]:
   """The model features of one task example (see the module docstring)."""
-  tokens, mask = _fit_rows(ex["inputs"], n_context, text_maxlength)
+  tokens, mask = _fit_rows(ex["inputs"], n_context, text_maxlength,
+                           passage_eos)
   return {"encoder_input_tokens": tokens, "passage_mask": mask,
           "decoder_target_tokens": _fit_tokens(ex["targets"],
                                                answer_maxlength)}
 
 
 def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
-                          text_maxlength: int,
-                          answer_maxlength: int) -> tf.data.Dataset:
+                          text_maxlength: int, answer_maxlength: int,
+                          passage_eos: bool = True) -> tf.data.Dataset:
   """Maps FiD task examples to fixed-shape model features (unbatched).
 
   Args:
@@ -89,6 +94,7 @@ def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
     n_context: passages per example.
     text_maxlength: tokens per passage, EOS included.
     answer_maxlength: target tokens, EOS included.
+    passage_eos: a passage row cut to ``text_maxlength`` ends with EOS.
   """
   for name, value in (("n_context", n_context),
                       ("text_maxlength", text_maxlength),
@@ -97,7 +103,7 @@ def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
       raise ValueError(f"{name} must be at least 1, got {value}")
   return ds.map(
       lambda ex: convert_example(ex, int(n_context), int(text_maxlength),
-                                 int(answer_maxlength)),
+                                 int(answer_maxlength), bool(passage_eos)),
       num_parallel_calls=tf.data.AUTOTUNE)
 
 
@@ -107,6 +113,8 @@ class FidFeatureConverter(seqio.FeatureConverter):
   Args:
     n_context: passages per example when ``task_feature_lengths["inputs"]``
       is an int (the text length); a pair overrides it.
+    passage_eos: a passage row cut to its length ends with EOS (False for
+      checkpoints trained without a passage EOS).
   """
 
   TASK_FEATURES = {"inputs": _Spec(dtype=tf.int32, rank=2, sequence_dim=1),
@@ -117,12 +125,13 @@ class FidFeatureConverter(seqio.FeatureConverter):
   PACKING_FEATURE_DTYPES = {}
 
   def __init__(self, n_context: int | None = None, pack: bool = False,
-               **kwargs):
+               passage_eos: bool = True, **kwargs):
     if pack:
       raise ValueError("FidFeatureConverter does not pack examples")
     kwargs.setdefault("apply_length_check", False)
     super().__init__(pack=False, **kwargs)
     self._n_context = n_context
+    self._passage_eos = bool(passage_eos)
 
   def _lengths(self, task_feature_lengths: Mapping) -> tuple[int, int, int]:
     inputs = task_feature_lengths["inputs"]
@@ -139,7 +148,8 @@ class FidFeatureConverter(seqio.FeatureConverter):
 
   def _convert_features(self, ds: tf.data.Dataset,
                         task_feature_lengths: Mapping) -> tf.data.Dataset:
-    return fid_feature_converter(ds, *self._lengths(task_feature_lengths))
+    return fid_feature_converter(ds, *self._lengths(task_feature_lengths),
+                                 passage_eos=self._passage_eos)
 
   def get_model_feature_lengths(self, task_feature_lengths: Mapping
                                 ) -> dict[str, int]:

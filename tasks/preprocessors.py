@@ -12,7 +12,9 @@ once, in Python. It adds:
 * ``inputs``: int32 ``[p, text_maxlength]``, the encoder rows of the
   example's ``p = min(n_context, passages)`` best passages (one row,
   ``"question: Q"``, without passages), each EOS-terminated within
-  ``text_maxlength`` and padded with 0: ``encode_example``'s real rows;
+  ``text_maxlength`` (unless gin's :func:`tasks.config.fid_passage_eos` is
+  False: then cut at ``text_maxlength`` without EOS, as the original FiD
+  readers were trained) and padded with 0: ``encode_example``'s real rows;
 * ``targets``: int32 ``[t]``, the target's ids with EOS (``t <=
   answer_maxlength``), ``encode_target`` without its 0 padding. The target is
   ``target`` when given, else an answer drawn from a per-example seed that
@@ -80,18 +82,19 @@ def encode_fid_example(example: fid_format.FidExample,
                        rng: np.random.Generator, dataset_name: str, *,
                        n_context: int, text_maxlength: int | None,
                        answer_maxlength: int | None,
-                       tokenizer: Tokenizer | None = None
+                       tokenizer: Tokenizer | None = None,
+                       passage_eos: bool = True
                        ) -> tuple[np.ndarray, list[str], np.ndarray, str]:
   """``(inputs [p, L], passage strings, targets [t], target text)`` of one
   example, by jaxfid's FiD functions (see the module docstring)."""
   tokenizer = tokenizer or _tokenizer()
   n = min(n_context, max(1, len(example.ctxs)))
   strings = fid_format.format_passages(example, n)
-  if text_maxlength is None:  # no cut: the longest row, EOS included
+  if text_maxlength is None:  # no cut: the longest row (and its EOS)
     text_maxlength = max(len(ids) for ids in tokenizer.encode_batch(
-        strings)) + 1
+        strings)) + int(passage_eos)
   tokens, mask = fid_format.encode_example(tokenizer, example, n,
-                                           text_maxlength)
+                                           text_maxlength, passage_eos)
   target = ""
   if example.target is not None or example.answers:
     target = fid_format.choose_target(example, rng, dataset_name)
@@ -104,7 +107,8 @@ def encode_fid_example(example: fid_format.FidExample,
 def encode_fid(dataset: tf.data.Dataset,
                sequence_length: Mapping | None = None,
                dataset_name: str = "nq",
-               n_context: int | None = None) -> tf.data.Dataset:
+               n_context: int | None = None,
+               passage_eos: bool | None = None) -> tf.data.Dataset:
   """Adds ``inputs``, ``targets`` and their ``*_pretokenized`` strings.
 
   Args:
@@ -114,8 +118,11 @@ def encode_fid(dataset: tf.data.Dataset,
     dataset_name: ``"trivia_qa"`` title-cases all-uppercase drawn answers.
     n_context: passages to keep; None reads the gin setting
       :func:`tasks.config.fid_n_context` when the dataset is built.
+    passage_eos: rows end with EOS; None reads the gin setting
+      :func:`tasks.config.fid_passage_eos` when the dataset is built.
   """
   n = config.fid_n_context() if n_context is None else int(n_context)
+  eos = config.fid_passage_eos() if passage_eos is None else bool(passage_eos)
   if n < 1:
     raise ValueError(f"n_context must be at least 1, got {n}")
   lengths = sequence_length or {}
@@ -131,7 +138,8 @@ def encode_fid(dataset: tf.data.Dataset,
     rng = np.random.default_rng([int(s) % 2**64 for s in seed])
     inputs, strings, targets, text = encode_fid_example(
         example, rng, dataset_name, n_context=n,
-        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength)
+        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
+        passage_eos=eos)
     strings_array = np.empty([len(strings)], object)
     strings_array[:] = [s.encode("utf-8") for s in strings]
     return (inputs.astype(np.int32), strings_array, targets.astype(np.int32),

@@ -77,6 +77,24 @@ def test_salient_spans_and_masking():
   assert len(one) == 2
 
 
+def test_salient_span_masking_draws_the_sentence_first():
+  # One sentence with one entity, one with four: drawing the sentence first
+  # masks "Paris" half of the time; drawing (sentence, span) pairs
+  # uniformly would do it a fifth of the time.
+  text = ("He lived in Paris. Later Anna, Bert, Carl and Dora met him.")
+  passage = Passage("p", "", text)
+  assert len(adapt.salient_spans("Later Anna, Bert, Carl and Dora met him.")) == 4
+  answers = [adapt.salient_span_records([passage], seed=s)[0]["answers"][0]
+             for s in range(400)]
+  share = answers.count("Paris") / len(answers)
+  assert 0.42 < share < 0.58, share
+  # Several draws per passage: distinct spans, in text order, all of them.
+  many = adapt.salient_span_records([passage], seed=3, per_passage=9)
+  assert [r["answers"][0] for r in many] == ["Paris", "Anna", "Bert", "Carl",
+                                            "Dora"]
+  assert [r["id"] for r in many] == [f"p-ssm{k}" for k in range(5)]
+
+
 def test_adaptation_queries_feed_retrieve_and_training_data(files, capsys):
   out = files / "ssm.jsonl"
   assert _run_command(["reatt", "adapt", "--mode", "ssm", "--corpus",

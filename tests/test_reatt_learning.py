@@ -52,7 +52,7 @@ def test_retrieval_accuracy_rises_with_qa_training(tmp_path):
 
   opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
   batcher = ReAttBatcher(examples, Tokenizer(), batch_size=16, n_context=4,
-                         text_maxlength=LENGTH, answer_maxlength=4,
+                         text_maxlength=LENGTH, target_maxlength=4,
                          kl_weight=8.0, retrieval_warmup_steps=WARMUP)
   step = jax.jit(make_train_step(
       lambda p, b, r, n: model.loss(p, b, r, normalizer=n), opt, seed=0))

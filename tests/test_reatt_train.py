@@ -108,7 +108,7 @@ def test_refresh_uses_the_current_model(data, tmp_path):
   # The batches are built from the refreshed documents.
   batcher = ReAttBatcher(
       new, Tokenizer(), batch_size=5, n_context=3, text_maxlength=16,
-      answer_maxlength=4, kl_weight=8.0, retrieval_warmup_steps=0)
+      target_maxlength=4, kl_weight=8.0, retrieval_warmup_steps=0)
   batch = batcher.batch(0)
   batcher.close()
   rows = batcher.fid.indices(0)
@@ -148,7 +148,8 @@ def test_large_gin_has_the_paper_recipe():
         "BI_ENCODER_LAYERS", "KL_WEIGHT", "HEAD_TEMPERATURE", "N_CONTEXT",
         "BATCH_SIZE", "LEARNING_RATE", "OPTIMIZER", "SCHEDULE",
         "WARMUP_FRACTION", "RETRIEVAL_WARMUP_STEPS", "ITERATION_STEPS",
-        "TRAIN_STEPS", "IN_BATCH_NEGATIVES", "RESTART_SCHEDULE")}
+        "TRAIN_STEPS", "IN_BATCH_NEGATIVES", "RESTART_SCHEDULE",
+        "ACCUMULATION_STEPS", "PASSAGE_EOS")}
     method = gin.query_parameter("%METHOD").scoped_configurable_fn()
     cfg = method.reader.model_config
   finally:
@@ -159,7 +160,7 @@ def test_large_gin_has_the_paper_recipe():
       "optimizer": "adamw", "schedule": "linear", "warmup_fraction": 0.1,
       "retrieval_warmup_steps": 3000, "iteration_steps": 8000,
       "train_steps": 35000, "in_batch_negatives": True,
-      "restart_schedule": True}
+      "restart_schedule": True, "accumulation_steps": 4, "passage_eos": True}
   assert (cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.feed_forward_proj) == (
       1024, 24, 16, "gated-gelu")
   assert phase_boundaries(35000, 3000, 8000) == [11000, 19000, 27000]

@@ -5,7 +5,9 @@ script instead (:func:`jaxfid.refusion.seeds.train_argv` is wrapped): it
 records its arguments, reads its seed from ``--gin.SEED`` and writes a
 ``metrics.jsonl`` whose test accuracy depends on the seed, or fails when the
 seed is in the ``--gin.FAIL_SEEDS`` binding. The task table is a stand-in
-too, so these tests do not depend on :mod:`jaxfid.refusion.lmbff`.
+too, so these tests do not depend on :mod:`jaxfid.refusion.lmbff`; the
+gin files are stand-ins as well, so the command's check of the real gin run
+is switched off here (it is tested in ``test_gin_validation.py``).
 """
 import json
 import subprocess
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxfid.cli import main
+from jaxfid.commands import refusion as refusion_commands
 from jaxfid.refusion import seeds
 
 ACCURACY = {13: 0.9, 21: 0.8, 42: 0.85, 87: 0.95, 100: 0.7}
@@ -62,6 +65,7 @@ def world(tmp_path, monkeypatch):
     return specs[name]
 
   monkeypatch.setattr(seeds, "get_task", get_task)
+  monkeypatch.setattr(refusion_commands, "check_gin", lambda *a: None)
   data = tmp_path / "k-shot"
   for task in ("SST-2", "MRPC"):
     for seed in ACCURACY:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ import pytest
 import seqio
 
 from jaxfid.cli import main
-from jaxfid.core.tokenization import Tokenizer
+from jaxfid.core.tokenization import EOS_ID, Tokenizer
 from jaxfid.fid.batches import FidBatcher
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator, checkpoint_step
 from jaxfid.fid.examples import read_fid_examples
@@ -176,12 +177,45 @@ def test_eval_writes_metrics_predictions_and_matches_predict(
   assert _lines(ev / f"trivia_qa_fid-{step}.jsonl") == preds[:2]
 
 
+def test_eval_gives_the_tasks_the_checkpoints_passage_format(
+    data_dir, task_run, tmp_path, capsys, monkeypatch):
+  """A checkpoint trained without passage EOS (as the original FiD readers)
+  is evaluated on rows without EOS, exactly `jaxfid predict`'s."""
+  run = tmp_path / "no_eos"
+  shutil.copytree(task_run, run)
+  config = json.loads((run / "jaxfid_config.json").read_text())
+  assert config["passage_eos"] is True  # tiny.gin's
+  (run / "jaxfid_config.json").write_text(json.dumps(
+      {**config, "passage_eos": False}))
+  seen = []
+  predict = FidCheckpointEvaluator.predict
+
+  def spy(self, indices, batch):
+    seen.append(np.asarray(batch["encoder_input_tokens"]))
+    return predict(self, indices, batch)
+  monkeypatch.setattr(FidCheckpointEvaluator, "predict", spy)
+  ev = tmp_path / "ev"
+  assert main(_eval_args(run, ev)) == 0
+  assert seen and not any(np.any(t == EOS_ID) for t in seen)
+  (record,) = _lines(ev / "metrics.jsonl")
+  preds = _lines(ev / f"trivia_qa_fid-{record['step']}.jsonl")
+  out = tmp_path / "pred.jsonl"
+  assert main(["predict", "--checkpoint", str(run), "--data",
+               str(data_dir / "trivia_qa" / "validation.jsonl"),
+               "--n-context", "3", "--text-maxlength", "56",
+               "--answer-maxlength", "6", "--output", str(out)]) == 0
+  predicted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert record["exact_match"] == pytest.approx(predicted["em"], abs=1e-6)
+  assert [p["prediction"] for p in preds] == [
+      l["prediction"].strip() for l in _lines(out)]
+
+
 def test_score_is_the_target_log_likelihood(data_dir, task_run):
   evaluator = FidCheckpointEvaluator(str(task_run), {}, n_context=3,
                                      text_maxlength=56, answer_maxlength=6)
   examples = read_fid_examples(data_dir / "trivia_qa" / "validation.jsonl")
   batcher = FidBatcher(examples, Tokenizer(), batch_size=6, n_context=3,
-                       text_maxlength=56, answer_maxlength=6)
+                       text_maxlength=56, target_maxlength=6)
   try:
     batch = batcher.batch(0)
   finally:

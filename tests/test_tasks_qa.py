@@ -147,7 +147,7 @@ def test_nq_arrays_equal_the_fid_file_path(data_dir, tokenizer):
           LENGTHS, split="train", shuffle=False, seed=0),
       n_context=3, text_maxlength=12, answer_maxlength=6).as_numpy_iterator())
   batcher = FidBatcher(want, tokenizer, batch_size=3, n_context=3,
-                       text_maxlength=12, answer_maxlength=6, seed=0)
+                       text_maxlength=12, target_maxlength=6, seed=0)
   try:
     batch, order = batcher.batch(0), batcher.indices(0)
   finally:
@@ -159,6 +159,34 @@ def test_nq_arrays_equal_the_fid_file_path(data_dir, tokenizer):
       np.testing.assert_array_equal(model[i][key], batch[key][row])
       assert model[i][key].dtype == batch[key].dtype
   assert model[1]["passage_mask"].tolist() == [True, False, False]
+
+
+def test_passages_without_eos_follow_gin_and_equal_the_fid_file_path(
+    data_dir, tokenizer):
+  """gin's fid_passage_eos (what `jaxfid eval` binds to a checkpoint's
+  setting): rows cut without EOS, the FiD-file path's ``passage_eos=False``."""
+  gin.parse_config("tasks.config.fid_passage_eos.passage_eos = False")
+  try:
+    got = _examples("nq_open_fid")
+    untruncated = _examples("nq_open_fid", lengths=None)
+  finally:
+    gin.parse_config("tasks.config.fid_passage_eos.passage_eos = True")
+  want = fid_format.read_fid_examples(data_dir / "nq" / "train.jsonl")
+  for ex, example in zip(got, want):
+    tokens, mask = fid_format.encode_example(tokenizer, example, 3, 12,
+                                             passage_eos=False)
+    np.testing.assert_array_equal(ex["inputs"], tokens[mask])
+    assert EOS_ID not in ex["inputs"]
+    assert ex["targets"].tolist()[-1] == EOS_ID  # targets keep theirs
+  assert np.count_nonzero(untruncated[0]["inputs"], axis=1).max() == max(
+      len(tokenizer.encode(s)) for s in fid_format.format_passages(want[0], 3))
+  model = list(FidFeatureConverter(passage_eos=False)(
+      tf.data.Dataset.from_tensor_slices(
+          {"inputs": tf.ragged.constant([[[5, 6, 7, 8], [9]]], tf.int32),
+           "targets": tf.ragged.constant([[5, 1]], tf.int32)}),
+      {"inputs": (3, 3), "targets": 3}).as_numpy_iterator())
+  np.testing.assert_array_equal(model[0]["encoder_input_tokens"],
+                                [[5, 6, 7], [9, 0, 0], [0, 0, 0]])
 
 
 def test_validation_reads_dev_json_list_and_gin_n_context(data_dir):

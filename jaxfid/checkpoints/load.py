@@ -14,6 +14,8 @@ registers them all).
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -21,8 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.detect import load_flat
-from jaxfid.checkpoints.names import flatten, unflatten  # noqa: F401 (re-exported)
+from jaxfid.checkpoints.detect import (detect_format, load_flat,
+                                      register_loader)
+from jaxfid.checkpoints.names import (  # noqa: F401 (unflatten re-exported)
+    flatten, param_shapes, unflatten)
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
@@ -66,15 +71,27 @@ def load_encoder_decoder(path: str, *, dtype: str | None = None,
     config = config.replace(dtype=dtype)
   model = EncoderDecoderModel(config)
   try:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
         model.abstract_params())
     params, _, _ = checkpointing.restore_params(path, target, which)
   except FileNotFoundError as e:
     raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  spiece = os.path.join(path, "spiece.model")
-  return model, params, spiece if os.path.exists(spiece) else None
+  return model, params, model_dir_vocabulary(path)
+
+
+def model_dir_vocabulary(path: str) -> str | None:
+  """A MODEL_DIR's ``spiece.model`` as a local file (downloaded from a
+  bucket), or None when it has none."""
+  spiece = paths.join(path, "spiece.model")
+  if not paths.exists(spiece):
+    return None
+  if not paths.is_url(spiece):
+    return spiece
+  local = os.path.join(tempfile.mkdtemp(prefix="jaxfid-vocab-"), "spiece.model")
+  paths.copy(spiece, local)
+  return local
 
 
 METHOD_LOADERS.register("fid", load_encoder_decoder)
@@ -93,10 +110,10 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
       method whose loader is not registered.
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     raise InputError(path, "no such checkpoint")
-  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
-  if os.path.exists(config_file):
+  config_file = paths.join(path, checkpointing.CONFIG_FILE)
+  if paths.exists(config_file):
     method = checkpointing.read_run_config(path).get("method", "fid")
     loader = METHOD_LOADERS.get(method, where=config_file)
     return loader(path, dtype=dtype, which=which)
@@ -106,6 +123,21 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
     config = config.replace(dtype=dtype)
   model = EncoderDecoderModel(config)
   return model, params_from_flat(model, flat, path), spiece
+
+
+def checkpoint_passage_eos(path: str) -> bool:
+  """Whether the passages a checkpoint was trained on end with EOS.
+
+  A jaxfid MODEL_DIR records it (``passage_eos`` in its run config; runs
+  written before the field existed used EOS). The original FiD readers
+  (tensor names ``encoder.encoder.*``) were trained with transformers 3.0.2,
+  whose T5 tokenizer appended no EOS: False. Any other checkpoint (HF, T5X):
+  True, as T5 was pre-trained.
+  """
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, checkpointing.CONFIG_FILE)):
+    return bool(checkpointing.read_run_config(path).get("passage_eos", True))
+  return detect_format(path) != "fid"
 
 
 class LoadedT5:
@@ -137,3 +169,19 @@ def load_t5(path, *, dtype: str | None = None) -> LoadedT5:
   model, params, spiece = load_checkpoint(path, dtype=dtype)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   return LoadedT5(model, params, tokenizer)
+
+
+def _load_model_dir_flat(path) -> tuple[dict, dict[str, np.ndarray],
+                                         Path | None]:
+  """A jaxfid MODEL_DIR for :func:`~jaxfid.checkpoints.detect.load_flat`
+  (``jaxfid convert``): its T5's fields and parameters (a method's own
+  parameters, such as ReAtt's head weights, are left out)."""
+  model, params, spiece = load_checkpoint(os.fspath(path))
+  fields = model.config.to_dict()
+  wanted = param_shapes(fields)
+  flat = {k: np.asarray(v, np.float32)
+          for k, v in flatten(jax.device_get(params)).items() if k in wanted}
+  return fields, flat, Path(spiece) if spiece else None
+
+
+register_loader("jaxfid", _load_model_dir_flat)

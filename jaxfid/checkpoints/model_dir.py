@@ -21,16 +21,26 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
+from jaxfid.core import paths
+from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
+from jaxfid.core.storage import remove_path, storage_fault
 
 CONFIG_FILE = "jaxfid_config.json"
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the names of orbax's temporaries
 
 
-def _manager(directory: str, max_to_keep: int | None) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                         enable_async_checkpointing=False)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+def _manager(directory: str, max_to_keep: int | None,
+             read_only: bool = False) -> ocp.CheckpointManager:
+  # cleanup_tmp_directories: a checkpoint a killed run left half-written
+  # (orbax's temporary directory) is removed when the next run starts.
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+      cleanup_tmp_directories=not read_only,
+      enable_async_checkpointing=False)
+  return ocp.CheckpointManager(paths.as_path(directory), options=options)
 
 
 def abstract_like(tree: Any) -> Any:
@@ -46,18 +56,63 @@ class RunCheckpoints:
 
   def __init__(self, model_dir: str, keep: int = 2):
     self.model_dir = model_dir
-    self.latest = _manager(os.path.join(model_dir, "checkpoints"), keep)
-    self.best = _manager(os.path.join(model_dir, "best"), 1)
-    self._best_file = os.path.join(model_dir, "best", "best_metric.json")
+    self.latest = _manager(paths.join(model_dir, "checkpoints"), keep)
+    self.best = _manager(paths.join(model_dir, "best"), 1)
+    self._best_file = paths.join(model_dir, "best", "best_metric.json")
+    # Every process decides alike whether an evaluation is the best so far
+    # (the saves are collective); only process 0 writes the record.
+    self._best = self.best_metric()
 
   def latest_step(self) -> int | None:
     return self.latest.latest_step()
 
+  def steps(self) -> list[int]:
+    """The steps of the saved train states, oldest first."""
+    return sorted(self.latest.all_steps())
+
+  def step_dir(self, step: int) -> str:
+    return paths.join(self.model_dir, "checkpoints", str(step))
+
   def save(self, step: int, state: Any, *, force: bool = False) -> None:
+    """Saves ``state`` as ``step`` (all processes); a full disk is one
+    :class:`StorageError` naming the checkpoint, its temporaries removed."""
     if self.latest.latest_step() == step:
       return
-    self.latest.save(step, args=ocp.args.StandardSave(state), force=force)
-    self.latest.wait_until_finished()
+    directory = paths.join(self.model_dir, "checkpoints")
+    try:
+      self.latest.save(step, args=ocp.args.StandardSave(state), force=force)
+      self.latest.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      fault = storage_fault(e, self.step_dir(step))
+      if fault is None:
+        raise
+      self._remove_temporaries(directory)
+      raise fault from None
+
+  @staticmethod
+  def _remove_temporaries(directory: str) -> None:
+    """Orbax's temporary directories of a save that failed (process 0)."""
+    if jax.process_index() != 0 or not paths.isdir(directory):
+      return
+    for entry in paths.as_path(directory).iterdir():
+      if TMP_MARK in entry.name:
+        remove_path(entry) if not paths.is_url(directory) else entry.rmtree()
+
+  def set_aside(self, step: int) -> str:
+    """Renames checkpoint ``step`` (unreadable) to ``<step>.unreadable``, so
+    that it is kept for inspection but no longer a step; returns the name."""
+    source = paths.as_path(self.step_dir(step))
+    target = source.parent / f"{step}.unreadable"
+    n = 1
+    while target.exists():
+      n += 1
+      target = source.parent / f"{step}.unreadable{n}"
+    if jax.process_index() == 0:
+      source.rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"jaxfid set aside {step}")
+    self.latest.reload()
+    return os.fspath(target)
 
   def restore(self, target: Any, step: int | None = None) -> Any:
     """Restore into the structure/shardings of ``target`` (arrays or abstract)."""
@@ -66,21 +121,21 @@ class RunCheckpoints:
         step, args=ocp.args.StandardRestore(abstract_like(target)))
 
   def best_metric(self) -> float | None:
-    if not os.path.exists(self._best_file):
+    if not paths.exists(self._best_file):
       return None
-    with open(self._best_file) as f:
-      return json.load(f)["value"]
+    return json.loads(paths.read_text(self._best_file))["value"]
 
   def maybe_save_best(self, step: int, params: Any, value: float,
                       name: str = "eval_em") -> bool:
     """Save params as the best checkpoint if ``value`` beats the best so far."""
-    best = self.best_metric()
-    if best is not None and value <= best:
+    if self._best is not None and value <= self._best:
       return False
     self.best.save(step, args=ocp.args.StandardSave(params), force=True)
     self.best.wait_until_finished()
-    with atomic_write(self._best_file) as f:
-      json.dump({"step": step, "name": name, "value": value}, f)
+    self._best = value
+    if jax.process_index() == 0:
+      with atomic_write(self._best_file) as f:
+        json.dump({"step": step, "name": name, "value": value}, f)
     return True
 
   def close(self) -> None:
@@ -88,48 +143,92 @@ class RunCheckpoints:
     self.best.close()
 
 
+def brief(error: BaseException, limit: int = 200) -> str:
+  """One line of an error from orbax/tensorstore (their messages run long)."""
+  text = " ".join(str(error).split()) or type(error).__name__
+  for noise in (" See full TensorStore details", " <bound method"):
+    text = text.split(noise)[0]
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def restore_checked(manager: ocp.CheckpointManager, step: int, args,
+                    where: str):
+  """``manager.restore`` whose failure is one InputError naming ``where``
+  (the checkpoint's directory) and the step."""
+  try:
+    return manager.restore(step, args=args)
+  except Exception as e:  # pylint: disable=broad-except
+    raise InputError(where, f"unreadable checkpoint (step {step}): "
+                     f"{brief(e)}") from None
+
+
+WHICH = ("auto", "best", "latest")
+
+
+def chosen_checkpoint(model_dir: str, which: str = "auto"
+                      ) -> tuple[str, int] | None:
+  """(``'best'`` or ``'latest'``, step) that :func:`restore_params` loads."""
+  names = {"best": ["best"], "latest": ["checkpoints"],
+           "auto": ["best", "checkpoints"]}[which]
+  for name in names:
+    directory = paths.join(model_dir, name)
+    if not paths.isdir(directory):
+      continue
+    mgr = _manager(directory, None, read_only=True)
+    try:
+      step = mgr.latest_step()
+    finally:
+      mgr.close()
+    if step is not None:
+      return ("best" if name == "best" else "latest"), step
+  return None
+
+
 def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[Any, int, str]:
   """Parameters from a MODEL_DIR: ``which`` = 'best', 'latest' or 'auto'.
 
   'auto' takes the best-EM checkpoint when there is one, else the latest.
   ``target``: abstract params (``ShapeDtypeStruct`` leaves, with shardings or
-  not). Returns (params, step, which one was used).
+  not). Returns (params, step, which one was used). An unreadable checkpoint
+  is an InputError naming its directory and step.
   """
-  best_dir = os.path.join(model_dir, "best")
-  latest_dir = os.path.join(model_dir, "checkpoints")
+  best_dir = paths.join(model_dir, "best")
+  latest_dir = paths.join(model_dir, "checkpoints")
   choices = {"best": [best_dir], "latest": [latest_dir],
              "auto": [best_dir, latest_dir]}[which]
   for directory in choices:
-    if not os.path.isdir(directory):
+    if not paths.isdir(directory):
       continue
-    mgr = _manager(directory, None)
-    step = mgr.latest_step()
-    if step is None:
+    mgr = _manager(directory, None, read_only=True)
+    try:
+      step = mgr.latest_step()
+      if step is None:
+        continue
+      where = paths.join(directory, str(step))
+      if directory == best_dir:
+        params = restore_checked(mgr, step, ocp.args.StandardRestore(target),
+                                 where)
+      else:
+        meta_target = {"params": target}
+        restored = restore_checked(mgr, step, ocp.args.PyTreeRestore(
+            item=meta_target, partial_restore=True,
+            restore_args=jax.tree.map(
+                lambda leaf: ocp.ArrayRestoreArgs(
+                    sharding=getattr(leaf, "sharding", None)), meta_target)),
+            where)
+        params = restored["params"]
+    finally:
       mgr.close()
-      continue
-    if directory == best_dir:
-      restored = mgr.restore(step, args=ocp.args.StandardRestore(target))
-      params = restored
-    else:
-      meta_target = {"params": target}
-      restored = mgr.restore(step, args=ocp.args.PyTreeRestore(
-          item=meta_target, partial_restore=True,
-          restore_args=jax.tree.map(
-              lambda leaf: ocp.ArrayRestoreArgs(
-                  sharding=getattr(leaf, "sharding", None)), meta_target)))
-      params = restored["params"]
-    mgr.close()
     return params, step, os.path.basename(directory)
   raise FileNotFoundError(f"{model_dir}: no checkpoint found")
 
 
 def write_run_config(model_dir: str, fields: dict) -> None:
   """Writes ``MODEL_DIR/jaxfid_config.json`` (all at once)."""
-  with atomic_write(os.path.join(model_dir, CONFIG_FILE)) as f:
+  with atomic_write(paths.join(model_dir, CONFIG_FILE)) as f:
     json.dump(fields, f, indent=2, sort_keys=True)
 
 
 def read_run_config(model_dir: str) -> dict:
   """The parsed ``MODEL_DIR/jaxfid_config.json``."""
-  with open(os.path.join(model_dir, CONFIG_FILE)) as f:
-    return json.load(f)
+  return json.loads(paths.read_text(paths.join(model_dir, CONFIG_FILE)))

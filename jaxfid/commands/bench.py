@@ -1,8 +1,10 @@
 """``jaxfid bench train|decode|memory``: speed and memory of a gin-configured FiD.
 
 Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
-train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH,
-ANSWER_MAXLENGTH come from them) plus ``--steps N``; the last line printed is
+train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH come from them,
+and the answer length: DECODE_MAXLENGTH for ``decode``, TARGET_MAXLENGTH for
+``train`` and ``memory``, None meaning 50, FiD's decoding bound, as no data
+is read) plus ``--steps N``; the last line printed is
 one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
 mfu, peak_memory_gb, device, model and shape.
 
@@ -22,6 +24,7 @@ import gin
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.fid import bench
+from jaxfid.fid import task as fid_task
 from jaxfid.t5 import config as config_lib
 from jaxfid.training import launch
 
@@ -38,7 +41,22 @@ def add_parser(subparsers) -> None:
 
 
 def _macro(name):
-  return gin.query_parameter(f"%{name}")
+  value = gin.query_parameter(f"%{name}")
+  if (isinstance(value, gin.config.ConfigurableReference)
+      and value.configurable.name == "macro"):  # NAME = %OTHER_NAME
+    value = value.scoped_configurable_fn()
+  return value
+
+
+def _answer_length(mode: str) -> int:
+  """The answer tokens of the benchmark's shape (see the module docstring)."""
+  names = (("DECODE_MAXLENGTH", "TARGET_MAXLENGTH") if mode == "decode"
+           else ("TARGET_MAXLENGTH", "DECODE_MAXLENGTH"))
+  for name in (*names, "ANSWER_MAXLENGTH"):
+    value = _macro_or(name, None)
+    if value is not None:
+      return value
+  return fid_task.DEFAULT_DECODE_MAXLENGTH
 
 
 def _macro_or(name, default):
@@ -49,13 +67,14 @@ def _macro_or(name, default):
 
 
 def run(args) -> int:
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "bench")
   try:
     cfg = gin.get_configurable(config_lib.T5Config)()
     shape = bench.Shape(batch_size=_macro("BATCH_SIZE"),
                         n_context=_macro("N_CONTEXT"),
                         text_maxlength=_macro("TEXT_MAXLENGTH"),
-                        answer_maxlength=_macro("ANSWER_MAXLENGTH"))
+                        answer_maxlength=_answer_length(args.mode))
   except ValueError as e:
     raise InputError("gin", " ".join(str(e).split())) from None
   if args.steps < 1:

@@ -26,6 +26,7 @@ import gin
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.commands import gin_flags
+from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import demo_world as synthetic
 from jaxfid.fid import predict as predict_lib
@@ -92,9 +93,49 @@ def prepare_data(output: str, *, n_context: int, train_entities: int,
           len(world["test_docs"])}
 
 
+# The flags that set a macro of the demo's run (named in its errors).
+FLAG_MACROS = {"TRAIN_STEPS": "--steps", "BATCH_SIZE": "--batch-size",
+               "N_CONTEXT": "--n-context", "LEARNING_RATE": "--learning-rate",
+               "SEED": "--seed", "EVAL_EVERY": "--steps",
+               "CHECKPOINT_EVERY": "--steps"}
+
+
+def gin_bindings(args, model_dir: str, data: str, text_maxlength: int,
+                 answer_maxlength: int) -> list[str]:
+  """The training run's bindings over ``gin/fid/tiny.gin``."""
+  return [
+      f"MODEL_DIR = {model_dir!r}",
+      f"TRAIN_DATA = {os.path.join(data, 'train.json')!r}",
+      f"EVAL_DATA = {os.path.join(data, 'test.json')!r}",
+      f"TRAIN_STEPS = {args.steps!r}",
+      f"BATCH_SIZE = {args.batch_size!r}", f"N_CONTEXT = {args.n_context!r}",
+      f"TEXT_MAXLENGTH = {text_maxlength}",
+      f"ANSWER_MAXLENGTH = {answer_maxlength}", f"SEED = {args.seed!r}",
+      f"EVAL_EVERY = {max(args.steps // 3, 1)}", "EVAL_BATCH_SIZE = 50",
+      f"CHECKPOINT_EVERY = {max(args.steps // 3, 1)}", "LOG_EVERY = 50",
+      # Learns in ~1,500 steps with these (measured; see README):
+      f"LEARNING_RATE = {args.learning_rate!r}", "WARMUP_STEPS = 100",
+      "DROPOUT_RATE = 0.0", "MESH = 'data=1'"]
+
+
+def check_gin(bindings: list[str]) -> None:
+  """Validates the run before anything is written; errors name the flag."""
+  try:
+    gin_flags.GinRun(("gin/fid/tiny.gin",), tuple(bindings)).check("demo")
+  except InputError as e:
+    if e.path in FLAG_MACROS:
+      raise InputError(FLAG_MACROS[e.path], e.reason) from None
+    raise
+
+
 def run(args) -> int:
   t0 = time.time()
   out = os.path.abspath(args.output)
+  model_dir = os.path.join(out, "model")
+  text_maxlength, answer_maxlength = 40, 6
+  bindings = gin_bindings(args, model_dir, os.path.join(out, "data"),
+                          text_maxlength, answer_maxlength)
+  check_gin(bindings)
   print(f"[1/3] generating data and retrieving with BM25 into {out}/data",
         file=sys.stderr)
   info = prepare_data(out, n_context=args.n_context,
@@ -105,21 +146,9 @@ def run(args) -> int:
         f"training questions; BM25 top-{args.n_context} holds the answer for "
         f"{100 * info['test_recall']:.1f}% of test questions", file=sys.stderr)
 
-  model_dir = os.path.join(out, "model")
-  text_maxlength, answer_maxlength = 40, 6
   print(f"[2/3] training a tiny FiD from scratch for {args.steps} steps "
         f"(checkpoints in {model_dir})", file=sys.stderr)
-  gin_flags.parse_gin(["gin/fid/tiny.gin"], [
-      f"MODEL_DIR = '{model_dir}'", f"TRAIN_DATA = '{paths['train.json']}'",
-      f"EVAL_DATA = '{paths['test.json']}'", f"TRAIN_STEPS = {args.steps}",
-      f"BATCH_SIZE = {args.batch_size}", f"N_CONTEXT = {args.n_context}",
-      f"TEXT_MAXLENGTH = {text_maxlength}",
-      f"ANSWER_MAXLENGTH = {answer_maxlength}", f"SEED = {args.seed}",
-      f"EVAL_EVERY = {max(args.steps // 3, 1)}", "EVAL_BATCH_SIZE = 50",
-      f"CHECKPOINT_EVERY = {max(args.steps // 3, 1)}", "LOG_EVERY = 50",
-      # Learns in ~1,500 steps with these (measured; see README):
-      f"LEARNING_RATE = {args.learning_rate}", "WARMUP_STEPS = 100",
-      "DROPOUT_RATE = 0.0", "MESH = 'data=1'"])
+  gin_flags.parse_gin(["gin/fid/tiny.gin"], bindings)
   try:
     gin.get_configurable(launch.run)()
   finally:

@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
+import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
@@ -80,16 +81,18 @@ class EvalOutputs:
                inferences: Mapping[str, Sequence[Any]] | None,
                targets: Sequence[Any] | None) -> None:
     step = 0 if step is None else int(step)
-    os.makedirs(self.output_dir, exist_ok=True)
     values = metric_values(metrics)
-    self._write_predictions(task_name, step, dataset, inferences or {},
-                            targets)
     record = {"task": task_name, "split": self.split, "step": step,
               **{k: json_value(v) for k, v in values.items()}}
+    self.records.append(record)
+    if jax.process_index() != 0:  # every process evaluates; process 0 writes
+      return
+    os.makedirs(self.output_dir, exist_ok=True)
+    self._write_predictions(task_name, step, dataset, inferences or {},
+                            targets)
     with open(os.path.join(self.output_dir, METRICS_FILE), "a",
               encoding="utf-8") as f:
       f.write(json.dumps(record) + "\n")
-    self.records.append(record)
     self._write_tensorboard(task_name, step, values)
 
   def _write_predictions(self, task: str, step: int, dataset,

@@ -37,15 +37,17 @@ def add_parser(subparsers) -> None:
                       "JSON)")
   p.add_argument("--k", type=_ks, default=None,
                  help="cutoffs, e.g. 1,5,20,100")
-  p.add_argument("--index", help="index directory, for the passage text of "
-                 "a TREC run evaluated with --data")
+  p.add_argument("--index", help="index directory: the passage text of a "
+                 "TREC run evaluated with --data; with --qrels, judged "
+                 "documents missing from it are counted")
   p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
   if args.qrels:
     metrics = evaluate.evaluate_with_qrels(args.run, args.qrels,
-                                           recall_ks=args.k or (100,))
+                                           recall_ks=args.k or (100,),
+                                           index_dir=args.index)
   else:
     metrics = evaluate.evaluate_with_answers(
         args.run, args.data, ks=args.k or evaluate.DEFAULT_ANSWER_KS,

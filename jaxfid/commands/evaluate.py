@@ -14,7 +14,7 @@ import json
 
 import gin
 
-from jaxfid.commands import gin_flags, seqio_eval
+from jaxfid.commands import distributed, gin_flags, seqio_eval
 
 
 def add_parser(subparsers) -> None:
@@ -25,11 +25,14 @@ def add_parser(subparsers) -> None:
                   "EVAL_OUTPUT_DIR/metrics.jsonl, per-example predictions "
                   "and TensorBoard summaries.")
   gin_flags.add_gin_arguments(p)
+  distributed.add_arguments(p)
   p.set_defaults(func=run, accepts_gin_bindings=True)
 
 
 def run(args) -> int:
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  distributed.initialize(args)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "eval")
   result = gin_flags.call_configurable(
       gin.get_configurable(seqio_eval.evaluate))
   print(json.dumps(result))

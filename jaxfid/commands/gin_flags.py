@@ -3,7 +3,9 @@
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
 ``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``), parsed by
 :func:`jaxfid.core.gin_files.parse_gin` (also available here as
-``parse_gin``).
+``parse_gin``). A command parses them with :func:`parse_checked`, which
+validates the run for that command (:mod:`jaxfid.commands.gin_specs`)
+before it does anything else.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import dataclasses
 
 import gin
 
+from jaxfid.commands import gin_specs
 from jaxfid.core.errors import InputError
-from jaxfid.core.gin_files import SOURCE_ROOT, parse_gin  # noqa: F401
+from jaxfid.core.gin_files import SOURCE_ROOT, ParsedGin, parse_gin  # noqa: F401
 from jaxfid.training import launch
 
 
@@ -37,6 +40,21 @@ def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
   return bindings, rest
 
 
+def parse_checked(gin_files, bindings, search_paths, command: str
+                  ) -> ParsedGin:
+  """Parses the run and validates it for ``jaxfid <command>`` (a
+  :data:`jaxfid.commands.gin_specs.COMMANDS` key); a problem is a one-line
+  InputError, raised before anything is built or written. The parsed
+  configuration stays (the caller runs it)."""
+  parsed = parse_gin(list(gin_files), list(bindings), list(search_paths))
+  try:
+    gin_specs.check(parsed, command)
+  except InputError:
+    gin.clear_config()
+    raise
+  return parsed
+
+
 def gin_literal(value) -> str:
   """``value`` as a gin literal (strings quoted, None, numbers, booleans)."""
   return repr(value)
@@ -58,6 +76,14 @@ class GinRun:
     extra = [f"{k} = {gin_literal(v)}" for k, v in (macros or {}).items()]
     parse_gin(list(self.files), [*self.bindings, *extra],
               list(self.search_paths))
+
+  def check(self, command: str, macros: dict | None = None) -> None:
+    """Validates the run (with ``macros`` overridden) for ``jaxfid
+    <command>`` (:func:`parse_checked`); leaves no configuration."""
+    extra = [f"{k} = {gin_literal(v)}" for k, v in (macros or {}).items()]
+    parse_checked(self.files, [*self.bindings, *extra], self.search_paths,
+                  command)
+    gin.clear_config()
 
   def macros(self, names) -> dict:
     """The values the run's gin gives the macros ``names`` (None if unset)."""

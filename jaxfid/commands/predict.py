@@ -1,11 +1,15 @@
 """``jaxfid predict``: a checkpoint and a FiD file -> PRED.jsonl and the EM.
 
   jaxfid predict --checkpoint DIR --data FILE --n-context N --text-maxlength L
-      --answer-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
+      --decode-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
+      [--passage-scores [--passage-scores-mode probs|logits]]
+      [--passage-eos auto|on|off]
 
 DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
 an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
-checkpoint, else the latest).
+checkpoint, else the latest). ``--answer-maxlength`` is the older name of
+``--decode-maxlength``. Passages end with EOS as the checkpoint was trained
+(``auto``: a MODEL_DIR's run config; none for original FiD readers).
 """
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ import os
 import sys
 
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
-from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
+from jaxfid.checkpoints.model_dir import CONFIG_FILE, WHICH, chosen_checkpoint
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import predict as predict_lib
@@ -27,7 +33,8 @@ def add_parser(subparsers) -> None:
   p.add_argument("--data", required=True, help="FiD JSON or JSONL")
   p.add_argument("--n-context", type=int, required=True)
   p.add_argument("--text-maxlength", type=int, required=True)
-  p.add_argument("--answer-maxlength", type=int, required=True,
+  p.add_argument("--decode-maxlength", "--answer-maxlength", type=int,
+                 required=True, dest="decode_maxlength",
                  help="maximum number of generated tokens (EOS included)")
   p.add_argument("--output", required=True, help="PRED.jsonl")
   p.add_argument("--batch-size", type=int, default=8)
@@ -37,29 +44,52 @@ def add_parser(subparsers) -> None:
   p.add_argument("--dtype", default=None, help="activation dtype override")
   p.add_argument("--passage-scores", action="store_true",
                  help="also write each passage's cross-attention score")
+  p.add_argument("--which", choices=WHICH, default="auto",
+                 help="a MODEL_DIR's checkpoint: the best-EM one, the latest, "
+                      "or auto (best if there is one, else latest)")
+  p.add_argument("--passage-scores-mode", choices=("probs", "logits"),
+                 default="probs",
+                 help="probs: attention mass after the softmax; logits: the "
+                 "original FiD's pre-softmax logits averaged over tokens")
+  p.add_argument("--passage-eos", choices=("auto", "on", "off"),
+                 default="auto",
+                 help="passages end with EOS (auto: as the checkpoint was "
+                 "trained)")
   p.set_defaults(func=run)
 
 
 def run(args) -> int:
-  for name in ("n_context", "text_maxlength", "answer_maxlength", "batch_size",
+  for name in ("n_context", "text_maxlength", "decode_maxlength", "batch_size",
                "beam_size"):
     if getattr(args, name) < 1:
       raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
   # Validate the data before loading anything heavy.
   examples = read_fid_examples(args.data)
-  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype)
+  if paths.exists(paths.join(args.checkpoint, CONFIG_FILE)):
+    chosen = chosen_checkpoint(args.checkpoint, args.which)
+    if chosen is None:
+      raise InputError(args.checkpoint, f"no {args.which} checkpoint" if
+                       args.which != "auto" else "no checkpoint")
+    print(f"loading the {chosen[0]} checkpoint (step {chosen[1]}) of "
+          f"{args.checkpoint}", file=sys.stderr)
+  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype,
+                                          which=args.which)
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
+  passage_eos = (checkpoint_passage_eos(args.checkpoint)
+                 if args.passage_eos == "auto" else args.passage_eos == "on")
   preds = predict_lib.generate(
       model, params, tokenizer, examples, n_context=args.n_context,
       text_maxlength=args.text_maxlength,
-      answer_maxlength=args.answer_maxlength, batch_size=args.batch_size,
-      num_beams=args.beam_size, alpha=args.length_penalty)
+      answer_maxlength=args.decode_maxlength, batch_size=args.batch_size,
+      num_beams=args.beam_size, alpha=args.length_penalty,
+      passage_eos=passage_eos)
   scores = predict_lib.score(examples, preds)
   extra = None
   if args.passage_scores:
     extra = predict_lib.passage_scores(
         model, params, tokenizer, examples, n_context=args.n_context,
-        text_maxlength=args.text_maxlength, batch_size=args.batch_size)
+        text_maxlength=args.text_maxlength, batch_size=args.batch_size,
+        mode=args.passage_scores_mode, passage_eos=passage_eos)
   predict_lib.write_predictions(args.output, examples, preds, scores,
                                 passage_scores=extra)
   print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),

@@ -94,6 +94,7 @@ def iterate_gin_run(gin_files, gin_bindings=(), gin_search_paths=(), *,
   ``kwargs`` go to :func:`jaxfid.reatt.iterate.run_iterations`.
   """
   run = GinRun(tuple(gin_files), tuple(gin_bindings), tuple(gin_search_paths))
+  run.check("reatt iterate")
   settings = read_iterate_settings(run)
   return reatt_iterate.run_iterations(
       settings,

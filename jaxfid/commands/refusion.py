@@ -19,6 +19,7 @@ import os
 import sys
 
 from jaxfid.commands import gin_flags
+from jaxfid.commands.gin_flags import GinRun
 from jaxfid.core.files import atomic_write
 from jaxfid.refusion import seeds as seeds_lib
 from jaxfid.refusion.seeds import DEFAULT_SEEDS
@@ -44,10 +45,28 @@ def add_parser(subparsers) -> None:
   s.set_defaults(func=run_seeds, accepts_gin_bindings=True)
 
 
+def check_gin(args: argparse.Namespace, seeds: list[int]) -> None:
+  """Validates the seeds' `jaxfid train` run before any seed runs (with the
+  first seed's TASK, DATA_DIR, SEED and MODEL_DIR; a caller's binding of
+  those is refused by :func:`jaxfid.refusion.seeds.run_seeds`)."""
+  spec = seeds_lib.lookup_task(args.task)
+  if not args.gin_file or not seeds:
+    return  # run_seeds says what is missing
+  seed = seeds[0]
+  name = seeds_lib.seed_dir_name(seed)
+  run = GinRun(tuple(args.gin_file), tuple(getattr(args, "gin_bindings", [])),
+               tuple(args.gin_search_path))
+  run.check("refusion seeds", macros={
+      "TASK": spec.name, "SEED": seed,
+      "DATA_DIR": os.path.join(args.data_root, spec.lmbff_dir, name),
+      "MODEL_DIR": os.path.join(args.model_dir_root, name)})
+
+
 def run_seeds(args: argparse.Namespace) -> int:
+  seeds = seeds_lib.parse_seeds(args.seeds)
+  check_gin(args, seeds)
   runs = seeds_lib.run_seeds(
-      args.task, args.data_root, args.model_dir_root,
-      seeds_lib.parse_seeds(args.seeds), args.gin_file,
+      args.task, args.data_root, args.model_dir_root, seeds, args.gin_file,
       getattr(args, "gin_bindings", []), args.gin_search_path)
   spec = seeds_lib.lookup_task(args.task)
   summary = seeds_lib.summarize(spec.name, spec.metric, runs)

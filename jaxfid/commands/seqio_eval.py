@@ -11,7 +11,9 @@ The model functions come from the checkpoint's method (``method`` in its
 ``jaxfid_config.json``; any other checkpoint format is a FiD reader),
 looked up in :data:`METHODS`: FiD and ReAtt generate answers over passages
 for the QA tasks (:class:`jaxfid.fid.checkpoint_eval.
-FidCheckpointEvaluator`, configured by the FiD gin macros), ReFusion ranks
+FidCheckpointEvaluator`, configured by the FiD gin macros; the passages end
+with EOS or not as the checkpoint was trained, which this module binds in
+``tasks.config.fid_passage_eos``), ReFusion ranks
 the label words of the LM-BFF / GLUE prompt tasks with its fused neighbours
 (:class:`jaxfid.refusion.checkpoint_eval.ReFusionCheckpointEvaluator`,
 configured by its run). A method evaluator gets seqio-free NumPy batches of
@@ -222,8 +224,13 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
                        f"{kind} task")
   specs = {name: spec for name, _, spec in found}
   evaluator = configured(evaluator_cls)(os.fspath(checkpoint_path), run)
-  converter = (FidFeatureConverter() if evaluator_cls.kind == "qa"
-               else seqio.EncDecFeatureConverter(pack=False))
+  if evaluator_cls.kind == "qa":
+    # the checkpoint's passage format reaches the tasks' preprocessing
+    passage_eos = evaluator.passage_eos
+    gin.bind_parameter("tasks.config.fid_passage_eos.passage_eos", passage_eos)
+    converter = FidFeatureConverter(passage_eos=passage_eos)
+  else:
+    converter = seqio.EncDecFeatureConverter(pack=False)
 
   def logger(output_dir):
     return eval_outputs.EvalOutputs(output_dir, split=split)

@@ -6,13 +6,12 @@ With the ``MIXTURE_OR_TASK_NAME`` macro set, the seqio tasks are imported
 from __future__ import annotations
 
 import json
-import os
 
 import gin
 import jax
 
 import jaxfid.methods  # noqa: F401 (registers index types, loaders)
-from jaxfid.commands import gin_flags, seqio_tasks
+from jaxfid.commands import distributed, gin_flags, seqio_tasks
 from jaxfid.training import launch
 
 
@@ -22,24 +21,19 @@ def add_parser(subparsers) -> None:
       description="Train from gin files; rerunning the same command resumes "
                   "from the latest checkpoint in MODEL_DIR.")
   gin_flags.add_gin_arguments(p)
-  p.add_argument("--distributed", action="store_true",
-                 help="call jax.distributed.initialize() first (multi-host; "
-                      "implied when JAX_COORDINATOR_ADDRESS is set)")
+  distributed.add_arguments(p)
   p.set_defaults(func=run, accepts_gin_bindings=True)
 
 
-def maybe_initialize_distributed(requested: bool) -> None:
-  """Multi-host start-up: TPU pods auto-detect; GPUs read JAX_* variables."""
-  if requested or os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    jax.distributed.initialize()
-
-
 def run(args) -> int:
-  gin_flags.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_path)
+  distributed.initialize(args)
+  gin_flags.parse_checked(args.gin_file, args.gin_bindings,
+                          args.gin_search_path, "train")
   if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
     seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source
-  maybe_initialize_distributed(args.distributed)
   result = gin_flags.call_configurable(gin.get_configurable(launch.run))
-  print(json.dumps({k: v for k, v in result.items()
-                    if isinstance(v, (int, float, str, bool))}))
-  return 0
+  if jax.process_index() == 0:  # one summary for a multi-host run
+    print(json.dumps({k: v for k, v in result.items()
+                      if isinstance(v, (int, float, str, bool))}))
+  # SIGTERM (preemption) is a clean stop; Ctrl-C stops as interrupted.
+  return 130 if result.get("signal") == "SIGINT" else 0

@@ -1,8 +1,10 @@
-"""One error type for bad input: it names the file, the record and what is wrong.
+"""Errors a user sees as one line: bad input, and storage faults.
 
 The command line prints ``str(error)`` as one line and exits non-zero, with no
-traceback. Every reader in jaxfid raises it (never a bare ``ValueError``) for
-problems in user-supplied files.
+traceback. Every reader in jaxfid raises :class:`InputError` (never a bare
+``ValueError``) for problems in user-supplied files (exit status 2); writers
+raise :class:`StorageError` when the disk is full, over quota, read-only or
+not writable (exit status 1; see :func:`jaxfid.core.files.storage_errors`).
 """
 from __future__ import annotations
 
@@ -30,3 +32,33 @@ class InputError(Exception):
     if isinstance(self.where, int):
       return f"{self.path}:{self.where}: {self.reason}"
     return f"{self.path}: {self.where}: {self.reason}"
+
+
+class StorageError(OSError):
+  """A write failed because of the storage: full disk, quota, read-only, ...
+
+  ``str()`` is one line, ``PATH: reason`` (``/data/index: no space left on
+  device``), naming the output being written. The command line prints it and
+  exits with status 1. It is an :class:`OSError` (``errno`` is kept), so code
+  that handles OSError still does.
+
+  Attributes:
+    path: the output (file or directory) that could not be written.
+    reason: the cause, without a trailing period.
+  """
+
+  def __init__(self, path, reason: str, errno: int | None = None):
+    self.path = str(path)
+    self.reason = " ".join(str(reason).split())
+    super().__init__(errno, self.reason, self.path)
+
+  @property
+  def message(self) -> str:
+    """The one-line message (just the reason when no path is known)."""
+    return f"{self.path}: {self.reason}" if self.path else self.reason
+
+  def __str__(self) -> str:
+    return self.message
+
+  def __reduce__(self):
+    return type(self), (self.path, self.reason, self.errno)

@@ -5,20 +5,33 @@ TSVs, index directories, checkpoints, run configs) goes through these
 helpers: content is written to a temporary sibling in the same directory
 and moved into place with ``os.replace`` only when it is complete, so an
 interrupted or failed write never leaves a half-written output behind.
-Temporary names carry the process id and a random part
-(``.NAME.<pid>.<random>.tmp``), so concurrent writers never share one.
+Temporary names carry the writer's process id, a tag of its host and a
+random part (``.NAME.<pid>.<host>.<random>.tmp``), so concurrent writers
+never share one, and :func:`remove_stale_temporaries` can remove those whose
+writer died (kill -9, power loss) without touching a live writer's.
+
+Storage faults: a write that fails because the disk is full, over quota,
+read-only or not writable raises :class:`~jaxfid.core.errors.StorageError`
+(one line naming the output and the cause) after the temporaries are
+removed. :func:`storage_errors` (from :mod:`jaxfid.core.storage`, exported
+here too) does the same for any other block of writes.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
+from jaxfid.core.processes import host_tag, is_running
+from jaxfid.core.storage import (  # noqa: F401 (part of this module's API)
+    preallocate, remove_path, storage_errors, storage_fault)
 
 
 def _umask() -> int:
@@ -28,7 +41,64 @@ def _umask() -> int:
 
 
 def _temp_prefix(path: Path) -> str:
-  return f".{path.name}.{os.getpid()}."
+  return f".{path.name}.{os.getpid()}.{host_tag()}."
+
+
+# .NAME.<pid>.<host tag>.<random>.tmp (or .old: a replaced directory)
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})"
+                        r"\.[A-Za-z0-9_]+\.(?:tmp|old)$")
+
+
+def temporary_writer(name: str, target: str | None = None
+                     ) -> tuple[int, str] | None:
+  """(pid, host tag) of the writer of a temporary file name, else None.
+
+  Args:
+    name: a file name (no directory).
+    target: if given, only temporaries of this target name count.
+  """
+  match = _TEMP_NAME.match(name)
+  if match is None or (target is not None and match["name"] != target):
+    return None
+  return int(match["pid"]), match["host"]
+
+
+def remove_stale_temporaries(directory: str | os.PathLike,
+                             target: str | None = None) -> list[Path]:
+  """Removes the temporaries in ``directory`` whose writer is dead.
+
+  Only names made by this module count, and only those written on this host
+  by a process that no longer runs (or whose id now belongs to a process
+  started after the temporary was made, this one included). A live
+  writer's temporaries, another host's and anything else are left alone.
+
+  Args:
+    directory: where to look (a missing directory holds nothing).
+    target: only temporaries of this output name (``.TARGET.<pid>...``).
+
+  Returns:
+    The paths removed.
+  """
+  directory = Path(directory)
+  try:
+    names = os.listdir(directory)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  removed = []
+  for name in sorted(names):
+    writer = temporary_writer(name, target)
+    if writer is None or writer[1] != host_tag():
+      continue
+    path = directory / name
+    try:  # the inode change time: at or after the name was made (a hard
+      written = path.lstat().st_ctime  # link's too), unlike its mtime
+    except FileNotFoundError:
+      continue
+    if is_running(writer[0], started_by=written):
+      continue
+    remove_path(path)
+    removed.append(path)
+  return removed
 
 
 def _parent(path: Path) -> Path:
@@ -43,20 +113,34 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
   The body creates the file under that name (``np.save``, ``os.link``,
   ``faiss.write_index``, ...). If the body raises, whatever it created is
-  removed and ``path`` is left untouched. Missing parent directories are
-  created.
+  removed and ``path`` is left untouched; a storage fault (full disk,
+  quota, read-only, ...; see :func:`storage_fault`) is raised as a
+  :class:`StorageError` naming ``path``. Missing parent directories are
+  created. A URL ``path`` (``gs://...``, see :mod:`jaxfid.core.paths`) is
+  written to a local temporary file and uploaded whole when complete.
   """
+  if paths.is_url(path):  # a bucket: write locally, then upload the object
+    with tempfile.TemporaryDirectory(prefix="jaxfid-upload-") as staging:
+      tmp = Path(staging) / paths.as_path(path).name
+      yield tmp
+      with storage_errors(path):
+        paths.copy(tmp, path)
+    return
   path = Path(path)
-  tmp = _parent(path) / (_temp_prefix(path) + secrets.token_hex(6) + ".tmp")
+  with storage_errors(path):
+    parent = _parent(path)
+  tmp = parent / (_temp_prefix(path) + secrets.token_hex(6) + ".tmp")
   try:
     yield tmp
     os.replace(tmp, path)
     if os.path.lexists(tmp):  # both names were links to one file: a no-op
       os.unlink(tmp)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
+  except BaseException as e:
+    fault = storage_fault(e, path) if isinstance(e, Exception) else None
+    remove_path(tmp)
+    if fault is None or fault is e:
+      raise
+    raise fault from e
 
 
 @contextlib.contextmanager
@@ -71,7 +155,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w",
 
   Yields:
     The open temporary file. If the body raises, the temporary file is removed
-    and ``path`` is left untouched.
+    and ``path`` is left untouched; a storage fault (full disk, ...) is raised
+    as a :class:`StorageError` naming ``path``.
   """
   exclusive = mode.replace("w", "x")
   with atomic_path(path) as tmp:
@@ -127,7 +212,13 @@ def replace_directory(source: str | os.PathLike,
     old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old",
                                 dir=str(_parent(path))))
     os.replace(path, old / path.name)
-  os.replace(source, path)
+  try:
+    os.replace(source, path)
+  except BaseException:
+    if old is not None:  # put the old tree back
+      os.replace(old / path.name, path)
+      shutil.rmtree(old, ignore_errors=True)
+    raise
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
 
@@ -139,7 +230,8 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False, *,
   """Yields a temporary directory that becomes ``path`` on a clean exit.
 
   On an exception the temporary directory is removed and ``path`` is left as
-  it was.
+  it was; a storage fault (full disk, ...) is raised as a
+  :class:`StorageError` naming ``path``.
 
   Args:
     path: the final directory.
@@ -154,14 +246,18 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False, *,
     check_destination(path, overwrite)
   else:
     check(path)
-  tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp",
-                              dir=str(_parent(path))))
+  with storage_errors(path):
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp",
+                                dir=str(_parent(path))))
   try:
     yield tmp
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  replace_directory(tmp, path)
+    replace_directory(tmp, path)
+  except BaseException as e:
+    fault = storage_fault(e, path) if isinstance(e, Exception) else None
+    remove_path(tmp)
+    if fault is None or fault is e:
+      raise
+    raise fault from e
 
 
 def link_or_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
@@ -174,4 +270,6 @@ def link_or_copy(source: str | os.PathLike, path: str | os.PathLike) -> None:
 
 
 __all__ = ["atomic_path", "atomic_write", "write_atomic", "link_or_copy",
-           "atomic_directory", "check_destination", "replace_directory"]
+           "atomic_directory", "check_destination", "replace_directory",
+           "storage_errors", "storage_fault", "preallocate",
+           "remove_stale_temporaries", "temporary_writer"]

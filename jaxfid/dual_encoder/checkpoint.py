@@ -225,7 +225,7 @@ def _restore_dual_encoder(path: str, run: dict, which: str):
   config = T5Config.from_dict(run["model"])
   settings = DualEncoderConfig.from_dict(run.get(METHOD, {}))
   encoder = DualEncoder(config, settings)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
       encoder.abstract_params())

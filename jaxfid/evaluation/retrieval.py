@@ -50,7 +50,8 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
   """Reads TREC qrels (``qid 0 docid grade``) or BEIR TSV qrels.
 
   BEIR's ``qrels/test.tsv`` has three columns (``query-id corpus-id score``)
-  and a header line, which is skipped.
+  and a header line, which is skipped. A file without any judgement is an
+  InputError.
   """
   qrels: dict[str, dict[str, int]] = {}
   for lineno, line in iter_lines(path):
@@ -73,6 +74,8 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
       raise InputError(path, f"bad relevance grade {grade!r}",
                        where=lineno) from None
     qrels.setdefault(qid, {})[docid] = value
+  if not qrels:
+    raise InputError(path, "no relevance judgements in the file")
   return qrels
 
 

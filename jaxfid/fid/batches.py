@@ -5,7 +5,10 @@
   No iterator state to checkpoint: resuming at step ``s`` gives exactly the
   batches an uninterrupted run would have seen.
 * Targets: a random answer per step and example from ``rng(seed, s, i)``
-  (``target`` when the example has one).
+  (``target`` when the example has one), ``target_maxlength`` tokens (FidTask
+  passes the longest target of the data when TARGET_MAXLENGTH is None).
+* Passages: :func:`jaxfid.fid.examples.encode_example`, with or without a
+  final EOS (``passage_eos``).
 * Hosts: each process builds only the rows of the global batch that its
   devices hold (``rows``, given by the loop); the loop assembles the global
   array.
@@ -28,9 +31,9 @@ class FidBatcher:
 
   def __init__(self, examples: Sequence[FidExample], tokenizer, *,
                batch_size: int, n_context: int, text_maxlength: int,
-               answer_maxlength: int, seed: int = 0, dataset: str = "nq",
+               target_maxlength: int, seed: int = 0, dataset: str = "nq",
                mixture: Sequence[tuple[int, float, str]] | None = None,
-               cache_limit_bytes: int = 2 << 30):
+               passage_eos: bool = True, cache_limit_bytes: int = 2 << 30):
     """``mixture``: consecutive parts of ``examples`` as (count, rate,
     dataset), sampled by rate (see :meth:`indices`); default one part."""
     self.examples = list(examples)
@@ -44,7 +47,8 @@ class FidBatcher:
     self.batch_size = batch_size
     self.n_context = n_context
     self.text_maxlength = text_maxlength
-    self.answer_maxlength = answer_maxlength
+    self.target_maxlength = target_maxlength
+    self.passage_eos = passage_eos
     self.seed = seed
     self.dataset = dataset
     # Encoded passages are cached (int16 holds the 32128-token vocabulary)
@@ -84,7 +88,8 @@ class FidBatcher:
       tokens, mask = self._cache[i]
       return tokens.astype(np.int32), mask
     tokens, mask = fid_format.encode_example(
-        self.tokenizer, self.examples[i], self.n_context, self.text_maxlength)
+        self.tokenizer, self.examples[i], self.n_context, self.text_maxlength,
+        self.passage_eos)
     if self._cache is not None:
       self._cache[i] = (tokens.astype(np.int16), mask)
     return tokens, mask
@@ -100,7 +105,7 @@ class FidBatcher:
       text = fid_format.choose_target(self.examples[i], rng,
                                       self.dataset_of(int(i)))
       targets.append(fid_format.encode_target(self.tokenizer, text,
-                                              self.answer_maxlength))
+                                              self.target_maxlength))
     return {"encoder_input_tokens": np.stack(enc).astype(np.int32),
             "passage_mask": np.stack(pmask),
             "decoder_target_tokens": np.stack(targets).astype(np.int32)}
@@ -125,7 +130,8 @@ class FidBatcher:
 
 
 def eval_batches(examples: Sequence[FidExample], tokenizer, *, batch_size: int,
-                 n_context: int, text_maxlength: int):
+                 n_context: int, text_maxlength: int,
+                 passage_eos: bool = True):
   """Fixed-order batches for evaluation/prediction, the last one padded.
 
   Yields (first index, number of real rows, batch dict) with every batch of
@@ -136,7 +142,7 @@ def eval_batches(examples: Sequence[FidExample], tokenizer, *, batch_size: int,
     enc, pmask = [], []
     for ex in chunk:
       tokens, mask = fid_format.encode_example(tokenizer, ex, n_context,
-                                               text_maxlength)
+                                               text_maxlength, passage_eos)
       enc.append(tokens)
       pmask.append(mask)
     real = len(chunk)

@@ -9,14 +9,19 @@ fixed-size batches of NumPy model features (the FiD feature converter's
 ``decoder_target_tokens`` [B, T]) and returns
 
 * :meth:`~FidCheckpointEvaluator.predict`: generated ids int32 [B,
-  answer_maxlength] (greedy or beam search, 0 after EOS: one length for
+  decode_maxlength] (greedy or beam search, 0 after EOS: one length for
   every row, as NumPy 2 needs), exactly ``jaxfid predict``'s decoding;
 * :meth:`~FidCheckpointEvaluator.score`: each example's target
   log-likelihood (teacher forcing, padding excluded).
 
-The FiD settings (``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``,
-``EVAL_BEAMS``) come from gin (``gin/fid/base.gin`` binds them), else from
-the checkpoint's ``jaxfid_config.json`` (a FiD MODEL_DIR records them).
+The FiD settings (``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``DECODE_MAXLENGTH``,
+``TARGET_MAXLENGTH``, ``EVAL_BEAMS``) come from gin (``gin/fid/base.gin``
+binds them), else from the checkpoint's ``jaxfid_config.json`` (a FiD
+MODEL_DIR records them); the decoding bound defaults to 50, the original's.
+Whether passages end with EOS is the checkpoint's
+(:func:`~jaxfid.checkpoints.load.checkpoint_passage_eos`: a MODEL_DIR's
+run config, no EOS for original FiD readers): ``jaxfid eval`` gives it to
+the seqio preprocessing (:attr:`FidCheckpointEvaluator.passage_eos`).
 :func:`checkpoint_step` names the step of the parameters that were loaded.
 """
 from __future__ import annotations
@@ -31,11 +36,12 @@ import numpy as np
 
 from jaxfid.checkpoints import t5x
 from jaxfid.checkpoints.detect import detect_format
-from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid.predict import make_predict_fn
+from jaxfid.fid.task import Lengths
 from jaxfid.t5.model import shift_right
 
 _T5X_STEP = re.compile(r"^checkpoint_(\d+)$")
@@ -94,8 +100,12 @@ class FidCheckpointEvaluator:
       checkpoint, else the latest, as ``jaxfid predict``).
     run_config: the checkpoint's ``jaxfid_config.json`` ({} for other
       formats), the fallback of the settings below.
-    n_context, text_maxlength, answer_maxlength: the FiD lengths (gin's
-      ``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``).
+    n_context, text_maxlength: the FiD lengths (gin's ``N_CONTEXT``,
+      ``TEXT_MAXLENGTH``).
+    decode_maxlength, target_maxlength: gin's ``DECODE_MAXLENGTH`` (the
+      decoding bound) and ``TARGET_MAXLENGTH`` (the length of the target
+      features that ``score`` reads; default the decoding bound);
+      ``answer_maxlength`` stands for both.
     num_beams, alpha: beam search (1: greedy) and its length penalty.
     dtype: activation dtype override.
   """
@@ -104,15 +114,15 @@ class FidCheckpointEvaluator:
   def __init__(self, checkpoint: str, run_config: dict | None = None, *,
                n_context: int | None = None,
                text_maxlength: int | None = None,
-               answer_maxlength: int | None = None, num_beams: int = 1,
+               answer_maxlength: int | None = None,
+               decode_maxlength: int | None = None,
+               target_maxlength: int | None = None, num_beams: int = 1,
                alpha: float = 0.6, dtype: str | None = None):
     run = run_config or {}
     settings = {}
     for name, macro, value in (("n_context", "N_CONTEXT", n_context),
                                ("text_maxlength", "TEXT_MAXLENGTH",
-                                text_maxlength),
-                               ("answer_maxlength", "ANSWER_MAXLENGTH",
-                                answer_maxlength)):
+                                text_maxlength)):
       value = run.get(name) if value is None else value
       if value is None:
         raise InputError(macro, f"required to evaluate {checkpoint} (a FiD "
@@ -124,13 +134,22 @@ class FidCheckpointEvaluator:
       raise InputError("EVAL_BEAMS", f"must be at least 1, got {num_beams}")
     self.n_context = settings["n_context"]
     self.text_maxlength = settings["text_maxlength"]
-    self.answer_maxlength = settings["answer_maxlength"]
+    given = Lengths.resolve(answer_maxlength, target_maxlength,
+                            decode_maxlength)
+    recorded = Lengths.of_run_config(run)
+    self.decode_maxlength = (given.decode_maxlength
+                             if decode_maxlength or answer_maxlength
+                             else recorded.decode_maxlength)
+    self.target_maxlength = (given.target_maxlength
+                             or recorded.target_maxlength
+                             or self.decode_maxlength)
+    self.passage_eos = checkpoint_passage_eos(checkpoint)
     self.model, self.params, spiece = load_checkpoint(checkpoint, dtype=dtype)
     self.tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece
                                     else None)
     self.step = checkpoint_step(checkpoint)
     self._predict = make_predict_fn(self.model,
-                                    max_decode_len=self.answer_maxlength,
+                                    max_decode_len=self.decode_maxlength,
                                     num_beams=int(num_beams), alpha=alpha)
     model = self.model
     self._score = jax.jit(lambda p, b: target_log_likelihood(
@@ -143,7 +162,7 @@ class FidCheckpointEvaluator:
     """seqio's task feature lengths for this evaluation."""
     del task_spec
     return {"inputs": (self.n_context, self.text_maxlength),
-            "targets": self.answer_maxlength}
+            "targets": self.target_maxlength}
 
   def prepare(self, examples: Sequence[dict], task_spec=None) -> None:
     """Nothing to do before a task: FiD reads its passages from ``inputs``."""
@@ -157,7 +176,7 @@ class FidCheckpointEvaluator:
     return {k: jnp.asarray(batch[k]) for k in keys}
 
   def predict(self, indices: np.ndarray, batch: dict) -> np.ndarray:
-    """Generated ids int32 [B, answer_maxlength]."""
+    """Generated ids int32 [B, decode_maxlength]."""
     del indices
     return np.asarray(jax.device_get(
         self._predict(self.params, self._inputs(batch))), np.int32)

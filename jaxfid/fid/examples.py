@@ -26,12 +26,16 @@ passages sorted by score, descending and stable (FiD gives score-less passages
 one shared score, which keeps their order; here unscored passages also follow
 all scored ones), the first ``n_context`` kept, each rendered as
 ``"question: Q title: T context: P"``; an example without passages is the
-question alone (``"question: Q"``). Each string is tokenized with EOS,
-truncated to ``text_maxlength`` with the EOS kept, and padded with 0; missing
-passages are all-zero rows with a False mask. Targets are ``target`` if given,
-else an answer drawn uniformly with a NumPy generator (FiD:
-``random.choice``); for TriviaQA an all-uppercase answer is title-cased, as
-FiD's preprocessing does.
+question alone (``"question: Q"``). Each string is tokenized, truncated to
+``text_maxlength`` and padded with 0; with ``passage_eos`` (the default) it
+ends with EOS, kept on truncation (what T5 tokenizers of transformers >= 3.1
+and seqio do); without, it is cut at ``text_maxlength`` tokens and has no EOS
+(FiD pinned transformers 3.0.2, whose T5 tokenizer appended none: its
+published readers were trained so). Missing passages are all-zero rows with
+a False mask. Targets are ``target`` if given, else an answer drawn
+uniformly with a NumPy generator (FiD: ``random.choice``); for TriviaQA an
+all-uppercase answer is title-cased, as FiD's preprocessing does. Targets
+always end with EOS (FiD appended ``" </s>"`` to them explicitly).
 """
 from __future__ import annotations
 
@@ -399,12 +403,14 @@ def format_passages(example: FidExample, n_context: int) -> list[str]:
 
 
 def encode_examples(tokenizer: Tokenizer, examples: Sequence[FidExample],
-                    n_context: int, text_maxlength: int
+                    n_context: int, text_maxlength: int,
+                    passage_eos: bool = True
                     ) -> tuple[np.ndarray, np.ndarray]:
   """Encoder inputs of a batch: tokens int32 ``[B, n_context, L]`` and mask.
 
-  Every passage string ends with EOS inside ``text_maxlength`` and is padded
-  with 0; passages an example lacks are all-zero rows with mask False.
+  Every passage string is cut to ``text_maxlength`` tokens and padded with
+  0; with ``passage_eos`` it ends with EOS inside that length (see the module
+  docstring). Passages an example lacks are all-zero rows with mask False.
 
   Returns:
     ``(tokens, passage_mask)`` with shapes ``[B, n_context, text_maxlength]``
@@ -412,7 +418,7 @@ def encode_examples(tokenizer: Tokenizer, examples: Sequence[FidExample],
   """
   texts = [format_passages(e, n_context) for e in examples]
   flat = encode_padded(tokenizer, [t for ts in texts for t in ts],
-                       text_maxlength)
+                       text_maxlength, add_eos=passage_eos)
   tokens = np.zeros((len(examples), n_context, text_maxlength), np.int32)
   mask = np.zeros((len(examples), n_context), bool)
   start = 0
@@ -424,11 +430,12 @@ def encode_examples(tokenizer: Tokenizer, examples: Sequence[FidExample],
 
 
 def encode_example(tokenizer: Tokenizer, example: FidExample, n_context: int,
-                   text_maxlength: int) -> tuple[np.ndarray, np.ndarray]:
+                   text_maxlength: int, passage_eos: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray]:
   """:func:`encode_examples` of one example: ``[n_context, L]``, ``[n_context]``.
   """
   tokens, mask = encode_examples(tokenizer, [example], n_context,
-                                 text_maxlength)
+                                 text_maxlength, passage_eos)
   return tokens[0], mask[0]
 
 
@@ -463,10 +470,29 @@ def title_case_if_upper(text: str) -> str:
 
 
 def encode_target(tokenizer: Tokenizer, text: str,
-                  answer_maxlength: int) -> np.ndarray:
-  """Target ids int32 ``[answer_maxlength]``: EOS kept on truncation, 0-pad.
+                  target_maxlength: int) -> np.ndarray:
+  """Target ids int32 ``[target_maxlength]``: EOS kept on truncation, 0-pad.
   """
-  return encode_padded(tokenizer, [text], answer_maxlength)[0]
+  return encode_padded(tokenizer, [text], target_maxlength)[0]
+
+
+def target_candidates(example: FidExample, dataset: str = "nq") -> list[str]:
+  """Every text :func:`choose_target` can return for ``example``."""
+  if example.target is not None:
+    return [example.target]
+  if dataset == TRIVIA_QA:
+    return [title_case_if_upper(a) for a in example.answers]
+  return list(example.answers)
+
+
+def longest_target_length(tokenizer: Tokenizer,
+                          examples: Sequence[FidExample],
+                          dataset: str = "nq") -> int:
+  """Tokens of the longest target :func:`choose_target` can draw, EOS
+  included (at least 1): the fixed target length that truncates nothing."""
+  texts = [t for e in examples for t in target_candidates(e, dataset)]
+  return 1 + max((len(ids) for ids in tokenizer.encode_batch(texts)),
+                 default=0)
 
 
 def decoder_inputs_from_targets(targets) -> np.ndarray:

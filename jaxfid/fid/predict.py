@@ -23,23 +23,30 @@ from jaxfid.fid.examples import FidExample
 
 
 def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
-                    alpha: float = 0.6):
-  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``."""
+                    alpha: float = 0.6, out_sharding=None):
+  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``.
+
+  ``out_sharding``: where the tokens go (a replicated sharding, so that every
+  process of a multi-host run can fetch them).
+  """
   def fn(params, batch):
     return model.predict(params, batch["encoder_input_tokens"],
                          passage_mask=batch["passage_mask"],
                          max_decode_len=max_decode_len, num_beams=num_beams,
                          alpha=alpha)
-  return jax.jit(fn)
+  return jax.jit(fn, out_shardings=out_sharding)
 
 
 def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
              n_context: int, text_maxlength: int, answer_maxlength: int,
              batch_size: int = 8, num_beams: int = 1, alpha: float = 0.6,
-             put_batch=None, predict_fn=None, progress: bool = True) -> list[str]:
+             put_batch=None, predict_fn=None, progress: bool = True,
+             passage_eos: bool = True) -> list[str]:
   """Predicted answer strings, in input order.
 
   Args:
+    answer_maxlength: the decoding bound (tokens generated, EOS included).
+    passage_eos: passages end with EOS (the checkpoint's setting).
     put_batch: optional function placing a host batch on devices (the
       trainer passes one that shards it over the mesh).
   """
@@ -49,7 +56,8 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
   out: list[str] = []
   batches = pipeline.eval_batches(examples, tokenizer, batch_size=batch_size,
                                   n_context=n_context,
-                                  text_maxlength=text_maxlength)
+                                  text_maxlength=text_maxlength,
+                                  passage_eos=passage_eos)
   total = (len(examples) + batch_size - 1) // batch_size
   for _, real, batch in tqdm(batches, total=total, desc="predict",
                              disable=not progress, file=sys.stderr,
@@ -77,14 +85,19 @@ def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
 
 def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
                    n_context: int, text_maxlength: int, batch_size: int = 8,
-                   mode: str = "probs") -> list[list[float]]:
-  """Cross-attention score of each example's passages (in FiD's sorted order)."""
+                   mode: str = "probs", passage_eos: bool = True
+                   ) -> list[list[float]]:
+  """Cross-attention score of each example's passages (in FiD's sorted order).
+
+  ``mode``: 'probs' (post-softmax attention mass) or 'logits' (the original
+  FiD's averaged pre-softmax logits); see ``t5.passages.scores_from_attention``.
+  """
   fn = jax.jit(lambda p, b: model.passage_scores(
       p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
   out: list[list[float]] = []
   for start, real, batch in pipeline.eval_batches(
       examples, tokenizer, batch_size=batch_size, n_context=n_context,
-      text_maxlength=text_maxlength):
+      text_maxlength=text_maxlength, passage_eos=passage_eos):
     scores = np.asarray(fn(params, jax.tree.map(jnp.asarray, batch)))
     for i in range(real):
       n = int(batch["passage_mask"][i].sum())
@@ -112,7 +125,9 @@ def write_predictions(path: str, examples: Sequence[FidExample],
 class QaEvaluator:
   """EM/F1 of generated answers on a fixed set of examples, during training.
 
-  ``evaluate(model_dir, step, params)`` writes per-example predictions to
+  ``evaluator(model_dir, step, params, placement)`` decodes batches sharded
+  over the run's data axes (every process gets every prediction, so every
+  process computes the same scores), writes per-example predictions to
   ``MODEL_DIR/eval/predictions_<step>.jsonl`` (process 0) and returns
   ``eval_em``, ``eval_f1``, ``eval_examples``.
   """
@@ -120,22 +135,28 @@ class QaEvaluator:
   def __init__(self, model, tokenizer, examples: Sequence[FidExample], *,
                n_context: int, text_maxlength: int, answer_maxlength: int,
                num_beams: int = 1, batch_size: int = 8,
-               progress: bool = True):
+               progress: bool = True, passage_eos: bool = True):
     self.model, self.tokenizer = model, tokenizer
+    self.passage_eos = passage_eos
     self.examples = list(examples)
     self.n_context, self.text_maxlength = n_context, text_maxlength
     self.answer_maxlength, self.batch_size = answer_maxlength, batch_size
+    self.num_beams = num_beams
     self.progress = progress
-    self.predict_fn = make_predict_fn(model, max_decode_len=answer_maxlength,
-                                      num_beams=num_beams)
+    self._predict_fn = None
 
-  def __call__(self, model_dir: str, step: int, params, put_batch) -> dict:
+  def __call__(self, model_dir: str, step: int, params, placement) -> dict:
+    if self._predict_fn is None:
+      self._predict_fn = make_predict_fn(
+          self.model, max_decode_len=self.answer_maxlength,
+          num_beams=self.num_beams, out_sharding=placement.replicated)
     preds = generate(
         self.model, params, self.tokenizer, self.examples,
         n_context=self.n_context, text_maxlength=self.text_maxlength,
-        answer_maxlength=self.answer_maxlength, batch_size=self.batch_size,
-        predict_fn=self.predict_fn, progress=self.progress,
-        put_batch=put_batch)
+        answer_maxlength=self.answer_maxlength,
+        batch_size=placement.eval_batch_size(self.batch_size),
+        predict_fn=self._predict_fn, progress=self.progress,
+        put_batch=placement.shard, passage_eos=self.passage_eos)
     scores = score(self.examples, preds)
     if jax.process_index() == 0:
       write_predictions(os.path.join(model_dir, "eval",

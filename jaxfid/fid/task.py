@@ -2,8 +2,18 @@
 
 gin: ``gin/fid/*.gin`` bind ``METHOD = @FidTask()`` and its macros
 (``TRAIN_DATA``, ``EVAL_DATA``, ``MIXTURE_OR_TASK_NAME``, ``N_CONTEXT``,
-``TEXT_MAXLENGTH``, ``ANSWER_MAXLENGTH``, ``DATASET``, ...); the run's macros
-are the trainer's (``gin/training.gin``).
+``TEXT_MAXLENGTH``, ``TARGET_MAXLENGTH``, ``DECODE_MAXLENGTH``,
+``PASSAGE_EOS``, ``DATASET``, ...); the run's macros are the trainer's
+(``gin/training.gin``).
+
+Lengths. ``TARGET_MAXLENGTH`` truncates training targets (None: no
+truncation, the original's ``answer_maxlength=-1``: targets are padded to
+the longest target the training data can draw, computed once, so batches
+keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
+(None: 50, the original's ``generate(max_length=50)``).
+``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at. A run
+records them and ``PASSAGE_EOS`` (passages end with EOS) in its
+``jaxfid_config.json``, which ``jaxfid predict`` / ``eval`` read back.
 
 Data comes from FiD files (``TRAIN_DATA``/``EVAL_DATA``) or from a seqio
 task or mixture (``MIXTURE_OR_TASK_NAME``: its ``train`` split trains, its
@@ -14,6 +24,7 @@ use that many passages, the rest ``n_context``.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 from jaxfid.checkpoints.load import load_checkpoint
@@ -22,7 +33,8 @@ from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import fido_uptrain
 from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.examples import FidExample, read_fid_examples
+from jaxfid.fid.examples import (FidExample, longest_target_length,
+                                 read_fid_examples)
 from jaxfid.fid.predict import QaEvaluator
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
@@ -37,6 +49,39 @@ class Component(NamedTuple):
   rate: float
   dataset: str            # 'nq', 'trivia_qa', ... (target casing)
   examples: list[FidExample]
+
+
+DEFAULT_DECODE_MAXLENGTH = 50  # FiD's evaluate(): generate(max_length=50)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+  """A reader's target and decoding lengths (module docstring)."""
+  target_maxlength: int | None   # None: no truncation
+  decode_maxlength: int
+
+  @classmethod
+  def resolve(cls, answer_maxlength: int | None = None,
+              target_maxlength: int | None = None,
+              decode_maxlength: int | None = None) -> "Lengths":
+    """``answer_maxlength`` stands for whichever of the two is not given."""
+    target = answer_maxlength if target_maxlength is None else target_maxlength
+    decode = next(v for v in (decode_maxlength, answer_maxlength,
+                              DEFAULT_DECODE_MAXLENGTH) if v is not None)
+    for macro, value in (("TARGET_MAXLENGTH", target),
+                         ("DECODE_MAXLENGTH", decode)):
+      if value is not None and int(value) < 1:
+        raise InputError(macro, f"must be at least 1 (or None), got {value}")
+    return cls(None if target is None else int(target), int(decode))
+
+  @classmethod
+  def of_run_config(cls, run: dict) -> "Lengths":
+    """A run config's lengths; runs written before the split recorded one
+    ``answer_maxlength`` for both."""
+    if "decode_maxlength" in run:
+      return cls.resolve(target_maxlength=run.get("target_maxlength"),
+                         decode_maxlength=run["decode_maxlength"])
+    return cls.resolve(answer_maxlength=run.get("answer_maxlength"))
 
 
 # name -> fn(mixture_or_task_name, split) -> [Component, ...]; the ``tasks``
@@ -95,7 +140,10 @@ class FidTask(Task):
                train_data: str | None = None, eval_data: str | None = None,
                mixture_or_task_name: str | None = None, dataset: str = "nq",
                n_context: int = 100, text_maxlength: int = 250,
-               answer_maxlength: int = 20, eval_batch_size: int = 8,
+               answer_maxlength: int | None = None,
+               target_maxlength: int | None = None,
+               decode_maxlength: int | None = None,
+               passage_eos: bool = True, eval_batch_size: int = 8,
                eval_max_examples: int | None = None, eval_beams: int = 1,
                first_phase_n_context: int | None = None,
                final_phase_steps: int = 1000):
@@ -104,7 +152,10 @@ class FidTask(Task):
     self.mixture_or_task_name = mixture_or_task_name
     self.dataset = dataset
     self.n_context, self.text_maxlength = n_context, text_maxlength
-    self.answer_maxlength = answer_maxlength
+    self.lengths = Lengths.resolve(answer_maxlength, target_maxlength,
+                                   decode_maxlength)
+    self.passage_eos = bool(passage_eos)
+    self.target_length = self.lengths.target_maxlength  # set by prepare_data
     self.eval_batch_size, self.eval_max_examples = (eval_batch_size,
                                                     eval_max_examples)
     self.eval_beams = eval_beams
@@ -149,6 +200,13 @@ class FidTask(Task):
     self.components, self.eval_examples = self.read_data()
     self.tokenizer = load_tokenizer(settings.init_checkpoint)
     self.vocabulary = self.tokenizer.path
+    if self.lengths.target_maxlength is None:
+      self.target_length = max(
+          longest_target_length(self.tokenizer, c.examples, c.dataset)
+          for c in self.components)
+      state_lib.say(f"TARGET_MAXLENGTH None: targets padded to "
+                    f"{self.target_length} tokens, the longest target of the "
+                    "training data (EOS included); none is truncated")
 
   def use_model(self, model) -> None:
     """Train and evaluate ``model`` (ReAtt gives its own)."""
@@ -156,14 +214,19 @@ class FidTask(Task):
     self.evaluator = QaEvaluator(
         model, self.tokenizer, self.eval_examples, n_context=self.n_context,
         text_maxlength=self.text_maxlength,
-        answer_maxlength=self.answer_maxlength, num_beams=self.eval_beams,
-        batch_size=self.eval_batch_size, progress=self.settings.progress)
+        answer_maxlength=self.lengths.decode_maxlength,
+        num_beams=self.eval_beams, batch_size=self.eval_batch_size,
+        progress=self.settings.progress, passage_eos=self.passage_eos)
 
   def run_config(self) -> dict:
+    """The run's reader settings; ``answer_maxlength`` (the decoding bound)
+    is kept for readers of older run configs."""
     return {"method": self.name, "model": self.model_config.to_dict(),
             "n_context": self.n_context, "text_maxlength": self.text_maxlength,
-            "answer_maxlength": self.answer_maxlength,
-            "dataset": self.dataset}
+            "answer_maxlength": self.lengths.decode_maxlength,
+            "target_maxlength": self.lengths.target_maxlength,
+            "decode_maxlength": self.lengths.decode_maxlength,
+            "passage_eos": self.passage_eos, "dataset": self.dataset}
 
   def n_context_at(self, step: int) -> int:
     if (self.first_phase_n_context and
@@ -180,9 +243,9 @@ class FidTask(Task):
           self.train_examples(), self.tokenizer,
           batch_size=self.settings.batch_size, n_context=n_context,
           text_maxlength=self.text_maxlength,
-          answer_maxlength=self.answer_maxlength, seed=self.settings.seed,
+          target_maxlength=self.target_length, seed=self.settings.seed,
           mixture=[(len(c.examples), c.rate, c.dataset)
-                   for c in self.components])
+                   for c in self.components], passage_eos=self.passage_eos)
     return self._batchers[n_context]
 
   def batch(self, step: int, rows: slice, params) -> dict:
@@ -205,7 +268,7 @@ class FidTask(Task):
 
   def evaluate(self, ctx: Context, step: int, params) -> dict:
     return self.evaluator(ctx.settings.model_dir, step, params,
-                          ctx.placement.replicate)
+                          ctx.placement)
 
   def progress_fields(self, record: dict) -> dict:
     out = super().progress_fields(record)

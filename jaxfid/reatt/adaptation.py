@@ -99,22 +99,34 @@ def salient_span_records(passages: Iterable[Passage], *, seed: int = 0,
                          per_passage: int = 1) -> list[dict]:
   """Up to ``per_passage`` masked sentences per passage (random, seeded).
 
-  Each draws a sentence among those holding a salient span, then a span;
-  passages without one are skipped. Ids are ``<passage id>-ssm<k>``.
+  Each draw picks a sentence uniformly among the passage's sentences that
+  hold a salient span not drawn yet, then one of those spans uniformly (the
+  paper's section 3.3: "randomly choose one sentence from a document and
+  mask one entity"; a sentence with many entities is not favoured).
+  Passages without a salient span are skipped.
+  Records follow the text order; ids are ``<passage id>-ssm<k>``.
   """
   rng = np.random.default_rng(seed)
   records = []
   for passage in passages:
-    choices = []
-    for a, b in sentences(passage.text):
+    left = {}  # sentence index -> (sentence, spans not drawn yet)
+    for s, (a, b) in enumerate(sentences(passage.text)):
       sentence = passage.text[a:b]
-      choices.extend((sentence, span) for span in salient_spans(sentence))
-    if not choices:
-      continue
-    picks = rng.choice(len(choices), min(per_passage, len(choices)),
-                       replace=False)
-    for k, i in enumerate(sorted(picks)):
-      sentence, (a, b) = choices[int(i)]
+      spans = salient_spans(sentence)
+      if spans:
+        left[s] = (sentence, spans)
+    picks = []
+    while left and len(picks) < per_passage:
+      s = sorted(left)[int(rng.integers(len(left)))]
+      sentence, spans = left[s]
+      span = spans[int(rng.integers(len(spans)))]
+      picks.append((s, span, sentence))
+      rest = [x for x in spans if x != span]
+      if rest:
+        left[s] = (sentence, rest)
+      else:
+        del left[s]
+    for k, (_, (a, b), sentence) in enumerate(sorted(picks)):
       question = " ".join(f"{sentence[:a]}{MASK}{sentence[b:]}".split())
       records.append({"id": f"{passage.id}-ssm{k}", "question": question,
                       "answers": [sentence[a:b]]})

@@ -21,13 +21,13 @@ class ReAttBatcher:
 
   def __init__(self, examples: Sequence[FidExample], tokenizer, *,
                batch_size: int, n_context: int, text_maxlength: int,
-               answer_maxlength: int, kl_weight: float,
+               target_maxlength: int, kl_weight: float,
                retrieval_warmup_steps: int, seed: int = 0,
-               dataset: str = "nq"):
+               dataset: str = "nq", passage_eos: bool = True):
     self.fid = FidBatcher(
         examples, tokenizer, batch_size=batch_size, n_context=n_context,
-        text_maxlength=text_maxlength, answer_maxlength=answer_maxlength,
-        seed=seed, dataset=dataset)
+        text_maxlength=text_maxlength, target_maxlength=target_maxlength,
+        seed=seed, dataset=dataset, passage_eos=passage_eos)
     ids = tokenizer.encode_batch([f"{QUESTION_PREFIX} {e.question}"
                                   for e in examples])
     # An example without passages is all question: it has no document.

@@ -51,6 +51,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.load import model_dir_vocabulary
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
@@ -143,6 +145,9 @@ class ReAttModel(EncoderDecoderModel):
   the question prefix of each row is found from the ``title:`` tokens.
   """
 
+  # under accumulation these add up over microbatches (see training/step.py)
+  additive_metrics = ("num_target_tokens", "qa_loss")
+
   def __init__(self, config: T5Config, reatt: ReAttConfig = ReAttConfig()):
     if not 0 <= reatt.bi_encoder_layers < config.num_layers:
       raise ValueError(f"bi_encoder_layers must be in [0, {config.num_layers})"
@@ -224,28 +229,95 @@ class ReAttModel(EncoderDecoderModel):
       enc.key_mask = (pos[None, :] >= flat_qlen[:, None]) & flat_valid
     return enc
 
-  def retrieval_scores(self, params: dict, enc: SplitEncoding,
-                       num_passages: int, in_batch: bool
-                       ) -> tuple[Array, Array]:
-    """Head-mixed relevance and validity: [B, B*P] (in-batch) or [B, P]."""
+  def retrieval_scores(self, params: dict, queries: Array, query_mask: Array,
+                       keys: Array, key_mask: Array, num_passages: int,
+                       in_batch: bool) -> tuple[Array, Array]:
+    """Head-mixed relevance and validity: [B, B*P] (in-batch) or [B, P].
+
+    Args:
+      queries: [B, Q, H, E] and ``query_mask`` bool [B, Q] (SplitEncoding's).
+      keys: [B*P, L, H, E] and ``key_mask`` bool [B*P, L], rows grouped by
+        question.
+    """
     probs = self.head_probabilities(params)                       # [H]
-    b = enc.queries.shape[0]
-    doc_valid = jnp.any(enc.key_mask, axis=-1)                    # [B*P]
+    b = queries.shape[0]
+    doc_valid = jnp.any(key_mask, axis=-1)                        # [B*P]
     if in_batch:
-      per_head = avg_max_relevance(enc.queries, enc.query_mask, enc.keys,
-                                   enc.key_mask,
+      per_head = avg_max_relevance(queries, query_mask, keys, key_mask,
                                    chunk=self.reatt.relevance_chunk)  # [B, H, B*P]
       valid = jnp.broadcast_to(doc_valid[None], (b, doc_valid.shape[0]))
     else:
-      keys = enc.keys.reshape(b, num_passages, *enc.keys.shape[1:])
-      kmask = enc.key_mask.reshape(b, num_passages, -1)
+      keys = keys.reshape(b, num_passages, *keys.shape[1:])      # [B, P, L, H, E]
+      kmask = key_mask.reshape(b, num_passages, -1)              # [B, P, L]
       per_head = jax.vmap(
           lambda q, qm, k, km: avg_max_relevance(q[None], qm[None], k, km)[0]
-      )(enc.queries, enc.query_mask, keys, kmask)                 # [B, H, P]
-      valid = doc_valid.reshape(b, num_passages)
+      )(queries, query_mask, keys, kmask)                        # [B, H, P]
+      valid = doc_valid.reshape(b, num_passages)                 # [B, P]
     return jnp.einsum("bhn,h->bn", per_head, probs), valid
 
   # ---- training ---------------------------------------------------------
+
+  def forward(self, params, batch: dict, dropout_rng: Array | None = None,
+              extras: Any = None) -> tuple[SplitEncoding, Array, Array]:
+    """The teacher-forced pass: (encoding with retrieval, logits, P_tgt).
+
+    Returns the split encoding (with layer ``n``'s queries and keys), the
+    decoder logits float32 [B, T, V] and the target distribution [B, P] of
+    each question over its own rows, under a stop-gradient. Dropout keys:
+    encoder ``fold(rng, 0)``, decoder ``fold(rng, 1)``.
+    """
+    targets = batch["decoder_target_tokens"]
+    inputs = batch.get("decoder_input_tokens")
+    inputs = shift_right(targets) if inputs is None else inputs
+    tokens = batch["encoder_input_tokens"]
+    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
+    p = tokens.shape[1]
+    net = self.network(params)
+    enc = self.encode(net, tokens, batch.get("passage_mask"),
+                      batch.get("question_length"),
+                      dropout_rng=fold(dropout_rng, 0), extras=extras,
+                      with_retrieval=True)
+    logits, dec = net.decode(enc.hidden, enc.mask, inputs,
+                             dropout_rng=fold(dropout_rng, 1), extras=extras,
+                             output_attention_logits=True)
+    target = jax.lax.stop_gradient(target_distribution(
+        dec.cross_attention_logits[-1], enc.mask, p))             # [B, P]
+    return enc, logits, target
+
+  def retrieval_loss(self, params, queries: Array, query_mask: Array,
+                     keys: Array, key_mask: Array, target: Array,
+                     kl_weights: Array | None = None,
+                     kl_weight: float = 0.0) -> tuple[Array, dict]:
+    """The KL term and retrieval metrics of B questions and their rows.
+
+    Args:
+      queries, query_mask, keys, key_mask: as :meth:`retrieval_scores`.
+      target: P_tgt [B, P] (:meth:`forward`).
+      kl_weights: per-question weights [B]: the term is
+        ``sum_b kl_weights[b] * KL_b``; None: ``kl_weight * mean_b KL_b``.
+    """
+    b, p = target.shape
+    in_batch = self.reatt.in_batch_negatives
+    scores, valid = self.retrieval_scores(params, queries, query_mask, keys,
+                                          key_mask, p, in_batch)
+    if in_batch:  # other questions' documents: target 0
+      target = in_batch_targets(target)
+    kl_rows = kl_to_target(target, scores, valid)                 # [B]
+    if kl_weights is not None:
+      kl_term = jnp.sum(kl_weights.astype(jnp.float32) * kl_rows)
+    else:
+      kl_term = kl_weight * jnp.mean(kl_rows)
+    masked = jnp.where(valid, scores, -jnp.inf)
+    top = jnp.argmax(masked, axis=-1)
+    agree = (top == jnp.argmax(target, axis=-1)).astype(jnp.float32)
+    own = (top // p == jnp.arange(b)) if in_batch else jnp.ones((b,), bool)
+    probs = self.head_probabilities(params)
+    return kl_term, {
+        "kl_loss": jnp.mean(kl_rows),
+        "retrieval_accuracy": jnp.mean(agree),
+        "retrieval_own_accuracy": jnp.mean(own.astype(jnp.float32)),
+        "head_max_prob": jnp.max(probs),
+        "retrieval_head": jnp.argmax(probs).astype(jnp.float32)}
 
   def loss(self, params, batch: dict, dropout_rng: Array | None = None,
            extras: Any = None, normalizer: Array | None = None,
@@ -255,46 +327,18 @@ class ReAttModel(EncoderDecoderModel):
     The KL term is ``sum_b batch["kl_weight"][b] * KL_b`` when the batch
     carries per-question weights (the trainer puts ``alpha / global batch``
     there, 0 during the QA-only warm-up, so microbatches add up), else
-    ``kl_weight * mean_b KL_b``.
+    ``kl_weight * mean_b KL_b``. With in-batch negatives the KL couples the
+    questions of the batch: for accumulation over microbatches see
+    :mod:`jaxfid.reatt.step`.
     """
-    targets = batch["decoder_target_tokens"]
-    inputs = batch.get("decoder_input_tokens")
-    inputs = shift_right(targets) if inputs is None else inputs
-    tokens = batch["encoder_input_tokens"]
-    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
-    b, p, _ = tokens.shape
-    net = self.network(params)
-    enc = self.encode(net, tokens, batch.get("passage_mask"),
-                      batch.get("question_length"),
-                      dropout_rng=fold(dropout_rng, 0), extras=extras,
-                      with_retrieval=True)
-    logits, dec = net.decode(enc.hidden, enc.mask, inputs,
-                             dropout_rng=fold(dropout_rng, 1), extras=extras,
-                             output_attention_logits=True)
-    qa_loss, n, acc = cross_entropy(logits, targets, normalizer)
-    target = jax.lax.stop_gradient(target_distribution(
-        dec.cross_attention_logits[-1], enc.mask, p))             # [B, P]
-    in_batch = self.reatt.in_batch_negatives
-    scores, valid = self.retrieval_scores(params, enc, p, in_batch)
-    if in_batch:  # other questions' documents: target 0
-      target = in_batch_targets(target)
-    kl_rows = kl_to_target(target, scores, valid)                 # [B]
-    if "kl_weight" in batch:
-      kl_term = jnp.sum(batch["kl_weight"].astype(jnp.float32) * kl_rows)
-    else:
-      kl_term = kl_weight * jnp.mean(kl_rows)
-    masked = jnp.where(valid, scores, -jnp.inf)
-    top = jnp.argmax(masked, axis=-1)
-    agree = (top == jnp.argmax(target, axis=-1)).astype(jnp.float32)
-    own = (top // p == jnp.arange(b)) if in_batch else jnp.ones((b,), bool)
-    probs = self.head_probabilities(params)
+    enc, logits, target = self.forward(params, batch, dropout_rng, extras)
+    qa_loss, n, acc = cross_entropy(logits, batch["decoder_target_tokens"],
+                                    normalizer)
+    kl_term, metrics = self.retrieval_loss(
+        params, enc.queries, enc.query_mask, enc.keys, enc.key_mask, target,
+        batch.get("kl_weight"), kl_weight)
     metrics = {"loss": qa_loss + kl_term, "qa_loss": qa_loss,
-               "kl_loss": jnp.mean(kl_rows), "num_target_tokens": n,
-               "token_accuracy": acc,
-               "retrieval_accuracy": jnp.mean(agree),
-               "retrieval_own_accuracy": jnp.mean(own.astype(jnp.float32)),
-               "head_max_prob": jnp.max(probs),
-               "retrieval_head": jnp.argmax(probs).astype(jnp.float32)}
+               "num_target_tokens": n, "token_accuracy": acc, **metrics}
     return qa_loss + kl_term, metrics
 
   # ---- inference --------------------------------------------------------
@@ -324,7 +368,9 @@ class ReAttModel(EncoderDecoderModel):
               if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
     enc = self.encode(self.network(params), tokens, passage_mask,
                       question_length, with_retrieval=True)
-    scores, valid = self.retrieval_scores(params, enc, tokens.shape[1], False)
+    scores, valid = self.retrieval_scores(params, enc.queries, enc.query_mask,
+                                          enc.keys, enc.key_mask,
+                                          tokens.shape[1], False)
     return jnp.where(valid, scores, -jnp.inf)
 
   def passage_scores(self, params, encoder_input_tokens: Array, *,
@@ -358,8 +404,8 @@ def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
                ) -> tuple[ReAttModel, dict, str | None]:
   """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
   path = os.fspath(path)
-  config_file = os.path.join(path, checkpointing.CONFIG_FILE)
-  if not os.path.exists(config_file):
+  config_file = paths.join(path, checkpointing.CONFIG_FILE)
+  if not paths.exists(config_file):
     raise InputError(path, f"not a jaxfid MODEL_DIR (no {checkpointing.CONFIG_FILE})")
   try:
     run = checkpointing.read_run_config(path)
@@ -377,8 +423,7 @@ def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
                                                 which)
   except FileNotFoundError as e:
     raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  spiece = os.path.join(path, "spiece.model")
-  return model, params, spiece if os.path.exists(spiece) else None
+  return model, params, model_dir_vocabulary(path)
 
 
 __all__ = ["ReAttConfig", "ReAttModel", "avg_max_relevance", "bi_encode",

@@ -11,8 +11,11 @@ task's ``reader``: data, batches, QA evaluation) and bind ReAtt's macros
   ``INIT_CHECKPOINT`` may be any T5 checkpoint (head weights start at 0) or
   a ReAtt MODEL_DIR;
 * the batches: :class:`~jaxfid.reatt.batches.ReAttBatcher` (FiD batches
-  plus ``question_length`` and the per-question ``kl_weight``; in-batch
-  negatives then come from the microbatch);
+  plus ``question_length`` and the per-question ``kl_weight``);
+* the step: with in-batch negatives and ``ACCUMULATION_STEPS`` > 1, the
+  GradCache step of :mod:`jaxfid.reatt.step`, so the negatives still span
+  the whole global batch (plain accumulation otherwise, which is exact when
+  questions do not share documents);
 * the schedule: with ``RESTART_SCHEDULE`` each phase (the QA-only warm-up,
   then every iteration) gets its own warm-up and decay, as the paper's
   separate runs do; ``WARMUP_FRACTION`` sets warm-up as a share of a phase;
@@ -24,6 +27,7 @@ import os
 
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
@@ -32,9 +36,10 @@ from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
+from jaxfid.reatt.step import make_grad_cache_step
 from jaxfid.training import state as state_lib
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, loss_phase)
+                                  Task, loss_phase, train_state)
 
 LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
           "retrieval_own_accuracy", "head_max_prob", "retrieval_head",
@@ -88,8 +93,16 @@ class ReAttTask(Task):
 
   def prepare(self, settings: Settings) -> None:
     if self.retrieval_corpus and settings.process_count > 1:
-      raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one host")
+      raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one "
+                       "host; use `jaxfid reatt iterate` for multi-host runs")
+    if self.retrieval_corpus and paths.is_url(settings.model_dir):
+      raise InputError("RETRIEVAL_CORPUS", "iterative refresh keeps its index "
+                       "in MODEL_DIR/index and needs a local MODEL_DIR")
     reader = self.reader
+    if not reader.passage_eos:
+      raise InputError("PASSAGE_EOS", "ReAtt's rows end with EOS (as the "
+                       "original's, and as its token index encodes documents)"
+                       ": set PASSAGE_EOS = True")
     reader.prepare_data(settings)
     self.settings = settings
     self.config = reatt.ReAttConfig(
@@ -126,9 +139,10 @@ class ReAttTask(Task):
     self._batcher = ReAttBatcher(
         examples, reader.tokenizer, batch_size=self.settings.batch_size,
         n_context=reader.n_context, text_maxlength=reader.text_maxlength,
-        answer_maxlength=reader.answer_maxlength, kl_weight=self.kl_weight,
+        target_maxlength=reader.target_length, kl_weight=self.kl_weight,
         retrieval_warmup_steps=self.retrieval_warmup_steps,
-        seed=self.settings.seed, dataset=reader.dataset)
+        seed=self.settings.seed, dataset=reader.dataset,
+        passage_eos=reader.passage_eos)
 
   def batch(self, step: int, rows: slice, params) -> dict:
     return self._batcher.batch(step, rows)
@@ -146,6 +160,15 @@ class ReAttTask(Task):
                                        self.iteration_steps))
     schedule = optimizer.schedule_fn(settings.train_steps, restarts=restarts,
                                      warmup_fraction=self.warmup_fraction)
+    if settings.accumulation_steps > 1 and self.in_batch_negatives:
+      tx = optimizer.make(schedule)
+      return [Phase("train", settings.train_steps,
+                    make_state=lambda p, s: train_state(
+                        p, s, opt_state=tx.init(p)),
+                    step=make_grad_cache_step(
+                        self.model, tx, seed=settings.seed,
+                        accumulation_steps=settings.accumulation_steps),
+                    learning_rate=schedule)]
     return [loss_phase(self.model, settings, optimizer, schedule)]
 
   def log_fields(self, metrics: dict) -> dict:

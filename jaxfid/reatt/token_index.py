@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -52,7 +53,9 @@ from jaxfid.core.tokenization import (
     Tokenizer, encode_padded, load_tokenizer, pad_ids)
 from jaxfid.fid.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
 from jaxfid.reatt import model as reatt
-from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.index_dir import building, check_output, write_meta
+from jaxfid.retrieval.index_files import (
+    check_file_size, file_size, load_array)
 from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.corpus import read_corpus
 from jaxfid.retrieval.store.passage_store import (
@@ -233,7 +236,10 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
   """Encodes every corpus passage's tokens and writes the index directory.
 
   One compiled encoder serves all batches (fixed ``[batch_size,
-  doc_maxlength]``). The directory appears only when complete.
+  doc_maxlength]``). The directory appears only when complete; one build
+  of ``output`` runs at a time, and a full disk is one
+  :class:`~jaxfid.core.errors.StorageError` naming ``output`` (see
+  :func:`jaxfid.retrieval.index_dir.building`).
   """
   if faiss_type not in FAISS_TYPES:
     raise InputError("--faiss", f"must be one of {FAISS_TYPES}, got "
@@ -244,7 +250,8 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
     if value < 1:
       raise InputError(name, "must be at least 1")
   dim = encoder.config.d_kv
-  with atomic_directory(output, check=check_output) as tmp:
+  with building(output), \
+      atomic_directory(output, check=check_output) as tmp:
     offsets = [0]
     with PassageStoreWriter(tmp, source=corpus) as store, \
         open(tmp / "keys.f32", "wb") as keys_file:
@@ -323,19 +330,40 @@ class TokenSearcher:
   def __init__(self, directory: str | os.PathLike, meta: dict):
     self.directory = Path(directory)
     self.meta = meta
-    self.store = PassageStore(directory)
-    self.offsets = np.load(self.directory / "doc_offsets.npy")
+    d = self.directory
+    self.store = PassageStore(directory, num_passages=meta["num_passages"])
     num_tokens, dim = int(meta["num_tokens"]), int(meta["dim"])
-    self.keys = np.memmap(self.directory / "keys.f32", np.float32, "r",
+    self.offsets = load_array(d / "doc_offsets.npy", (len(self.store) + 1,),
+                              (np.int64,), mmap=False)
+    if int(self.offsets[-1]) != num_tokens:
+      raise InputError(d / "doc_offsets.npy", f"{int(self.offsets[-1])} "
+                       f"tokens, meta.json says {num_tokens} (rebuild the "
+                       "index)")
+    check_file_size(d / "keys.f32", num_tokens * dim * 4)
+    self.keys = np.memmap(d / "keys.f32", np.float32, "r",
                           shape=(num_tokens, dim))
-    self.tokenizer = Tokenizer(self.directory / "spiece.model")
-    with np.load(self.directory / "bi_encoder.npz") as flat:
-      params = _unflatten(flat)
+    file_size(d / "spiece.model")
+    self.tokenizer = Tokenizer(d / "spiece.model")
+    file_size(d / "bi_encoder.npz")
+    try:
+      with np.load(d / "bi_encoder.npz") as flat:
+        params = _unflatten(flat)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+      raise InputError(d / "bi_encoder.npz", f"unreadable ({e}; rebuild the "
+                       "index)") from None
     self.encoder = TokenEncoder(T5Config.from_dict(meta["model"]),
                                 reatt.ReAttConfig.from_dict(meta["reatt"]),
                                 params, int(meta["head"]))
     if meta["faiss"] == "ivfpq":
-      self.index = faiss.read_index(str(self.directory / "tokens.faiss"))
+      file_size(d / "tokens.faiss")
+      try:
+        self.index = faiss.read_index(str(d / "tokens.faiss"))
+      except RuntimeError as e:
+        raise InputError(d / "tokens.faiss", "cannot read FAISS index: "
+                         f"{str(e).strip().splitlines()[-1]}") from None
+      if self.index.ntotal != num_tokens:
+        raise InputError(d / "tokens.faiss", f"holds {self.index.ntotal} "
+                         f"vectors, meta.json says {num_tokens}")
     else:
       self.index = _faiss_flat(self.keys)
 

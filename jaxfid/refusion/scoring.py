@@ -56,19 +56,22 @@ class SplitScorer:
     self.batch_size = batch_size
     self._classifiers: dict = {}
 
-  def _classifier(self, model: ReFusionModel):
+  def _classifier(self, model: ReFusionModel, sharding):
+    """The jitted classifier; its output is placed like its (replicated)
+    input, so every process of a multi-host run can fetch it."""
     if model.fusion not in self._classifiers:
       self._classifiers[model.fusion] = jax.jit(
-          lambda p, b: model.classify(p, b, self.label_tokens))
+          lambda p, b: model.classify(p, b, self.label_tokens),
+          out_shardings=sharding)
     return self._classifiers[model.fusion]
 
   def __call__(self, model: ReFusionModel, params, split: str,
                replicate: Replicate) -> dict:
     """The metrics of ``split`` (fractions; always ``accuracy``)."""
-    classify = self._classifier(model)
     preds = []
     for b, real in batch_lib.eval_batches(self.arrays[split], self.batch_size):
       b = replicate(self.neighbours(params, b, replicate))
+      classify = self._classifier(model, jax.tree.leaves(b)[0].sharding)
       preds.append(np.asarray(jax.device_get(classify(params, b)))[:real])
     preds = np.concatenate(preds) if preds else np.zeros((0,), np.int32)
     return classification_metrics(self.metric, preds.tolist(),

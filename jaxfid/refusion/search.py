@@ -12,12 +12,12 @@ module takes its argmax scheme; the structure is written atomically to
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
 from jaxfid.training.step import make_train_step
@@ -103,15 +103,14 @@ def describe(record: dict) -> str:
 
 def write_structure(model_dir: str, record: dict) -> None:
   """``MODEL_DIR/refusion_structure.json``, whole or absent."""
-  with atomic_write(os.path.join(model_dir, STRUCTURE_FILE)) as f:
+  with atomic_write(paths.join(model_dir, STRUCTURE_FILE)) as f:
     json.dump(record, f, indent=2)
 
 
 def read_structure(model_dir: str) -> dict | None:
   """The saved structure record of a run, or None when the search has not
   ended (or the run does not search)."""
-  path = os.path.join(model_dir, STRUCTURE_FILE)
-  if not os.path.exists(path):
+  path = paths.join(model_dir, STRUCTURE_FILE)
+  if not paths.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return json.loads(paths.read_text(path))

@@ -12,6 +12,14 @@ Two kinds of evaluation, chosen by what the user supplies:
   run, from its own ``answers``. Every question of the answer source counts,
   retrieved or not.
 
+A run that shares no query with the qrels (or the QA set) is an InputError
+(usually ids that differ in form, which would otherwise score all zeros).
+Otherwise the output reports what did not match: ``queries_without_results``
+(judged queries the run has no passage for), ``queries_without_judgments``
+(``queries_without_answers`` with ``data``: queries of the run that are not
+evaluated) and, with ``index_dir``, ``judged_documents_missing_from_corpus``
+(judged documents that are not in the index's passages).
+
 The metric definitions are in :mod:`jaxfid.evaluation.retrieval`.
 """
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Sequence
 from jaxfid.core.errors import InputError
 from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
 from jaxfid.evaluation.retrieval import answer_recall, evaluate_run, read_qrels
+from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.runs import iter_fid_examples, read_trec_run, run_format
 from jaxfid.retrieval.store.passage_store import PassageStore
 from jaxfid.retrieval.store.queries import Query, read_queries
@@ -37,10 +46,33 @@ def _example_id(example: dict, position: int) -> str:
   return str(example.get("id", position))
 
 
+def _check_overlap(run_path, run_ids: Sequence[str], source_path,
+                   source_ids: Sequence[str], what: str) -> None:
+  """InputError when the run is empty or shares no query with the source."""
+  if not run_ids:
+    raise InputError(run_path, "the run holds no query")
+  source = set(source_ids)
+  if not any(q in source for q in run_ids):
+    raise InputError(run_path, f"no query of the run is in the {what} "
+                     f"{source_path} (run: {len(run_ids)} queries, e.g. "
+                     f"{run_ids[0]!r}; {what}: {len(source)} queries, e.g. "
+                     f"{next(iter(source_ids))!r})")
+
+
+def _open_store(index_dir) -> PassageStore:
+  meta = read_meta(index_dir)
+  return PassageStore(index_dir, num_passages=meta.get("num_passages"))
+
+
 def evaluate_with_qrels(run_path: str | os.PathLike,
                         qrels_path: str | os.PathLike,
-                        recall_ks: Sequence[int] = (100,)) -> dict:
-  """nDCG@10, MRR@10 and R@k of a run (TREC or FiD JSON) against qrels."""
+                        recall_ks: Sequence[int] = (100,),
+                        index_dir: str | os.PathLike | None = None) -> dict:
+  """nDCG@10, MRR@10 and R@k of a run (TREC or FiD JSON) against qrels.
+
+  With ``index_dir``, judged documents that are not among its passages are
+  counted (``judged_documents_missing_from_corpus``).
+  """
   if run_format(run_path) == "fid":
     run = {}
     for i, (where, example) in enumerate(_fid_run(run_path)):
@@ -53,7 +85,17 @@ def evaluate_with_qrels(run_path: str | os.PathLike,
       run[_example_id(example, i)] = sorted(by_docid, key=lambda d: -d[1])
   else:
     run = read_trec_run(run_path)
-  return evaluate_run(run, read_qrels(qrels_path), recall_ks=recall_ks)
+  qrels = read_qrels(qrels_path)
+  _check_overlap(run_path, list(run), qrels_path, list(qrels), "qrels")
+  out = evaluate_run(run, qrels, recall_ks=recall_ks)
+  out["queries_without_results"] = sum(1 for q in qrels if not run.get(q))
+  out["queries_without_judgments"] = sum(1 for q in run if q not in qrels)
+  if index_dir is not None:
+    store = _open_store(index_dir)
+    judged = {docid for docs in qrels.values() for docid in docs}
+    out["judged_documents_missing_from_corpus"] = sum(
+        1 for docid in judged if docid not in store)
+  return out
 
 
 def _answers_by_id(data_path) -> dict[str, Query]:
@@ -73,8 +115,15 @@ def evaluate_with_answers(run_path: str | os.PathLike,
   hits: dict[str, list[bool]] = {}
   cache = PreparedCache()
   if run_format(run_path) == "fid":
-    for i, (where, example) in enumerate(_fid_run(run_path)):
-      qid = _example_id(example, i)
+    examples = _fid_run(run_path)
+    run_ids = [_example_id(example, i) for i, (_, example)
+               in enumerate(examples)]
+    if data is not None:
+      _check_overlap(run_path, run_ids, data_path, list(data), "QA set")
+    elif not run_ids:
+      raise InputError(run_path, "the run holds no query")
+    for i, (where, example) in enumerate(examples):
+      qid = run_ids[i]
       if data is not None:
         if qid not in data:
           continue  # not a question of the evaluated set
@@ -103,8 +152,11 @@ def evaluate_with_answers(run_path: str | os.PathLike,
       raise InputError(run_path, "answer recall of a TREC run needs the QA "
                        "set (--data) and the index it was retrieved from "
                        "(--index)")
-    store = PassageStore(index_dir)
-    for qid, docs in read_trec_run(run_path, order="rank").items():
+    run = read_trec_run(run_path, order="rank")
+    run_ids = list(run)
+    _check_overlap(run_path, run_ids, data_path, list(data), "QA set")
+    store = _open_store(index_dir)
+    for qid, docs in run.items():
       if qid not in data:
         continue
       matcher = AnswerMatcher(data[qid].answers or ())
@@ -121,4 +173,6 @@ def evaluate_with_answers(run_path: str | os.PathLike,
   out = answer_recall([hits.get(q, []) for q in qids], ks)
   out["num_queries"] = len(qids)
   out["queries_without_results"] = sum(1 for q in qids if not hits.get(q))
+  if data is not None:
+    out["queries_without_answers"] = sum(1 for q in run_ids if q not in data)
   return out

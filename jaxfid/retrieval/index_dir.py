@@ -5,15 +5,25 @@ Every index written by ``jaxfid index ...`` is a directory with a
 and the passage store files (:mod:`jaxfid.retrieval.store.passage_store`), plus
 whatever the index type needs. :mod:`jaxfid.retrieval.search` reads the type
 to pick the searcher.
+
+Every build runs inside :func:`building`: one build per output at a time (a
+lock beside the output), temporaries of builds that died removed first, and
+a full disk (or another storage fault) reported in one line naming the
+output, with the build's temporaries removed and any earlier index left as
+it was.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
+from jaxfid.core.files import (
+    atomic_write, remove_stale_temporaries, storage_errors)
+from jaxfid.core.locks import DirectoryLock
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
@@ -27,6 +37,31 @@ def write_meta(directory: str | os.PathLike, index_type: str,
     json.dump(meta, f, indent=2, ensure_ascii=False)
     f.write("\n")
   return meta
+
+
+@contextlib.contextmanager
+def building(output: str | os.PathLike,
+             remove: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
+  """The scope of one index build into ``output``.
+
+  * locks ``output`` (:class:`~jaxfid.core.locks.DirectoryLock`; a second
+    build of it refuses in one line while this one lives, a dead build's
+    lock is taken over);
+  * removes the temporaries that dead builds of ``output`` left beside it;
+  * turns a storage fault into a :class:`~jaxfid.core.errors.StorageError`
+    naming ``output``, after deleting ``remove`` (the build's own staging
+    files; the atomic writers clean up after themselves).
+
+  Yields:
+    ``output`` as a Path.
+  """
+  output = Path(output)
+  with storage_errors(output):
+    with DirectoryLock(output, what="index"):
+      for target in (output.name, f"{output.name}.lock"):
+        remove_stale_temporaries(output.parent, target)
+      with storage_errors(output, remove=remove):
+        yield output
 
 
 def check_output(output: str | os.PathLike) -> None:

@@ -19,20 +19,29 @@ Guarantees, the same for every method:
     batch's normalizer); batches are sharded over the mesh's data axes and
     each process supplies only its rows;
   * metrics go to ``MODEL_DIR/metrics.jsonl`` and TensorBoard; a resumed run
-    drops the lines the interrupted one wrote after its checkpoint.
+    drops the lines the interrupted one wrote after its checkpoint;
+  * faults: one run per MODEL_DIR (a lock; a killed run's lock is taken
+    over), a killed run's temporaries are removed, an unreadable checkpoint
+    is set aside and the run resumes from the newest readable one, a full
+    disk is one line and loses nothing saved before;
+  * multi-host: SIGTERM or Ctrl-C on any process stops all at the same step;
+    process 0 writes the run's files, all write checkpoints.
 """
 from __future__ import annotations
 
-import os
-import shutil
+import contextlib
 import sys
 import time
 
 import jax
 from tqdm import tqdm
 
-from jaxfid.checkpoints.model_dir import RunCheckpoints, write_run_config
+from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
+                                         write_run_config)
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
+from jaxfid.core.files import remove_stale_temporaries
+from jaxfid.core.locks import DirectoryLock
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.task import Context, OptimizerSettings, Settings, Task
@@ -128,6 +137,8 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
   if on_nan not in ON_NAN_CHOICES:
     raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
                      f"{on_nan!r}")
+  if train_steps < 1:
+    raise InputError("TRAIN_STEPS", f"must be at least 1, got {train_steps}")
 
   # 1. Data and model: the task reads and checks everything before any work.
   task.prepare(settings)
@@ -140,125 +151,165 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
                      for p in phases]
   state_shardings = [place.state(a, abstract_params) for a in abstract_states]
 
-  # 2. Run directory: config, vocabulary, checkpoints.
-  os.makedirs(model_dir, exist_ok=True)
-  write_run_config(model_dir, task.run_config())
-  spiece = os.path.join(model_dir, "spiece.model")
-  if task.vocabulary and not os.path.exists(spiece) and (
-      jax.process_index() == 0):
-    shutil.copyfile(task.vocabulary, spiece)
-  ckpts = RunCheckpoints(model_dir, keep=keep_checkpoints)
-  latest = ckpts.latest_step()
-  log = MetricsLog(model_dir, resume_step=latest or 0)
-  ctx = Context(settings=settings, placement=place, log=log, checkpoints=ckpts,
-                save=lambda s, st: ckpts.save(s, st, force=True))
-  if latest == final_step:
-    done = task.completed(ctx, final_step)
-    if done is not None:
-      log.close()
-      ckpts.close()
-      task.close()
-      state_lib.say(f"{model_dir} is complete (step {final_step}); nothing "
-                    "to do")
-      return done
+  # 2. Run directory: lock, config, vocabulary (process 0), checkpoints (all).
+  with _run_directory(model_dir, task, keep_checkpoints) as ckpts:
+    ctx = Context(settings=settings, placement=place, log=None,
+                  checkpoints=ckpts,
+                  save=lambda s, st: ckpts.save(s, st, force=True))
+    if ckpts.latest_step() == final_step:
+      done = task.completed(ctx, final_step)
+      if done is not None:
+        task.close()
+        state_lib.say(f"{model_dir} is complete (step {final_step}); "
+                      "nothing to do")
+        return done
+    with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
+      # 3. Init, or restore the newest readable checkpoint.
+      initial = None
 
-  last: dict = {}
-  t0 = time.time()
-  with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
-    # 3. Init or restore.
-    initial = None
+      def initial_params():
+        nonlocal initial
+        if initial is None:
+          if init_checkpoint:
+            initial = jax.device_put(task.initial_params(init_checkpoint),
+                                     place.params)
+          else:
+            initial = jax.jit(lambda: task.model.init_params(seed),
+                              out_shardings=place.params)()
+        return initial
 
-    def initial_params():
-      nonlocal initial
-      if initial is None:
-        if init_checkpoint:
-          initial = jax.device_put(task.initial_params(init_checkpoint),
-                                   place.params)
-        else:
-          initial = jax.jit(lambda: task.model.init_params(seed),
-                            out_shardings=place.params)()
-      return initial
-
-    if latest:
-      index = _phase_of(phases, latest)
-      state = state_lib.restore_state(ckpts, latest, abstract_states[index],
-                                      state_shardings[index])
-      state_lib.say(f"resumed from step {latest} in {model_dir}")
-    else:
-      index = 0
-      state = state_lib.fresh_state(phases[0].make_state, initial_params(), 0,
-                                    state_shardings[0])
-    step = latest or 0
-    task.start(ctx, step, state)
-    loop = StepLoop(total=final_step, start=step, desc=task.description,
-                    progress=progress, on_nan=on_nan)
-    rows = place.batch_rows(batch_size)
-    preempted = False
-    try:
-      # 4. The phases and their steps.
-      for i in range(index, len(phases)):
-        phase = phases[i]
-        if i != index:  # a new phase: fresh optimizer states
-          params = (initial_params() if phase.fresh_params == "initial"
-                    else state["params"])
-          state = state_lib.fresh_state(phase.make_state, params, step,
-                                        state_shardings[i])
-        step_fn = jax.jit(phase.step,
-                          in_shardings=(state_shardings[i], place.batch),
-                          out_shardings=(state_shardings[i], place.replicated),
-                          donate_argnums=0)
-        loop.restart_clock()
-        while step < phase.end:
-          host = task.batch(step, rows, state["params"])
-          state, metrics = step_fn(state, place.global_batch(host, rows,
-                                                             batch_size))
-          step += 1
-          metrics = loop.finished_step(step, metrics)
-          if step % log_every == 0 or step == phase.end:
-            last = task.log_fields(metrics)
-            last.update(task.log_record(step))
-            last["learning_rate"] = float(phase.learning_rate(step - 1))
-            last[task.throughput_name] = loop.rate(batch_size)
-            log.write(step, last)
-            loop.show(**task.progress_fields(last))
-          if task.evaluates() and (step % eval_every == 0
-                                   or step == phase.end):
-            result = task.evaluate(ctx, step, state["params"])
-            log.write(step, result)
-            if task.best_metric and ckpts.maybe_save_best(
-                step, state["params"], result[task.best_metric],
-                name=task.best_metric):
-              result["best"] = True
-            last.update(result)
-            loop.show(**task.progress_fields(last))
-          if step % checkpoint_every == 0 or step == phase.end:
-            ckpts.save(step, state, force=step == phase.end)
-          if preemption.requested:
-            ckpts.save(step, state, force=True)
-            state_lib.say(f"SIGTERM: saved step {step} to {model_dir}; "
-                          "exiting")
-            preempted = True
-            break
-          task.after_step(ctx, step, state)
-        if preempted:
-          break
-        record = task.phase_end(ctx, phase, state)
-        if record:
-          log.write(step, record)
-          last.update(record)
-      # 5. The end: the task's final evaluation (ReFusion's test set).
-      if not preempted:
+      state, step, index = _restore_readable(ckpts, phases, abstract_states,
+                                             state_shardings)
+      if state is None:
+        state = state_lib.fresh_state(phases[0].make_state, initial_params(),
+                                      0, state_shardings[0])
+      ctx.log = log = MetricsLog(model_dir, resume_step=step)
+      task.start(ctx, step, state)
+      loop = StepLoop(total=final_step, start=step, desc=task.description,
+                      progress=progress, on_nan=on_nan)
+      rows = place.batch_rows(batch_size)
+      last: dict = {}
+      t0 = time.time()
+      try:
+        # 4. The phases and their steps.
+        for i in range(index, len(phases)):
+          phase = phases[i]
+          if i != index:  # a new phase: fresh optimizer states
+            params = (initial_params() if phase.fresh_params == "initial"
+                      else state["params"])
+            state = state_lib.fresh_state(phase.make_state, params, step,
+                                          state_shardings[i])
+          step_fn = jax.jit(
+              phase.step, in_shardings=(state_shardings[i], place.batch),
+              out_shardings=(state_shardings[i], place.replicated),
+              donate_argnums=0)
+          loop.restart_clock()
+          while step < phase.end:
+            host = task.batch(step, rows, state["params"])
+            state, metrics = step_fn(state, place.global_batch(
+                host, rows, batch_size))
+            step += 1
+            metrics = loop.finished_step(step, metrics)
+            stopping = preemption.agreed()
+            if step % log_every == 0 or step == phase.end or stopping:
+              last = _log_step(task, log, loop, phase, step, metrics,
+                               batch_size)
+            if task.evaluates() and (step % eval_every == 0
+                                     or step == phase.end):
+              last.update(_evaluate(task, ctx, step, state))
+              loop.show(**task.progress_fields(last))
+            if step % checkpoint_every == 0 or step == phase.end or stopping:
+              ckpts.save(step, state, force=step == phase.end or stopping)
+            if stopping:
+              state_lib.say(f"{preemption.signal_name}: saved step {step} to "
+                            f"{model_dir}; exiting")
+              last.update(step=step, preempted=True,
+                          signal=preemption.signal_name)
+              return last
+            task.after_step(ctx, step, state)
+          record = task.phase_end(ctx, phase, state)
+          if record:
+            log.write(step, record)
+            last.update(record)
+        # 5. The end: the task's final evaluation (ReFusion's test set).
         record = task.finish(ctx, step, state)
         if record:
           log.write(step, record)
           last.update(record)
-    finally:
-      loop.close()
-      task.close()
-      log.close()
-      ckpts.close()
+      finally:
+        loop.close()
+        task.close()
+        log.close()
   last["step"] = step
   last["train_time_s"] = time.time() - t0
-  if preempted:
-    last["preempted"] = True
   return last
+
+
+@contextlib.contextmanager
+def _run_directory(model_dir: str, task: Task, keep: int):
+  """MODEL_DIR locked (process 0, local directories), with the run config
+  and vocabulary written and its checkpoints open."""
+  paths.makedirs(model_dir)
+  lock = (DirectoryLock(model_dir, what="MODEL_DIR", inside=True)
+          if jax.process_index() == 0 and not paths.is_url(model_dir)
+          else contextlib.nullcontext())
+  with lock:
+    if jax.process_index() == 0:
+      if not paths.is_url(model_dir):  # what a killed run left half-written
+        for sub in ("", "eval", "best"):
+          remove_stale_temporaries(paths.join(model_dir, sub))
+      write_run_config(model_dir, task.run_config())
+      spiece = paths.join(model_dir, "spiece.model")
+      if task.vocabulary and not paths.exists(spiece):
+        paths.copy(task.vocabulary, spiece)
+    ckpts = RunCheckpoints(model_dir, keep=keep)
+    try:
+      yield ckpts
+    finally:
+      ckpts.close()
+
+
+def _restore_readable(ckpts: RunCheckpoints, phases, abstract_states,
+                      state_shardings):
+  """(state, step, phase index) of the newest checkpoint that restores;
+  (None, 0, 0) without one. An unreadable checkpoint is set aside (renamed
+  ``<step>.unreadable``) with a one-line warning, and the one before it is
+  tried, so the run resumes exactly from the last good step."""
+  for step in reversed(ckpts.steps()):
+    index = _phase_of(phases, step)
+    try:
+      state = state_lib.restore_state(ckpts, step, abstract_states[index],
+                                      state_shardings[index])
+    except InputError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      kept = ckpts.set_aside(step)
+      state_lib.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
+                    f"unreadable ({brief(e)}); kept as {kept}, resuming "
+                    "from the one before")
+      continue
+    state_lib.say(f"resumed from step {step} in {ckpts.model_dir}")
+    return state, step, index
+  return None, 0, 0
+
+
+def _log_step(task: Task, log: MetricsLog, loop: StepLoop, phase, step: int,
+              metrics: dict, batch_size: int) -> dict:
+  """The step's log line (the task's fields, learning rate, throughput)."""
+  record = task.log_fields(metrics)
+  record.update(task.log_record(step))
+  record["learning_rate"] = float(phase.learning_rate(step - 1))
+  record[task.throughput_name] = loop.rate(batch_size)
+  log.write(step, record)
+  loop.show(**task.progress_fields(record))
+  return record
+
+
+def _evaluate(task: Task, ctx: Context, step: int, state) -> dict:
+  """The task's evaluation, logged; the best checkpoint kept."""
+  result = task.evaluate(ctx, step, state["params"])
+  ctx.log.write(step, result)
+  if task.best_metric and ctx.checkpoints.maybe_save_best(
+      step, state["params"], result[task.best_metric], name=task.best_metric):
+    result["best"] = True
+  return result

@@ -3,17 +3,27 @@
 Only process 0 writes. On resume the lines of steps after the restored
 checkpoint (written by the run that crashed) are dropped, so the file reads as
 one uninterrupted run.
+
+A ``MODEL_DIR`` on a bucket (``gs://...``; :mod:`jaxfid.core.paths`) takes
+the same code: objects cannot be appended to, so there the whole file is
+uploaded again after each record, and TensorBoard events are written to a
+local directory whose files are uploaded to ``MODEL_DIR/tb`` at each flush.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import tempfile
 
 import jax
 from tensorboardX import SummaryWriter
 
+from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
+from jaxfid.core.storage import storage_errors
+
+METRICS_FILE = "metrics.jsonl"
 
 
 def _clean(value):
@@ -24,66 +34,85 @@ def _clean(value):
   return value
 
 
-def read_records(model_dir: str) -> list[dict]:
-  """The records of ``MODEL_DIR/metrics.jsonl`` in order ([] if absent);
-  a line cut by a crash is skipped."""
-  path = os.path.join(model_dir, "metrics.jsonl")
+def _parse(lines) -> list[dict]:
+  """Records of JSON lines; a line cut by a crash is skipped."""
   records = []
-  if not os.path.exists(path):
-    return records
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(record, dict):
-        records.append(record)
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(record, dict):
+      records.append(record)
   return records
 
 
+def read_records(model_dir: str) -> list[dict]:
+  """The records of ``MODEL_DIR/metrics.jsonl`` in order ([] if absent)."""
+  path = paths.join(model_dir, METRICS_FILE)
+  if not paths.exists(path):
+    return []
+  return _parse(paths.read_text(path).splitlines())
+
+
 class MetricsLog:
+  """Appends records to metrics.jsonl and TensorBoard (process 0)."""
+
   def __init__(self, model_dir: str, *, resume_step: int = 0,
                tensorboard: bool = True):
     self.enabled = jax.process_index() == 0
-    self.path = os.path.join(model_dir, "metrics.jsonl")
+    self.path = paths.join(model_dir, METRICS_FILE)
+    self.remote = paths.is_url(model_dir)
     self._writer = None
+    self._tb_local = self._tb_remote = None
     if not self.enabled:
       return
-    os.makedirs(model_dir, exist_ok=True)
-    self._truncate_after(resume_step)
+    paths.makedirs(model_dir)
+    # The lines of the steps up to the checkpoint resumed from, rewritten.
+    self._lines = [json.dumps(r) for r in read_records(model_dir)
+                   if r.get("step", 0) <= resume_step]
+    self._rewrite()
     if tensorboard:
-      self._writer = SummaryWriter(os.path.join(model_dir, "tb"))
+      tb = paths.join(model_dir, "tb")
+      if self.remote:
+        self._tb_local = tempfile.mkdtemp(prefix="jaxfid-tb-")
+        self._tb_remote = tb
+        tb = self._tb_local
+      self._writer = SummaryWriter(tb)
 
-  def _truncate_after(self, step: int) -> None:
-    if not os.path.exists(self.path):
-      return
-    keep = []
-    with open(self.path) as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError:
-          continue  # a line cut by a crash
-        if record.get("step", 0) <= step:
-          keep.append(json.dumps(record))
+  def _rewrite(self) -> None:
     with atomic_write(self.path) as f:
-      f.write("".join(line + "\n" for line in keep))
+      f.write("".join(line + "\n" for line in self._lines))
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.enabled:
       return
     record = {"step": int(step)}
     record.update({k: _clean(v) for k, v in metrics.items()})
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-      f.flush()
+    line = json.dumps(record)
+    self._lines.append(line)
+    if self.remote:
+      self._rewrite()
+    else:
+      with storage_errors(self.path), open(self.path, "a",
+                                           encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
     if self._writer is not None:
       for k, v in record.items():
         if k != "step" and isinstance(v, (int, float)):
           self._writer.add_scalar(k, v, step)
       self._writer.flush()
+      self._upload_tensorboard()
+
+  def _upload_tensorboard(self) -> None:
+    if self._tb_local is None:
+      return
+    for name in os.listdir(self._tb_local):
+      paths.copy(os.path.join(self._tb_local, name),
+                 paths.join(self._tb_remote, name))
 
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
+      self._upload_tensorboard()

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxfid.checkpoints.model_dir import RunCheckpoints
@@ -91,6 +92,24 @@ class Placement:
   def replicate(self, tree: Any) -> Any:
     return jax.device_put(tree, self.replicated)
 
+  @property
+  def data_parallel(self) -> int:
+    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+  def eval_batch_size(self, batch_size: int) -> int:
+    """``batch_size`` rounded up to split over the data-parallel devices."""
+    return -(-batch_size // self.data_parallel) * self.data_parallel
+
+  def shard(self, host_batch: Any) -> Any:
+    """An evaluation batch, sharded over the data axes.
+
+    Every process passes the same whole host batch (evaluation batches are
+    small and cheap to build); functions that evaluate it must return
+    replicated outputs (``out_shardings=self.replicated``), which every
+    process can fetch.
+    """
+    return jax.device_put(host_batch, self.batch)
+
 
 def placement(mesh: Mesh, param_axes: Any) -> Placement:
   """The placement of a model whose parameters carry ``param_axes``."""
@@ -149,26 +168,53 @@ def fresh_state(make_state: Callable[[Any, int], Any], params: Any, step: int,
 
 
 class Preemption:
-  """Turns SIGTERM into a flag the loop checks after each step."""
+  """Turns SIGTERM (preemption) and Ctrl-C into a flag the loop checks after
+  each step: the step finishes, a checkpoint is written, the run stops.
+
+  A second Ctrl-C stops at once (``KeyboardInterrupt``). With several
+  processes a signal may reach only some of them (a preempted host):
+  :meth:`agreed` all-gathers the flags after every step, so every process
+  sees the request at the same step and all save that step.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self.signal_name = ""
+    self._previous: dict = {}
+
+  def agreed(self) -> bool:
+    """Whether any process was asked to stop (the same answer everywhere)."""
+    if jax.process_count() == 1:
+      return self.requested
+    flags = multihost_utils.process_allgather(
+        np.asarray(self.requested, np.int32))
+    if np.any(flags) and not self.signal_name:
+      self.signal_name = "SIGTERM"  # another process's
+    return bool(np.any(flags))
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handler)
-    except ValueError:  # not the main thread
-      self._previous = None
+    for sig in self.SIGNALS:
+      try:
+        self._previous[sig] = signal.signal(sig, self._handler)
+      except ValueError:  # not the main thread
+        pass
     return self
 
   def _handler(self, signum, frame):
-    del signum, frame
+    del frame
     self.requested = True
+    self.signal_name = signal.Signals(signum).name
+    if signum == signal.SIGINT:  # the next Ctrl-C interrupts at once
+      signal.signal(signal.SIGINT, self._previous.get(
+          signal.SIGINT, signal.default_int_handler))
+      print("\nCtrl-C: saving a checkpoint after this step (again to stop "
+            "at once)", file=sys.stderr)
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
 
 def check_init_config(path: str, run_config, other_config, *, fields=None,

@@ -12,7 +12,7 @@ params and optimizer state untouched (the trainer then stops or skips).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,10 @@ def _split_microbatches(batch: dict, n: int) -> dict:
   return jax.tree.map(cut, batch)
 
 
+# Metrics that add up over microbatches (EncoderDecoderModel.loss's count).
+ADDITIVE_METRICS = ("num_target_tokens",)
+
+
 def target_tokens(batch: dict) -> jax.Array:
   """The default normalizer: the global batch's target tokens (not padding)."""
   return jnp.sum(batch["decoder_target_tokens"] > 0).astype(jnp.float32)
@@ -37,13 +41,17 @@ def target_tokens(batch: dict) -> jax.Array:
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     *, seed: int, accumulation_steps: int = 1,
-                    normalizer: Callable[[dict], jax.Array] = target_tokens):
+                    normalizer: Callable[[dict], jax.Array] = target_tokens,
+                    additive: Sequence[str] = ADDITIVE_METRICS):
   """``train_step(state, batch) -> (state, metrics)``.
 
   ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``
   must return its loss summed over the (micro)batch and divided by
   ``normalizer`` (the whole batch's count, e.g. of target tokens), so that
-  microbatch losses and gradients add up to the full batch's.
+  microbatch losses and gradients add up to the full batch's. Under
+  accumulation the metrics named in ``additive`` (divided by the whole
+  batch's normalizer too, or counts) are summed over the microbatches, the
+  others (ratios within a microbatch) averaged; ``loss`` is always the sum.
   """
   base_key = jax.random.key(seed)
 
@@ -78,7 +86,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
               jax.tree.map(jnp.zeros_like, params))
       (loss, metrics, grads), _ = jax.lax.scan(
           body, init, (jnp.arange(accumulation_steps), micro))
-      metrics = jax.tree.map(lambda m: m / accumulation_steps, metrics)
+      metrics = {k: v if k in additive else v / accumulation_steps
+                 for k, v in metrics.items()}
     return apply_gradients(optimizer, state, loss, grads, metrics)
 
   return train_step

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfid.training import optim
-from jaxfid.training.step import make_train_step
+from jaxfid.training.step import ADDITIVE_METRICS, make_train_step
 
 State = dict  # {"step", "params", "opt_state", ...}
 
@@ -115,7 +115,9 @@ def loss_phase(model, settings: Settings, optimizer: OptimizerSettings,
                make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
                step=make_train_step(
                    loss, tx, seed=settings.seed,
-                   accumulation_steps=settings.accumulation_steps),
+                   accumulation_steps=settings.accumulation_steps,
+                   additive=getattr(model, "additive_metrics",
+                                    ADDITIVE_METRICS)),
                learning_rate=schedule)
 
 

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import numpy as np
 
+from jaxfid.core.files import preallocate
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer, raw_tokens
@@ -173,10 +174,14 @@ class BM25Builder:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     open_memmap = np.lib.format.open_memmap
-    return (open_memmap(d / "data.csc.index.npy", mode="w+",
-                        dtype=np.float32, shape=(size,)),
-            open_memmap(d / "indices.csc.index.npy", mode="w+",
-                        dtype=np.int32, shape=(size,)))
+    arrays = (open_memmap(d / "data.csc.index.npy", mode="w+",
+                          dtype=np.float32, shape=(size,)),
+              open_memmap(d / "indices.csc.index.npy", mode="w+",
+                          dtype=np.int32, shape=(size,)))
+    # a full disk is then an OSError here, not SIGBUS while writing the map
+    preallocate(d / "data.csc.index.npy")
+    preallocate(d / "indices.csc.index.npy")
+    return arrays
 
 
 def build_index(texts: Iterable[str], params: BM25Params = BM25Params(),

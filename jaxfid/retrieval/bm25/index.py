@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_directory
 from jaxfid.retrieval.bm25.builder import BM25Builder
-from jaxfid.retrieval.bm25.scoring import BM25Index, BM25Params
-from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.bm25.scoring import BM25Params
+from jaxfid.retrieval.bm25.check import open_bm25_index
+from jaxfid.retrieval.index_dir import building, check_output, write_meta
 from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
 from jaxfid.retrieval.store.passage_store import (
@@ -47,18 +48,24 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
     progress: show a progress bar (None: only on a terminal).
 
   Raises:
-    InputError: on a malformed corpus (nothing is written then).
+    InputError: on a malformed or empty corpus, or while another build of
+      ``output`` runs (nothing is written then).
+    StorageError: the disk is full (or another storage fault); the build's
+      temporaries are removed and an earlier index is left as it was.
   """
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "
                      f"b={params.b} (need k1 >= 0, 0 <= b <= 1)")
-  with atomic_directory(output, check=check_output) as tmp:
+  with building(output), \
+      atomic_directory(output, check=check_output) as tmp:
     builder = BM25Builder(spill_dir=tmp / "chunks")
     with PassageStoreWriter(tmp, source=corpus) as store:
       for lineno, passage in tqdm(read_corpus(corpus), desc="indexing",
                                   unit=" passages", disable=_quiet(progress)):
         store.add(passage, lineno)
         builder.add(passage_contents(passage))
+    if len(builder) == 0:
+      raise InputError(corpus, "no passages in the corpus")
     index = builder.finish(params, directory=tmp / "bm25")
     index.save(tmp / "bm25")
     meta = write_meta(tmp, INDEX_TYPE, k1=params.k1, b=params.b,
@@ -80,8 +87,9 @@ class BM25Searcher:
   def __init__(self, directory: str | os.PathLike, meta: dict):
     self.directory = Path(directory)
     self.meta = meta
-    self.store = PassageStore(directory)
-    self.index = BM25Index.load(self.directory / "bm25")
+    self.store = PassageStore(directory, num_passages=meta.get(
+        "num_passages"))
+    self.index = open_bm25_index(self.directory / "bm25", len(self.store))
 
   def search(self, texts: Sequence[str], top_k: int,
              **options) -> list[list[tuple[int, float]]]:

@@ -40,7 +40,7 @@ from jaxfid.retrieval.dense.faiss_index import (
 from jaxfid.retrieval.dense.index import (
     INDEX_TYPE, staging_dir, store_fingerprint, write_store)
 from jaxfid.retrieval.dense.vector_files import iter_pairs, load_pickle
-from jaxfid.retrieval.index_dir import check_output, write_meta
+from jaxfid.retrieval.index_dir import building, check_output, write_meta
 
 
 def expand_files(patterns: str | Sequence[str]) -> list[str]:
@@ -115,19 +115,21 @@ def import_embeddings(embeddings: str | Sequence[str],
   check_output(output)
   files = expand_files(embeddings)
   staging = staging_dir(output)
-  staging.mkdir(parents=True, exist_ok=True)
-  try:
-    summary = _import_into(staging, files, corpus, factory=factory,
-                           metric=metric, index_shards=index_shards,
-                           shard_size=shard_size,
-                           embedding_dtype=embedding_dtype,
-                           train_size=train_size,
-                           query_encoder_entry=query_encoder_entry,
-                           progress=progress)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
-  replace_directory(staging, output)
+  with building(output, remove=[staging]):
+    shutil.rmtree(staging, ignore_errors=True)  # imports do not resume
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+      summary = _import_into(staging, files, corpus, factory=factory,
+                             metric=metric, index_shards=index_shards,
+                             shard_size=shard_size,
+                             embedding_dtype=embedding_dtype,
+                             train_size=train_size,
+                             query_encoder_entry=query_encoder_entry,
+                             progress=progress)
+    except BaseException:
+      shutil.rmtree(staging, ignore_errors=True)
+      raise
+    replace_directory(staging, output)
   return {"index": str(output), **summary}
 
 

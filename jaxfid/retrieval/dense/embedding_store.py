@@ -29,7 +29,8 @@ import numpy as np
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import (
-    atomic_path, atomic_write, link_or_copy, write_atomic)
+    atomic_path, atomic_write, link_or_copy, preallocate, write_atomic)
+from jaxfid.retrieval.index_files import load_array
 
 MANIFEST = "embeddings.json"
 DTYPES = ("float32", "float16")
@@ -76,10 +77,20 @@ class EmbeddingStore:
       raise InputError(self.directory, f"no embeddings ({MANIFEST} missing or "
                        "unreadable)")
     self.manifest = manifest
-    self.num_rows = int(manifest["num_rows"])
-    self.dim = int(manifest["dim"])
-    self.shard_size = int(manifest["shard_size"])
-    self.num_shards = int(manifest["num_shards"])
+    try:
+      self.num_rows = int(manifest["num_rows"])
+      self.dim = int(manifest["dim"])
+      self.shard_size = int(manifest["shard_size"])
+      self.num_shards = int(manifest["num_shards"])
+      self.dtype = np.dtype(manifest.get("dtype", "float32"))
+    except (KeyError, TypeError, ValueError) as e:
+      raise InputError(self.directory / MANIFEST, f"bad manifest ({e})"
+                       ) from None
+    if self.shard_size < 1 or self.num_shards != -(-self.num_rows //
+                                                   self.shard_size):
+      raise InputError(self.directory / MANIFEST, f"{self.num_shards} shards "
+                       f"of {self.shard_size} rows cannot hold "
+                       f"{self.num_rows} rows")
     self._shards: dict[int, np.ndarray] = {}
 
   def __len__(self) -> int:
@@ -92,17 +103,19 @@ class EmbeddingStore:
   def shard(self, i: int) -> np.ndarray:
     """Shard ``i`` as stored (a read-only memory map)."""
     if i not in self._shards:
-      path = self.directory / shard_name(i)
-      try:
-        array = np.load(path, mmap_mode="r")
-      except FileNotFoundError:
-        raise InputError(path, "embedding shard missing") from None
       start, end = self.shard_rows(i)
-      if array.shape != (end - start, self.dim):
-        raise InputError(path, f"shape {list(array.shape)}, expected "
-                         f"{[end - start, self.dim]}")
-      self._shards[i] = array
+      self._shards[i] = load_array(self.directory / shard_name(i),
+                                   (end - start, self.dim), (self.dtype,))
     return self._shards[i]
+
+  def check(self) -> None:
+    """Checks every shard's file size, shape and dtype (maps them all).
+
+    Raises:
+      InputError: a shard is missing, truncated or of the wrong shape.
+    """
+    for i in range(self.num_shards):
+      self.shard(i)
 
   def iter_shards(self) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, float32 array) of every shard, in order."""
@@ -248,6 +261,7 @@ class ShardWriter:
         maps.append(np.lib.format.open_memmap(
             tmp, mode="w+", dtype=self.layout["dtype"],
             shape=(end - start, self.layout["dim"])))
+        preallocate(tmp)  # a full disk: an OSError now, not SIGBUS later
       try:
         yield maps
       except BaseException:

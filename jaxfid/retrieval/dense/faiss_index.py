@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_path
 from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
+from jaxfid.retrieval.index_files import check_file_size, file_size
 
 DEFAULT_FACTORY = "Flat"
 METRICS = ("ip", "l2")
@@ -91,7 +92,8 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
 
   Returns:
     The ``faiss`` entry of ``meta.json``: factory, metric, and the parts
-    (``{"start", "end", "file"}``; ``file`` is None for flat indexes).
+    (``{"start", "end", "file", "bytes"}``; ``file`` is None for flat
+    indexes, ``bytes`` the size of a written file, checked when opened).
   """
   directory = Path(directory)
   ranges = split_rows(len(store), index_shards)
@@ -118,7 +120,9 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
       _add_rows(index, store, a, b, bar)
       with atomic_path(directory / index_file(k)) as tmp:
         faiss.write_index(index, str(tmp))
-      info["parts"].append({"start": a, "end": b, "file": index_file(k)})
+        size = os.path.getsize(tmp)
+      info["parts"].append({"start": a, "end": b, "file": index_file(k),
+                            "bytes": size})
       del index
   return info
 
@@ -142,6 +146,36 @@ def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray],
   r = np.take_along_axis(r, by_score, axis=1)
   r = np.where(r == np.iinfo(np.int64).max, -1, r)
   return s, r
+
+
+def check_faiss_files(directory: str | os.PathLike, info: dict,
+                      num_rows: int) -> None:
+  """Checks the parts of a ``faiss`` meta.json entry without reading them.
+
+  The parts must cover rows [0, num_rows) in order, and every written part
+  file must exist with the size recorded at indexing (when recorded).
+
+  Raises:
+    InputError: naming the file (or meta.json) and what is wrong.
+  """
+  directory = Path(directory)
+  position = 0
+  for part in info.get("parts", []):
+    start, end = int(part["start"]), int(part["end"])
+    if start != position or end < start:
+      raise InputError(directory / "meta.json", f"FAISS part rows "
+                       f"[{start}, {end}) do not follow row {position}")
+    position = end
+    if part.get("file") is None:
+      continue
+    path = directory / part["file"]
+    if part.get("bytes") is None:
+      file_size(path)  # at least present
+    else:
+      check_file_size(path, int(part["bytes"]))
+  if position != num_rows:
+    raise InputError(directory / "meta.json", f"FAISS parts cover {position} "
+                     f"rows, the index has {num_rows} passages")
 
 
 class ShardedIndex:
@@ -171,8 +205,10 @@ class ShardedIndex:
         _add_rows(index, store, int(part["start"]), int(part["end"]))
       else:
         path = directory / part["file"]
-        if not path.is_file():
-          raise InputError(path, "FAISS index file missing")
+        if part.get("bytes") is None:
+          file_size(path)
+        else:
+          check_file_size(path, int(part["bytes"]))
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         try:
           index = faiss.read_index(str(path), flags)

@@ -24,10 +24,18 @@ JSONL whose records have ``text`` but no id; sentence ids are their 0-based
 row (blank lines are skipped).
 
 Building happens in ``.NAME.partial/`` beside the output and is renamed into
-place when complete. An interrupted build leaves that directory behind and
-the same command resumes from its completed embedding shards; rebuilding an
-existing index with the same encoder and corpus (another ``--faiss-factory``,
-say) reuses the index's embeddings instead of encoding again.
+place when complete. An interrupted build (kill -9, a crash) leaves that
+directory behind and the same command resumes from its completed embedding
+shards (the dead build's lock and temporaries are cleared first); rebuilding
+an existing index with the same encoder and corpus (another
+``--faiss-factory``, say) reuses the index's embeddings instead of encoding
+again. On a full disk the build stops with one line naming the output, and
+removes ``.NAME.partial/`` (its space is what the disk lacks); an earlier
+index at the output is left as it was.
+
+Opening an index checks the passage store, every embedding shard and the
+FAISS part files against ``meta.json`` (sizes and shapes; nothing is read
+whole): a damaged index is one line naming the file.
 
 Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
 (precomputed query vectors, see :func:`jaxfid.retrieval.dense.vector_files
@@ -48,15 +56,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import replace_directory
+from jaxfid.core.files import remove_stale_temporaries, replace_directory
 from jaxfid.core.textio import iter_json_lines, iter_lines
 from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE, ShardedIndex, build_faiss_index,
-    make_index)
+    check_faiss_files, make_index)
 from jaxfid.retrieval.dense.vector_files import read_query_vectors
-from jaxfid.retrieval.index_dir import check_output, read_meta, write_meta
+from jaxfid.retrieval.index_dir import (
+    building, check_output, read_meta, write_meta)
 from jaxfid.retrieval.store.corpus import Passage, detect_format, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
@@ -236,29 +245,31 @@ def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
   if index_shards < 1:
     raise InputError("--index-shards", f"must be positive, got {index_shards}")
   staging = staging_dir(output)
-  staging.mkdir(parents=True, exist_ok=True)
-  store = write_store(corpus, staging, progress)
-  source = {**encoder.source(), "passages": store_fingerprint(staging)}
-  writer = ShardWriter(staging, len(store), dim, dtype=embedding_dtype,
-                       shard_size=shard_size, source=source)
-  if output.is_dir():
-    writer.adopt(output)
-  embedded = embed_missing(encoder, store, writer, progress)
-  embeddings = EmbeddingStore(staging)
-  for stale in staging.glob("faiss_*.index"):  # from an earlier attempt
-    stale.unlink()
-  faiss_info = build_faiss_index(embeddings, staging, factory=factory,
-                                 metric=metric, index_shards=index_shards,
-                                 train_size=train_size, progress=progress)
-  entry = encoder.entry()
-  meta = write_meta(
-      staging, INDEX_TYPE, num_passages=len(store), dim=dim,
-      corpus=os.path.abspath(corpus), encoder=entry, query_encoder=entry,
-      faiss=faiss_info,
-      embeddings={"dtype": embedding_dtype, "shard_size": shard_size,
-                  "num_shards": writer.num_shards})
-  del store, embeddings
-  replace_directory(staging, output)
+  with building(output, remove=[staging]):
+    remove_stale_temporaries(staging)  # a dead build's unfinished files
+    staging.mkdir(parents=True, exist_ok=True)
+    store = write_store(corpus, staging, progress)
+    source = {**encoder.source(), "passages": store_fingerprint(staging)}
+    writer = ShardWriter(staging, len(store), dim, dtype=embedding_dtype,
+                         shard_size=shard_size, source=source)
+    if output.is_dir():
+      writer.adopt(output)
+    embedded = embed_missing(encoder, store, writer, progress)
+    embeddings = EmbeddingStore(staging)
+    for stale in staging.glob("faiss_*.index"):  # from an earlier attempt
+      stale.unlink()
+    faiss_info = build_faiss_index(embeddings, staging, factory=factory,
+                                   metric=metric, index_shards=index_shards,
+                                   train_size=train_size, progress=progress)
+    entry = encoder.entry()
+    meta = write_meta(
+        staging, INDEX_TYPE, num_passages=len(store), dim=dim,
+        corpus=os.path.abspath(corpus), encoder=entry, query_encoder=entry,
+        faiss=faiss_info,
+        embeddings={"dtype": embedding_dtype, "shard_size": shard_size,
+                    "num_shards": writer.num_shards})
+    del store, embeddings
+    replace_directory(staging, output)
   return {"index": str(output), "type": INDEX_TYPE,
           "num_passages": meta["num_passages"], "dim": dim,
           "factory": factory, "index_shards": index_shards,
@@ -291,11 +302,15 @@ class DenseSearcher:
                query_embedder: QueryEmbedder | None = None):
     self.directory = Path(directory)
     self.meta = meta if meta is not None else read_meta(directory)
-    self.store = PassageStore(self.directory)
+    self.store = PassageStore(self.directory,
+                              num_passages=self.meta.get("num_passages"))
     self.embeddings = EmbeddingStore(self.directory)
     if len(self.embeddings) != len(self.store):
       raise InputError(self.directory, f"{len(self.embeddings)} embeddings "
                        f"for {len(self.store)} passages")
+    self.embeddings.check()
+    if "faiss" in self.meta:
+      check_faiss_files(self.directory, self.meta["faiss"], len(self.store))
     self.query_embedder = query_embedder
     self._index: ShardedIndex | None = None
     self._index_mmap = False

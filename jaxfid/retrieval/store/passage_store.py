@@ -14,6 +14,9 @@ text and map ids:
 
 Nothing is loaded eagerly: opening a 21M-passage store maps the files and
 creates no per-passage Python objects; ``store[i]`` decodes one passage.
+Opening checks every file's size against the offset arrays (and the passage
+count against ``meta.json``'s when given): a truncated or missing file is an
+:class:`InputError` naming it, never empty or wrong passages.
 
 Passages are written once by :class:`PassageStoreWriter`, which streams them to
 disk and, on :meth:`PassageStoreWriter.close`, sorts the ids and rejects
@@ -31,6 +34,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
+from jaxfid.retrieval.index_files import check_file_size, load_array
 from jaxfid.retrieval.store.corpus import Passage
 
 STORE_FILES = ("passages.bin", "offsets.npy", "ids.txt", "id_offsets.npy",
@@ -47,8 +51,8 @@ def _map_file(path: Path):
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def _load(path: Path) -> np.ndarray:
-  return np.load(path, mmap_mode="r").view(np.ndarray)
+_OFFSET_DTYPES = (np.int64,)
+_ORDER_DTYPES = (np.int32, np.int64)
 
 
 class _SortedIds(Sequence):
@@ -69,20 +73,33 @@ class PassageStore:
 
   ``store[i]`` is the i-th passage (a :class:`Passage`), ``store.id(i)`` its
   id, ``store.index_of(docid)`` the inverse.
+
+  Args:
+    directory: the index (or store) directory.
+    num_passages: the count ``meta.json`` records, checked when given.
   """
 
-  def __init__(self, directory: str | os.PathLike):
-    self.directory = Path(directory)
-    missing = [f for f in STORE_FILES if not (self.directory / f).exists()]
+  def __init__(self, directory: str | os.PathLike,
+               num_passages: int | None = None):
+    self.directory = d = Path(directory)
+    missing = [f for f in STORE_FILES if not (d / f).exists()]
     if missing:
-      raise InputError(self.directory, "not an index directory (missing "
+      raise InputError(d, "not an index directory (missing "
                        f"{', '.join(missing)})")
-    self._text = _map_file(self.directory / "passages.bin")
-    self._ids = _map_file(self.directory / "ids.txt")
     # plain ndarray views of the maps: np.memmap's indexing is slow
-    self.offsets = _load(self.directory / "offsets.npy")
-    self.id_offsets = _load(self.directory / "id_offsets.npy")
-    self.id_order = _load(self.directory / "id_order.npy")
+    self.id_offsets = load_array(d / "id_offsets.npy", (None,), _OFFSET_DTYPES)
+    n = len(self.id_offsets) - 1
+    if n < 0:
+      raise InputError(d / "id_offsets.npy", "empty (rebuild the index)")
+    if num_passages is not None and n != int(num_passages):
+      raise InputError(d / "id_offsets.npy", f"{n} passages, meta.json says "
+                       f"{num_passages} (rebuild the index)")
+    self.offsets = load_array(d / "offsets.npy", (2 * n + 1,), _OFFSET_DTYPES)
+    self.id_order = load_array(d / "id_order.npy", (n,), _ORDER_DTYPES)
+    check_file_size(d / "passages.bin", int(self.offsets[-1]))
+    check_file_size(d / "ids.txt", int(self.id_offsets[-1]))
+    self._text = _map_file(d / "passages.bin")
+    self._ids = _map_file(d / "ids.txt")
     self._rank = None
 
   @classmethod

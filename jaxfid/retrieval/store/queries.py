@@ -131,7 +131,8 @@ def read_queries(path: str | os.PathLike) -> list[Query]:
   """All queries of a file, checked for duplicate ids.
 
   Raises:
-    InputError: on a malformed record or a repeated id.
+    InputError: on a malformed record, a repeated id, or a file without
+      any query.
   """
   seen: dict[str, int | str] = {}
   queries = []
@@ -141,4 +142,6 @@ def read_queries(path: str | os.PathLike) -> list[Query]:
                        f"at {seen[query.id]})", where=where)
     seen[query.id] = where
     queries.append(query)
+  if not queries:
+    raise InputError(path, "no queries in the file")
   return queries

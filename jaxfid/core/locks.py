@@ -1,0 +1,222 @@
+"""One writer per output: a lock file beside (or inside) a directory.
+
+``with DirectoryLock(path, what="index"):`` creates a lock file atomically
+(written under a temporary name, then hard-linked to its final name, which
+fails if it exists; ``O_CREAT|O_EXCL`` where links are not supported) that
+records the holder: process id, host, start time and command. While it
+exists, a second ``DirectoryLock`` on the same path refuses with one line::
+
+  index /data/idx is in use by process 4242 on host h1 since
+  2025-01-31 12:00:03 (lock file /data/.idx.lock)
+
+A lock whose holder is dead (a process of this host that no longer runs:
+``kill -9``, a crash) is taken over silently, so an interrupted command can
+simply be rerun. A lock held from another host is never taken over (nothing
+can be known of that process); the message says which file to remove if
+that process is gone. The lock file is removed when the block ends.
+
+Where the lock file lives: beside the directory (``PARENT/.NAME.lock``, the
+default: for outputs that are replaced as a whole, such as index
+directories, which are built elsewhere and renamed into place), or inside
+it (``inside=True``: ``PATH/.jaxfid.lock``, for a directory that persists,
+such as a MODEL_DIR).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from jaxfid.core.errors import InputError
+from jaxfid.core.processes import host_name, host_tag, is_running
+from jaxfid.core.storage import storage_errors
+
+INSIDE_NAME = ".jaxfid.lock"
+# a lock file that cannot be parsed (its writer died while creating it
+# without hard links) is taken over once it is this old
+_UNREADABLE_GRACE_S = 30.0
+_ATTEMPTS = 5
+# errors of os.link on file systems without hard links
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
+             errno.EMLINK, errno.ENOSYS, errno.EINVAL)
+
+
+def lock_file(path: str | os.PathLike, inside: bool = False) -> Path:
+  """The lock file of ``path`` (beside it, or inside it)."""
+  path = Path(os.path.abspath(path))
+  if inside:
+    return path / INSIDE_NAME
+  return path.parent / f".{path.name}.lock"
+
+
+class LockedError(InputError):
+  """The directory is locked by a live process (or one of another host)."""
+
+  def __init__(self, path, what: str, holder: dict | None, lock: Path):
+    self.what, self.holder, self.lock = what, holder, lock
+    if holder is None:
+      reason = f"is being locked by another process (lock file {lock})"
+    else:
+      since = time.strftime("%Y-%m-%d %H:%M:%S",
+                            time.localtime(float(holder.get("created", 0))))
+      reason = (f"is in use by process {holder.get('pid')} on host "
+                f"{holder.get('host')} since {since} (lock file {lock}")
+      if holder.get("host") != host_name():
+        reason += "; remove it if that process is gone"
+      reason += ")"
+    super().__init__(path, reason)
+
+  @property
+  def message(self) -> str:
+    return f"{self.what} {self.path} {self.reason}"
+
+
+class DirectoryLock:
+  """An exclusive lock on a directory for the duration of a ``with`` block.
+
+  Args:
+    path: the directory (it need not exist yet unless ``inside``).
+    what: what the directory is, for the message (``"MODEL_DIR"``,
+      ``"index"``).
+    inside: keep the lock file inside the directory (created if needed)
+      instead of beside it.
+
+  Raises (on entering):
+    LockedError: another live process holds the lock (an InputError: exit
+      status 2 on the command line).
+    StorageError: the lock file cannot be written (full disk, read-only).
+  """
+
+  def __init__(self, path: str | os.PathLike, what: str = "directory", *,
+               inside: bool = False):
+    self.path = Path(path)
+    self.what = what
+    self.inside = inside
+    self.lock = lock_file(path, inside)
+    self.token = secrets.token_hex(8)
+    self.held = False
+
+  def _record(self) -> bytes:
+    command = " ".join([os.path.basename(sys.argv[0] or "python")]
+                       + sys.argv[1:])
+    return (json.dumps({"pid": os.getpid(), "host": host_name(),
+                        "created": time.time(), "token": self.token,
+                        "command": command[:300]}) + "\n").encode("utf-8")
+
+  def _create(self) -> bool:
+    """Creates the lock file; False if it exists."""
+    self.lock.parent.mkdir(parents=True, exist_ok=True)
+    data = self._record()
+    tmp = self.lock.parent / (f"{self.lock.name}.{os.getpid()}.{host_tag()}."
+                              f"{secrets.token_hex(6)}.tmp")
+    try:
+      with open(tmp, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+      try:
+        os.link(tmp, self.lock)
+        return True
+      except FileExistsError:
+        return False
+      except OSError as e:
+        if e.errno not in _NO_LINKS:
+          raise
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:  # no hard links here: exclusive creation, then the content
+      fd = os.open(self.lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    return True
+
+  def _read(self) -> tuple[bytes, dict | None] | None:
+    """(raw bytes, parsed holder or None) of the lock file; None if gone."""
+    try:
+      raw = self.lock.read_bytes()
+    except FileNotFoundError:
+      return None
+    try:
+      holder = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+      return raw, None
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+      return raw, None
+    return raw, holder
+
+  def _is_stale(self, holder: dict | None) -> bool:
+    if holder is None:  # half-written by a writer without hard links
+      try:
+        age = time.time() - self.lock.stat().st_mtime
+      except FileNotFoundError:
+        return False
+      return age > _UNREADABLE_GRACE_S
+    if holder.get("host") != host_name():
+      return False
+    return not is_running(holder["pid"], started_by=holder.get("created"))
+
+  def _take_over(self, raw: bytes) -> None:
+    """Removes the stale lock file whose content is ``raw``.
+
+    The file is first moved to a private name, so that of two processes
+    taking over the same stale lock only one removes it, and a fresh lock
+    created meanwhile is put back rather than deleted.
+    """
+    private = self.lock.parent / (f"{self.lock.name}.{os.getpid()}."
+                                  f"{host_tag()}.{secrets.token_hex(6)}.tmp")
+    try:
+      os.rename(self.lock, private)
+    except FileNotFoundError:
+      return  # someone else took it over
+    try:
+      if private.read_bytes() != raw:  # a fresh lock: put it back
+        with contextlib.suppress(OSError):
+          os.link(private, self.lock)
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(private)
+
+  def acquire(self) -> "DirectoryLock":
+    """Takes the lock (see the class docstring)."""
+    with storage_errors(self.lock):
+      for _ in range(_ATTEMPTS):
+        if self._create():
+          self.held = True
+          return self
+        found = self._read()
+        if found is None:
+          continue  # released meanwhile
+        raw, holder = found
+        if not self._is_stale(holder):
+          raise LockedError(self.path, self.what, holder, self.lock)
+        self._take_over(raw)
+    found = self._read()
+    raise LockedError(self.path, self.what, found and found[1], self.lock)
+
+  def release(self) -> None:
+    """Removes the lock file if it is still this lock's."""
+    if not self.held:
+      return
+    self.held = False
+    found = self._read()
+    if found is not None and found[1] is not None and (
+        found[1].get("token") == self.token):
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(self.lock)
+
+  def __enter__(self) -> "DirectoryLock":
+    return self.acquire()
+
+  def __exit__(self, *_) -> None:
+    self.release()
+
+
+__all__ = ["DirectoryLock", "LockedError", "lock_file", "INSIDE_NAME"]

@@ -1,0 +1,209 @@
+"""FiD reader fidelity: passage EOS per checkpoint, target vs decoding lengths,
+the passage-score mode of `jaxfid predict`."""
+from __future__ import annotations
+
+import json
+
+import gin
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hf_reference import make_fid_wrapper_checkpoint, make_tiny_hf_checkpoint
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
+from jaxfid.cli import main
+from jaxfid.commands import gin_flags
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import EOS_ID, Tokenizer
+from jaxfid.fid import examples as fid_format
+from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.fid.task import FidTask, Lengths
+from jaxfid.training.task import Settings, train_state
+
+TOK = Tokenizer()
+LONG = " ".join(["word"] * 40)
+
+
+def _examples():
+  return [FidExample(question=f"what is thing {i}?", answers=(a,), id=str(i),
+                     ctxs=(Passage("doc", f"thing {i} is {a}", 2.0),
+                           Passage("long", LONG, 1.0)))
+          for i, a in enumerate(["red", "the green house by the river",
+                                 "BLUE SKY"])]
+
+
+def _write_data(path, examples):
+  fid_format.write_fid_examples(path, examples)
+  return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  """A tiny HF T5 with T5's vocabulary and the same weights as an original
+  FiD reader."""
+  root = tmp_path_factory.mktemp("fidelity_ckpts")
+  hf = make_tiny_hf_checkpoint(root / "hf", version="1.0", vocab_size=32128)
+  fid = make_fid_wrapper_checkpoint(hf, root / "fid_reader")
+  return hf, fid
+
+
+# -------------------------------------------------------------- passage EOS
+
+
+def test_passages_with_and_without_eos():
+  ex = _examples()[0]
+  with_eos, mask = fid_format.encode_example(TOK, ex, 3, 24)
+  without, mask2 = fid_format.encode_example(TOK, ex, 3, 24, passage_eos=False)
+  np.testing.assert_array_equal(mask, [True, True, False])
+  np.testing.assert_array_equal(mask, mask2)
+  strings = fid_format.format_passages(ex, 3)
+  short, long_ = (TOK.encode(s) for s in strings)
+  assert len(short) < 23 and len(long_) > 24
+  # the short row: its ids, then EOS or not
+  assert with_eos[0, :len(short) + 1].tolist() == short + [EOS_ID]
+  assert without[0, :len(short) + 1].tolist() == short + [0]
+  # the long row: cut at 23 + EOS, or at 24 without
+  assert with_eos[1].tolist() == long_[:23] + [EOS_ID]
+  assert without[1].tolist() == long_[:24]
+  assert not np.any(without == EOS_ID)
+
+
+def test_checkpoint_passage_eos(checkpoints, tmp_path):
+  hf, fid = checkpoints
+  assert checkpoint_passage_eos(str(hf)) is True
+  assert checkpoint_passage_eos(str(fid)) is False     # the original readers
+  for fields, want in (({}, True), ({"passage_eos": False}, False),
+                       ({"passage_eos": True}, True)):
+    d = tmp_path / f"run{len(fields)}{want}"
+    d.mkdir()
+    checkpointing.write_run_config(str(d), {"method": "fid", **fields})
+    assert checkpoint_passage_eos(str(d)) is want    # old runs: EOS
+
+
+def test_predict_reads_the_passage_format_and_writes_either_score(
+    checkpoints, tmp_path, capsys):
+  hf, fid = checkpoints
+  examples = _examples()
+  data = _write_data(tmp_path / "dev.jsonl", examples)
+  model, params, _ = load_checkpoint(str(fid))
+  tokens = {eos: jnp.asarray(fid_format.encode_examples(
+      TOK, examples, 2, 24, passage_eos=eos)[0]) for eos in (True, False)}
+
+  def predict(checkpoint, mode, *flags):
+    out = tmp_path / f"{mode}.jsonl"
+    assert main(["predict", "--checkpoint", str(checkpoint), "--data",
+                 str(data), "--n-context", "2", "--text-maxlength", "24",
+                 "--answer-maxlength", "3", "--output", str(out),
+                 "--passage-scores", "--passage-scores-mode", mode,
+                 *flags]) == 0
+    capsys.readouterr()
+    return np.array([json.loads(l)["passage_scores"]
+                     for l in out.read_text().splitlines()])
+
+  want = {(mode, eos): np.asarray(model.passage_scores(params, t, mode=mode))
+          for mode in ("logits", "probs") for eos, t in tokens.items()}
+  for mode in ("logits", "probs"):
+    assert not np.allclose(want[mode, True], want[mode, False], rtol=1e-4)
+  # the original reader: no EOS; an HF T5 (the same weights): EOS
+  np.testing.assert_allclose(predict(fid, "logits"), want["logits", False],
+                             rtol=1e-5)
+  np.testing.assert_allclose(predict(hf, "logits"), want["logits", True],
+                             rtol=1e-5)
+  np.testing.assert_allclose(predict(fid, "probs", "--passage-eos", "on"),
+                             want["probs", True], rtol=1e-5)
+  # probs: each example's attention mass, all on its passages
+  np.testing.assert_allclose(want["probs", False].sum(-1), 1.0, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ lengths
+
+
+def _fid_task(bindings):
+  gin_flags.parse_gin(["gin/fid/base.gin"], ["MODEL_DIR = 'x'", *bindings])
+  try:
+    return gin.query_parameter("%METHOD").scoped_configurable_fn()
+  finally:
+    gin.clear_config()
+
+
+def test_answer_maxlength_is_the_shorthand_of_both_lengths():
+  # the paper's gin: FiD's defaults (no truncation, decode 50, no EOS)
+  task = _fid_task([])
+  assert task.lengths == Lengths(None, 50) and task.passage_eos is False
+  assert _fid_task(["ANSWER_MAXLENGTH = 6"]).lengths == Lengths(6, 6)
+  assert _fid_task(["ANSWER_MAXLENGTH = 6", "TARGET_MAXLENGTH = None"]
+                   ).lengths == Lengths(None, 6)
+  assert _fid_task(["TARGET_MAXLENGTH = 9", "DECODE_MAXLENGTH = 4"]
+                   ).lengths == Lengths(9, 4)
+  assert _fid_task(["PASSAGE_EOS = True"]).passage_eos is True
+  with pytest.raises(InputError, match="DECODE_MAXLENGTH"):
+    Lengths.resolve(decode_maxlength=0)
+  # run configs from before the split: one length for both
+  assert Lengths.of_run_config({"answer_maxlength": 7}) == Lengths(7, 7)
+  assert Lengths.of_run_config({}) == Lengths(None, 50)
+  assert Lengths.of_run_config({"answer_maxlength": 50, "decode_maxlength": 50,
+                                "target_maxlength": None}) == Lengths(None, 50)
+
+
+def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
+    tmp_path, capsys):
+  examples = _examples()
+  train = _write_data(tmp_path / "train.json", examples)
+  task = FidTask(train_data=str(train), n_context=2, text_maxlength=16,
+                 dataset="trivia_qa", passage_eos=False)
+  task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
+                        batch_size=3, progress=False))
+  try:
+    longest = max(len(TOK.encode(t)) for t in (
+        "red", "the green house by the river", "Blue Sky")) + 1
+    assert task.target_length == longest
+    assert "targets padded to" in capsys.readouterr().err
+    batch = task.batch(0, slice(0, 3), None)
+    assert batch["decoder_target_tokens"].shape == (3, longest)
+    # every target complete: its ids and EOS (no truncation)
+    for row in batch["decoder_target_tokens"]:
+      ids = row[row > 0].tolist()
+      assert ids[-1] == EOS_ID and TOK.decode(ids) in (
+          "red", "the green house by the river", "Blue Sky")
+    assert not np.any(batch["encoder_input_tokens"] == EOS_ID)
+    run = task.run_config()
+    assert (run["passage_eos"], run["target_maxlength"],
+            run["decode_maxlength"], run["answer_maxlength"]) == (
+                False, None, 50, 50)
+  finally:
+    task.close()
+
+
+def _model_dir(path, checkpoint, run_fields):
+  model, params, _ = load_checkpoint(str(checkpoint))
+  checkpointing.write_run_config(str(path), {
+      "method": "fid", "model": model.config.to_dict(), **run_fields})
+  saver = checkpointing.RunCheckpoints(str(path))
+  saver.save(3, train_state(params, 3))
+  saver.close()
+  return path
+
+
+def test_eval_reads_passage_eos_and_lengths_from_the_checkpoint(
+    checkpoints, tmp_path):
+  hf, fid = checkpoints
+  new = _model_dir(tmp_path / "new", hf, {
+      "n_context": 2, "text_maxlength": 16, "answer_maxlength": 5,
+      "target_maxlength": None, "decode_maxlength": 5, "passage_eos": False})
+  old = _model_dir(tmp_path / "old", hf, {
+      "n_context": 2, "text_maxlength": 16, "answer_maxlength": 4})
+  ev = FidCheckpointEvaluator(str(new), checkpointing.read_run_config(new))
+  assert (ev.passage_eos, ev.decode_maxlength, ev.target_maxlength) == (
+      False, 5, 5)
+  ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old))
+  assert (ev.passage_eos, ev.decode_maxlength, ev.target_maxlength) == (
+      True, 4, 4)
+  ev = FidCheckpointEvaluator(str(fid), {}, n_context=2, text_maxlength=16)
+  assert (ev.passage_eos, ev.decode_maxlength) == (False, 50)
+  assert ev.sequence_length() == {"inputs": (2, 16), "targets": 50}
+  # gin's lengths win over the run's
+  ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old),
+                              decode_maxlength=3, target_maxlength=8)
+  assert (ev.decode_maxlength, ev.target_maxlength) == (3, 8)
