@@ -126,6 +126,24 @@ def test_heavy_stacks_are_extras():
   assert not {"bm25s", "torch"} & _imported_top_names("tasks")
 
 
+def test_every_import_is_a_requirement():
+  """Each third-party module jaxfid/ imports comes from a distribution
+  setup.py requires: the base install, or the seqio extra for the seqio
+  stack (imported inside jaxfid/commands' functions only)."""
+  declared = {_canonical(r.name) for r in _requirements()}
+  seqio = {_canonical(r.name) for r in _requirements("seqio")}
+  distributions = importlib.metadata.packages_distributions()
+  names = (_imported_top_names("jaxfid") - set(sys.stdlib_module_names)
+           - {"jaxfid", "tasks", "__future__"})
+  assert {"jax", "flax", "etils", "tensorstore"} <= names
+  for name in sorted(names):
+    dists = {_canonical(d) for d in distributions.get(name, [])}
+    assert dists, f"jaxfid imports {name}, which no installed package provides"
+    assert dists & (declared | seqio), (name, dists)
+    if dists & seqio:
+      assert name in {"seqio", "tensorflow"}, name
+
+
 def test_lock_pins_every_requirement_at_the_lower_end():
   """requirements-lock.txt pins every requirement of the base and of the
   test, seqio, bench and torch extras inside its range; the JAX stack's
