@@ -28,12 +28,14 @@ INSTALL_REQUIRES = [
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.8,<0.13",
-    # Imported directly (also orbax's / jax's own dependencies): run
+    # Imported directly (also orbax's and jax's dependencies; tensorstore and
+    # ml_dtypes at orbax's and jax's floors, so a host's accelerator stack
+    # satisfies them as it is): run
     # directories as URLs (etils.epath), T5X checkpoints (tensorstore),
     # bfloat16 arrays (ml_dtypes).
     "etils[epath]>=1.15.0",
-    "tensorstore>=0.1.86",
-    "ml_dtypes>=0.7.0",
+    "tensorstore>=0.1.84",
+    "ml_dtypes>=0.5.0",
     "gin-config>=0.5.0",
     "faiss-cpu>=1.15.1",
     "sentencepiece>=0.2.3",

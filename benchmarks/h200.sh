@@ -27,7 +27,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # machine lacks or may have outside jaxfid's ranges. No jax: the machine's.
 WHEELS="flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8 gin-config==0.5.0
   faiss-cpu==1.15.1 PyStemmer==3.1.0 tensorboardX==2.6.5 sentencepiece==0.2.3
-  regex==2026.11.19 tqdm==4.70.1 matplotlib==3.11.2"
+  regex==2026.11.19 tqdm==4.70.1 matplotlib==3.11.2 etils==1.15.0
+  tensorstore==0.1.86"
 if [ "${1:-}" = --fetch-wheels ]; then
   rm -rf .whl && mkdir .whl || exit 1
   # shellcheck disable=SC2086
