@@ -9,6 +9,7 @@ the identical state dict and identical logits.
 import json
 import shutil
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -200,17 +201,25 @@ def test_scaled_model_with_distinct_lm_head_folds_the_scale(v10, tmp_path):
 
 
 def test_bfloat16_safetensors(v11, tmp_path):
-  from safetensors.torch import load_file as torch_load
-  from safetensors.torch import save_file as torch_save
+  """A bfloat16 checkpoint (BF16 in the safetensors header, as torch writes
+  it; written here from numpy, so the test needs no PyTorch) reads as the
+  float32 of its bfloat16 values."""
   directory = tmp_path / "bf16"
   shutil.copytree(v11, directory)
-  tensors = torch_load(str(directory / "model.safetensors"))
-  torch_save({n: t.bfloat16() for n, t in tensors.items()},
-             str(directory / "model.safetensors"), metadata={"format": "pt"})
+  weights = directory / "model.safetensors"
+  tensors = load_file(str(weights))
+  save_file({n: t.astype(ml_dtypes.bfloat16) for n, t in tensors.items()},
+            str(weights), metadata={"format": "pt"})
+  with open(weights, "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+  assert {v["dtype"] for n, v in header.items() if n != "__metadata__"} == {
+      "BF16"}
   _, flat = read_hf(directory)
   q = tensors["encoder.block.0.layer.0.SelfAttention.q.weight"]
+  bf16 = q.astype(ml_dtypes.bfloat16).astype(np.float32)
+  assert not np.array_equal(bf16, q)  # the values did lose precision
   np.testing.assert_array_equal(flat["encoder/layers_0/attention/query/kernel"],
-                                q.bfloat16().float().numpy().T)
+                                bf16.T)
   assert flat["encoder/layers_0/attention/query/kernel"].dtype == np.float32
 
 
