@@ -1,35 +1,75 @@
 # jaxfid: `make demo` runs the end-to-end demo, `make test` the test suite.
-# Both create a virtual environment in .venv (once) and install the package
-# into it; stamp files keep later runs from reinstalling unless setup.py
-# changed.
+# Both create a virtual environment in .venv (once, CPython 3.11) and install
+# the package into it with the exact versions of requirements-lock.txt (pip
+# constraints); stamp files keep later runs from reinstalling unless setup.py
+# or the lock changed.
+#
+# `make test-latest` runs the suite on the other end of setup.py's ranges:
+# a CPython 3.12 virtualenv (.venv-latest) with the newest releases of
+# everything (jax, flax, optax, orbax, TensorFlow, ...), upgraded on every
+# run, without PyTorch (its CPU wheel for 3.12 is not at hand; the
+# PyTorch-reference tests skip). `make test-latest LATEST_PYTHON=python3.13`
+# runs it on another Python (the virtualenv is remade for it). `make lock` rewrites the lock from a fresh
+# CPython 3.11 virtualenv with the newest releases for 3.11.
 
-PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+# The interpreter of the lock (CPython 3.11), and the newest one tested; a
+# pyenv installation is found without `pyenv global`.
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
+find_python = $(firstword $(foreach p,python$(1) $(sort $(wildcard $(PYENV_VERSIONS)/$(1).*/bin/python$(1))),$(shell $(p) -c 'import sys; print(sys.executable) if sys.version_info[:2] == ($(subst .,$(comma),$(1))) else None' 2>/dev/null)))
+comma := ,
+ifndef PYTHON
+PYTHON := $(call find_python,3.11)
+endif
+ifndef LATEST_PYTHON
+LATEST_PYTHON := $(call find_python,3.12)
+endif
+
+LOCK := requirements-lock.txt
 VENV := .venv
 PIP := $(VENV)/bin/python -m pip
+LATEST_VENV := .venv-latest
+LOCK_VENV := .venv-lock
 # Reinstall when the packaging changes (or a new top-level package appears).
-INSTALL_DEPS := setup.py $(wildcard tasks/__init__.py)
+INSTALL_DEPS := setup.py $(LOCK) $(wildcard tasks/__init__.py)
 
-.PHONY: demo test clean-venv
+.PHONY: demo test test-latest lock clean-venv
 
 demo: $(VENV)/.stamp-base
 	$(VENV)/bin/jaxfid demo
 
+# JAXFID_LOCK: tests/test_packaging.py checks the environment against it.
 test: $(VENV)/.stamp-test
-	$(VENV)/bin/python -m pytest tests -q
+	JAXFID_LOCK=$(LOCK) $(VENV)/bin/python -m pytest tests -q
 
 $(VENV)/bin/python:
-	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found; run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: $(PYTHON) is older than Python 3.11; run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
+	@test -n "$(PYTHON)" || { echo "error: no CPython 3.11 found (the lock is for 3.11); run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: $(PYTHON) is not Python 3.11, which $(LOCK) is for; run 'make PYTHON=/path/to/python3.11' (or 'make test-latest')" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
 $(VENV)/.stamp-base: $(INSTALL_DEPS) | $(VENV)/bin/python
-	$(PIP) install -e .
+	$(PIP) install -c $(LOCK) -e .
 	touch $@
 
-# The test extra is a superset of the base install, so it satisfies `demo`.
+# The test extras are a superset of the base install, so they satisfy `demo`.
 $(VENV)/.stamp-test: $(INSTALL_DEPS) | $(VENV)/bin/python
-	$(PIP) install -e '.[test]'
+	$(PIP) install -c $(LOCK) -e '.[test,torch]'
 	touch $(VENV)/.stamp-base $@
 
+test-latest:
+	@test -n "$(LATEST_PYTHON)" || { echo "error: no CPython 3.12 found; run 'make test-latest LATEST_PYTHON=/path/to/python3.12'" >&2; exit 1; }
+	@v='import sys; print(sys.version_info[:2])'; test "$$($(LATEST_VENV)/bin/python -c "$$v" 2>/dev/null)" = "$$($(LATEST_PYTHON) -c "$$v")" || { rm -rf $(LATEST_VENV); echo "$(LATEST_PYTHON) -m venv $(LATEST_VENV)"; $(LATEST_PYTHON) -m venv $(LATEST_VENV); } || { rm -rf $(LATEST_VENV); exit 1; }
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --upgrade --upgrade-strategy eager -e '.[test]'
+	@$(LATEST_VENV)/bin/python -c 'import sys; from importlib.metadata import version; print("Python " + sys.version.split()[0], *(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorflow", "seqio", "transformers")), sep=", ")'
+	$(LATEST_VENV)/bin/python -m pytest tests -q -rs
+
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch]'
+	{ sed -n '/^#/p;/^#/!q' $(LOCK); $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^#'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LATEST_VENV) $(LOCK_VENV)

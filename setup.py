@@ -1,49 +1,86 @@
 """Packaging for jaxfid: `pip install -e .` (library + `jaxfid` command).
 
-Dependencies are pinned to the versions the test suite runs against; the
-``test`` extra adds what the tests compare with (PyTorch + Hugging Face
-transformers as the reference T5, bm25s, pytest), the ``bench`` extra what
-the benchmarks compare with (bm25s). The T5 SentencePiece vocabulary
-ships inside the package (``jaxfid/assets``).
+Dependencies are compatible ranges, as JAX libraries declare them: the lower
+end of each is the version ``requirements-lock.txt`` pins (CPython 3.11,
+what ``make test`` and CI run), the upper end of the JAX stack the newest
+releases ``make test-latest`` runs (CPython 3.12). jaxfid requires ``jax``
+only: its ``jaxlib`` (CPU, TPU or CUDA) is the one already installed, or the
+one an accelerator extra pulls in the way JAX's own extras do:
+``jaxfid[tpu]``, ``jaxfid[cuda12]``, ``jaxfid[cuda13]``.
+
+Other extras: ``seqio`` (TensorFlow, seqio, TFDS, tensorflow-text: only the
+seqio tasks in ``tasks/`` need them; FiD files train without), ``bench``
+(what benchmarks/ compares with: bm25s), ``test`` (pytest and what the
+tests compare with, the seqio stack included) and ``torch`` (PyTorch, the
+reference of the PyTorch-parity tests; they skip without it). The T5
+SentencePiece vocabulary ships inside the package (``jaxfid/assets``).
 """
 import os
 
 from setuptools import find_packages, setup
 
+# Tested at both ends: 0.10.2 (requirements-lock.txt, Python 3.11) and the
+# newest 0.12 release (`make test-latest`, Python 3.12).
+JAX = ">=0.10.2,<0.13"
+
 INSTALL_REQUIRES = [
-    "jax==0.10.2",
-    "jaxlib==0.10.2",
-    "flax==0.12.8",
-    "optax==0.2.8",
-    "orbax-checkpoint==0.12.8",
-    "gin-config==0.5.0",
-    "faiss-cpu==1.15.1",
-    "seqio==0.0.20",
-    "tensorflow==2.21.0",
-    "tensorflow-text==2.21.1",
-    "tensorflow-datasets==4.9.10",
-    "sentencepiece==0.2.3",
-    "protobuf==7.36.2",
-    "PyStemmer==3.1.0",
-    "regex==2026.11.19",
-    "safetensors==0.8.0",
-    "numpy==2.4.6",
-    "tqdm==4.70.1",
-    "matplotlib==3.11.2",
-    "tensorboardX==2.6.5",
+    f"jax{JAX}",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    # Imported directly (also orbax's and jax's dependencies; tensorstore and
+    # ml_dtypes at orbax's and jax's floors, so a host's accelerator stack
+    # satisfies them as it is): run
+    # directories as URLs (etils.epath), T5X checkpoints (tensorstore),
+    # bfloat16 arrays (ml_dtypes).
+    "etils[epath]>=1.15.0",
+    "tensorstore>=0.1.84",
+    "ml_dtypes>=0.5.0",
+    "gin-config>=0.5.0",
+    "faiss-cpu>=1.15.1",
+    "sentencepiece>=0.2.3",
+    "PyStemmer>=3.1.0",
+    "regex>=2026.11.19",
+    "safetensors>=0.8.0",
+    "numpy>=2.4.6,<3",
+    "tqdm>=4.70.1",
+    "matplotlib>=3.11.2",
+    "tensorboardX>=2.6.5",
+]
+
+# JAX's own accelerator extras, over the same range: `pip install
+# 'jaxfid[tpu]'` on a TPU VM, 'jaxfid[cuda12]' / 'jaxfid[cuda13]' on a CUDA
+# host without its JAX yet. An installed CUDA or TPU jax in the range is
+# kept by a plain `pip install jaxfid`.
+ACCELERATOR_EXTRAS = {
+    name: [f"jax[{name}]{JAX}"] for name in ("tpu", "cuda12", "cuda13")}
+
+# The seqio tasks (tasks/, `jaxfid train` with MIXTURE_OR_TASK_NAME, `jaxfid
+# eval`); tensorflow-text pins TensorFlow's minor release.
+SEQIO_REQUIRES = [
+    "seqio>=0.0.20",
+    "tensorflow>=2.21.0,<2.22",
+    "tensorflow-text>=2.21.1,<2.22",
+    "tensorflow-datasets>=4.9.10",
 ]
 
 # What benchmarks/ compares jaxfid with (bm25s: bench_bm25.py).
 BENCH_REQUIRES = [
-    "bm25s==0.3.16",
+    "bm25s>=0.3.16",
 ]
 
+# The suite's own needs; its seqio tests need SEQIO_REQUIRES, its BM25
+# comparisons bm25s, and transformers writes the tiny HF checkpoints.
 TEST_REQUIRES = [
-    "pytest==9.2.0",
-    "torch==2.13.0",
-    "transformers==5.24.0",
-    "safetensors==0.8.0",
-    "scipy==1.17.1",
+    "pytest>=9.2.0",
+    "scipy>=1.17.1",
+    "transformers>=5.24.0,<6",
+] + SEQIO_REQUIRES + BENCH_REQUIRES
+
+# The PyTorch reference (transformers' T5) of the parity tests; without it
+# those tests skip. A CPU wheel is enough (https://download.pytorch.org/whl/cpu).
+TORCH_REQUIRES = [
+    "torch>=2.13.0",
 ]
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -62,6 +99,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
+    classifiers=[
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ],
     # jaxfid/assets holds data only (the vocabulary, and LM-BFF's SST-2
     # 16-shot split under lmbff/); listed explicitly so that setuptools ships
     # it as package data of "jaxfid.assets".
@@ -70,9 +111,11 @@ setup(
     package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
-    # the tests also compare BM25 scores and index files with bm25s's
-    extras_require={"test": TEST_REQUIRES + BENCH_REQUIRES,
-                    "bench": BENCH_REQUIRES},
+    extras_require={"seqio": SEQIO_REQUIRES,
+                    "bench": BENCH_REQUIRES,
+                    "test": TEST_REQUIRES,
+                    "torch": TORCH_REQUIRES,
+                    **ACCELERATOR_EXTRAS},
     entry_points={"console_scripts": ["jaxfid=jaxfid.cli:main"]},
     zip_safe=False,
 )

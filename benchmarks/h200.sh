@@ -2,31 +2,52 @@
 # The H200 measurement of issue #7 as one device run (about 8-9 minutes once
 # the machine is up; estimate, not measured).
 #
-# The lent machine has jax 0.11.2 (CUDA), flax, optax, torch 2.11 and
-# transformers 5.17 (T5 declares sdpa there too) but no gin, seqio,
-# tensorflow or faiss: the benchmark imports none of them. To pin this
-# project's flax and optax, carry their wheels (before the run, here):
-#   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#       --implementation cp --platform manylinux2014_x86_64 -d .whl \
-#       flax==0.12.8 optax==0.2.8
+# The lent machine has its own CUDA 13 jax (0.11.2), flax, optax, orbax,
+# torch 2.11 and transformers 5.17, no network, and not all of jaxfid's
+# requirements (no gin-config, faiss-cpu, PyStemmer, tensorboardX). jaxfid
+# is installed there like anywhere else, `pip install -e .`, from the
+# machine's packages plus wheels carried in .whl: setup.py's ranges take the
+# machine's jax as it is (step 0 fails if the install changed it). Before
+# the run, here (with the registry; .whl/ is git-ignored):
+#   bash benchmarks/h200.sh --fetch-wheels
 # and call the device tool with command "bash benchmarks/h200.sh" and carry
-# [".whl"]. Without .whl the machine's own flax and optax are used.
+# [".whl"]. pip takes a carried wheel only where the machine's package is
+# missing or outside jaxfid's range (sentencepiece 0.2.2 there, say).
 #
-# 1. prints the versions; 2. a tiny jaxfid-only smoke run (catches an API
-# mismatch in seconds instead of after the reference's minutes); 3. the
-# t5-base comparison of the issue, with remat full and dots for the dense
-# train step. Everything goes to $OUT (the device tool brings it back).
-# Arguments are added to step 3 (e.g. `bash benchmarks/h200.sh --hardware-rng`
-# for one more train row with gin's USE_HARDWARE_RNG keys, about a minute).
+# 0. installs jaxfid; 1. prints the versions; 2. a tiny jaxfid-only smoke run
+# (catches an API mismatch in seconds instead of after the reference's
+# minutes); 3. the t5-base comparison of the issue, with remat full and dots
+# for the dense train step. Everything goes to $OUT (the device tool brings
+# it back). Arguments are added to step 3 (e.g. `bash benchmarks/h200.sh
+# --hardware-rng` for one more train row with gin's USE_HARDWARE_RNG keys,
+# about a minute).
 set -o pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# jaxfid's requirements (the lock's versions; CPython 3.12 wheels) that the
+# machine lacks or may have outside jaxfid's ranges. No jax: the machine's.
+WHEELS="flax==0.12.12 optax==0.2.8 orbax-checkpoint==0.12.8 gin-config==0.5.0
+  faiss-cpu==1.15.1 PyStemmer==3.1.0 tensorboardX==2.6.5 sentencepiece==0.2.3
+  regex==2026.11.19 tqdm==4.70.1 matplotlib==3.11.2 etils==1.15.0
+  tensorstore==0.1.86"
+if [ "${1:-}" = --fetch-wheels ]; then
+  rm -rf .whl && mkdir .whl || exit 1
+  # shellcheck disable=SC2086
+  exec python3 -m pip download --no-deps --only-binary=:all: \
+      --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform manylinux1_x86_64 -d .whl $WHEELS
+fi
 OUT=${OUT:-/tmp/jaxfid_h200}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+jax_before=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))') || exit 1
+python3 -m pip install --no-index --find-links .whl --no-build-isolation \
+    --no-cache-dir -e . >"$OUT/install.log" 2>&1 \
+  || { tail -20 "$OUT/install.log"; echo "jaxfid install failed" >&2; exit 1; }
+jax_after=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))')
+[ "$jax_before" = "$jax_after" ] \
+  || { echo "installing jaxfid changed jax $jax_before -> $jax_after" >&2; exit 1; }
+echo "jaxfid installed; jax $jax_after kept"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 - <<'EOF' 2>&1 | tee "$OUT/versions.txt" || exit 1
 import flax, jax, optax, torch, transformers

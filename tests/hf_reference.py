@@ -18,6 +18,12 @@ Helpers write the other layouts from a saved checkpoint: torch
 readers' layout (transformers 3.0.2 ``FiDT5``: ``encoder.encoder.`` prefix,
 optional ``.module.`` of its checkpoint wrapper, an old-style config.json and
 the first decoder block's cross-attention position table of that version).
+
+Without PyTorch (``make test-latest``) :func:`make_tiny_hf_checkpoint` writes
+the same files from numpy (same names, shapes, layout and config.json; other
+random values), so the tests that only need a checkpoint still run; the
+helpers that run or rewrite the torch model skip the calling test
+(``pytest.importorskip``).
 """
 from __future__ import annotations
 
@@ -25,8 +31,19 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
-import transformers
+import pytest
+
+try:
+  import torch
+  import transformers
+except ImportError:  # no PyTorch: the PyTorch-reference tests skip
+  torch = transformers = None
+
+
+def require_torch():
+  """``(torch, transformers)``, or skips the calling test: the PyTorch
+  reference is optional (the ``torch`` extra)."""
+  return (pytest.importorskip("torch"), pytest.importorskip("transformers"))
 
 TINY = dict(vocab_size=160, d_model=32, d_kv=8, num_heads=4, d_ff=64,
             num_layers=2, num_decoder_layers=3,
@@ -34,7 +51,7 @@ TINY = dict(vocab_size=160, d_model=32, d_kv=8, num_heads=4, d_ff=64,
             relative_attention_max_distance=128)
 
 
-def _randomise(model, generator: torch.Generator) -> None:
+def _randomise(model, generator) -> None:
   with torch.no_grad():
     for name, param in model.named_parameters():
       noise = torch.randn(param.shape, generator=generator)
@@ -82,6 +99,11 @@ def make_tiny_hf_checkpoint(directory, *, version: str = "1.1",
     raise ValueError(f"version must be '1.0' or '1.1', got {version!r}")
   tied = (version == "1.0") if tied is None else tied
   sizes = {**TINY, **size_overrides}
+  if torch is None:
+    if max_shard_size:
+      pytest.skip("a sharded reference checkpoint needs torch")
+    return _numpy_checkpoint(Path(directory), version=version, tied=tied,
+                             seed=seed, sizes=sizes)
   config = transformers.T5Config(
       **sizes, feed_forward_proj="relu" if version == "1.0" else "gated-gelu",
       tie_word_embeddings=tied, decoder_start_token_id=0, dropout_rate=0.1)
@@ -103,8 +125,82 @@ def make_tiny_hf_checkpoint(directory, *, version: str = "1.1",
   return directory
 
 
-def load_reference_model(directory) -> transformers.T5ForConditionalGeneration:
+def hf_parameter_shapes(sizes: dict, version: str,
+                        tied: bool) -> dict[str, tuple[int, ...]]:
+  """``{name: shape}`` of the tensors ``save_pretrained`` writes for a T5 of
+  ``sizes`` (HF's ``[out, in]`` layout; no tied copies; ``lm_head.weight``
+  only when untied)."""
+  d, f = sizes["d_model"], sizes["d_ff"]
+  inner = sizes["num_heads"] * sizes["d_kv"]
+  buckets = sizes["relative_attention_num_buckets"]
+  mlp = ("wi_0", "wi_1") if version == "1.1" else ("wi",)
+  shapes = {"shared.weight": (sizes["vocab_size"], d)}
+  for stack, layers in (("encoder", sizes["num_layers"]),
+                        ("decoder", sizes["num_decoder_layers"])):
+    attentions = (["SelfAttention", "EncDecAttention"] if stack == "decoder"
+                  else ["SelfAttention"])
+    for i in range(layers):
+      block = f"{stack}.block.{i}.layer"
+      for j, attention in enumerate(attentions):
+        for proj in "qkv":
+          shapes[f"{block}.{j}.{attention}.{proj}.weight"] = (inner, d)
+        shapes[f"{block}.{j}.{attention}.o.weight"] = (d, inner)
+        if i == 0 and attention == "SelfAttention":
+          shapes[f"{block}.{j}.{attention}.relative_attention_bias.weight"] = (
+              buckets, sizes["num_heads"])
+        shapes[f"{block}.{j}.layer_norm.weight"] = (d,)
+      j = len(attentions)
+      for wi in mlp:
+        shapes[f"{block}.{j}.DenseReluDense.{wi}.weight"] = (f, d)
+      shapes[f"{block}.{j}.DenseReluDense.wo.weight"] = (d, f)
+      shapes[f"{block}.{j}.layer_norm.weight"] = (d,)
+    shapes[f"{stack}.final_layer_norm.weight"] = (d,)
+  if not tied:
+    shapes["lm_head.weight"] = (sizes["vocab_size"], d)
+  return shapes
+
+
+def _numpy_checkpoint(directory: Path, *, version: str, tied: bool,
+                      seed: int, sizes: dict) -> Path:
+  """:func:`make_tiny_hf_checkpoint` without torch: the files
+  ``save_pretrained`` writes (config.json as transformers 5 writes it), with
+  weights drawn as :func:`_randomise` draws them, from numpy."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  tensors = {}
+  for name, shape in hf_parameter_shapes(sizes, version, tied).items():
+    noise = rng.standard_normal(shape).astype(np.float32)
+    if "layer_norm" in name:
+      tensors[name] = 1.0 + 0.2 * noise
+    elif name == "shared.weight" or "relative_attention_bias" in name:
+      tensors[name] = noise
+    else:
+      tensors[name] = noise * np.float32(shape[1] ** -0.5)
+  directory.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(directory / "model.safetensors"),
+            metadata={"format": "pt"})
+  gated = version == "1.1"
+  config = {
+      "architectures": ["T5ForConditionalGeneration"],
+      "classifier_dropout": 0.0, **sizes,
+      "decoder_start_token_id": 0,
+      "dense_act_fn": "gelu_new" if gated else "relu",
+      "dropout_rate": 0.1, "dtype": "float32", "eos_token_id": 1,
+      "feed_forward_proj": "gated-gelu" if gated else "relu",
+      "initializer_factor": 1.0, "is_decoder": False,
+      "is_encoder_decoder": True, "is_gated_act": gated,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "pad_token_id": 0,
+      "scale_decoder_outputs": tied, "tie_word_embeddings": tied,
+      "use_cache": True,
+  }
+  (directory / "config.json").write_text(
+      json.dumps(dict(sorted(config.items())), indent=2))
+  return directory
+
+
+def load_reference_model(directory):
   """``from_pretrained`` in eval mode; fails on missing or unexpected keys."""
+  require_torch()
   model, info = transformers.T5ForConditionalGeneration.from_pretrained(
       directory, output_loading_info=True)
   bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
@@ -129,6 +225,7 @@ def random_inputs(vocab_size: int, *, batch: int = 2, enc_len: int = 9,
 def reference_logits(model, input_ids, attention_mask,
                      decoder_input_ids) -> np.ndarray:
   """float32 logits [batch, dec_len, vocab] of a torch T5 model."""
+  require_torch()
   with torch.no_grad():
     out = model(input_ids=torch.as_tensor(input_ids),
                 attention_mask=torch.as_tensor(attention_mask),
@@ -143,6 +240,7 @@ def write_torch_bin(hf_dir, out_dir, *, shards: int = 1) -> Path:
   (``encoder/decoder.embed_tokens``, and ``lm_head`` when tied) as
   transformers 4 wrote them.
   """
+  require_torch()
   model = load_reference_model(hf_dir)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -176,6 +274,7 @@ def make_fid_wrapper_checkpoint(hf_dir, out_dir, *,
   ``tie_word_embeddings`` only where the model needs them).
   """
   from jaxfid.checkpoints.names import hf_to_fid_wrapper
+  require_torch()
   model = load_reference_model(hf_dir)
   cfg = model.config
   state = {}

@@ -16,13 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxfid.fid import bench
 from jaxfid.t5 import decoding
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.checkpoints.load import load_checkpoint
+
+torch = pytest.importorskip("torch")  # the PyTorch reference (`torch` extra)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,7 +4,7 @@ import pytest
 
 from hf_reference import (load_reference_model, make_fid_wrapper_checkpoint,
                           make_tiny_hf_checkpoint, random_inputs,
-                          reference_logits)
+                          reference_logits, torch)
 from jaxfid import cli
 from jaxfid.checkpoints import (detect_format, load_flat, read_hf,
                                 register_loader)
@@ -46,10 +46,11 @@ def test_hf_to_t5x_to_hf(hf_dir, tmp_path, capsys):
   _same(flat, back)
   assert (tmp_path / "back" / "spiece.model").read_bytes() == (
       b"sentencepiece stand-in")
-  inputs = random_inputs(fields["vocab_size"])
-  np.testing.assert_array_equal(
-      reference_logits(load_reference_model(tmp_path / "back"), *inputs),
-      reference_logits(load_reference_model(hf_dir), *inputs))
+  if torch is not None:  # and the PyTorch reference computes the same
+    inputs = random_inputs(fields["vocab_size"])
+    np.testing.assert_array_equal(
+        reference_logits(load_reference_model(tmp_path / "back"), *inputs),
+        reference_logits(load_reference_model(hf_dir), *inputs))
 
 
 def test_fid_to_hf(hf_dir, tmp_path, capsys):

@@ -9,15 +9,17 @@ the identical state dict and identical logits.
 import json
 import shutil
 
+import ml_dtypes
 import numpy as np
 import pytest
-import torch
-import transformers
 from safetensors.numpy import load_file, save_file
 
+# torch, transformers: None without PyTorch; the tests that compare with the
+# reference skip then (require_torch, or the helpers themselves).
 from hf_reference import (load_reference_model, make_fid_wrapper_checkpoint,
                           make_tiny_hf_checkpoint, random_inputs,
-                          reference_logits, write_torch_bin)
+                          reference_logits, require_torch, torch,
+                          transformers, write_torch_bin)
 from jaxfid.checkpoints import detect_format, names, read_hf, write_hf
 from jaxfid.core.errors import InputError
 
@@ -155,6 +157,7 @@ def test_write_hf_copies_spiece_and_is_atomic(v10, tmp_path):
 
 def test_unscaled_model_without_lm_head(tmp_path):
   """transformers 5 saves tie_word_embeddings=False models with shared only."""
+  require_torch()
   config = transformers.T5Config(
       vocab_size=96, d_model=16, d_kv=4, num_heads=2, d_ff=24, num_layers=1,
       num_decoder_layers=1, feed_forward_proj="gated-gelu",
@@ -198,17 +201,25 @@ def test_scaled_model_with_distinct_lm_head_folds_the_scale(v10, tmp_path):
 
 
 def test_bfloat16_safetensors(v11, tmp_path):
-  from safetensors.torch import load_file as torch_load
-  from safetensors.torch import save_file as torch_save
+  """A bfloat16 checkpoint (BF16 in the safetensors header, as torch writes
+  it; written here from numpy, so the test needs no PyTorch) reads as the
+  float32 of its bfloat16 values."""
   directory = tmp_path / "bf16"
   shutil.copytree(v11, directory)
-  tensors = torch_load(str(directory / "model.safetensors"))
-  torch_save({n: t.bfloat16() for n, t in tensors.items()},
-             str(directory / "model.safetensors"), metadata={"format": "pt"})
+  weights = directory / "model.safetensors"
+  tensors = load_file(str(weights))
+  save_file({n: t.astype(ml_dtypes.bfloat16) for n, t in tensors.items()},
+            str(weights), metadata={"format": "pt"})
+  with open(weights, "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+  assert {v["dtype"] for n, v in header.items() if n != "__metadata__"} == {
+      "BF16"}
   _, flat = read_hf(directory)
   q = tensors["encoder.block.0.layer.0.SelfAttention.q.weight"]
+  bf16 = q.astype(ml_dtypes.bfloat16).astype(np.float32)
+  assert not np.array_equal(bf16, q)  # the values did lose precision
   np.testing.assert_array_equal(flat["encoder/layers_0/attention/query/kernel"],
-                                q.bfloat16().float().numpy().T)
+                                bf16.T)
   assert flat["encoder/layers_0/attention/query/kernel"].dtype == np.float32
 
 

@@ -16,6 +16,7 @@ V10 = dict(V11, feed_forward_proj="relu", tie_word_embeddings=True,
 
 
 def test_renames_cover_every_hf_parameter_of_the_config():
+  pytest.importorskip("torch")  # builds transformers' (PyTorch) T5
   for fields, version in ((V11, "gated-gelu"), (V10, "relu")):
     hf_config = transformers.T5Config(**{
         k: v for k, v in fields.items() if k != "tie_word_embeddings"},

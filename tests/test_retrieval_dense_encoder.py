@@ -8,11 +8,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from safetensors.numpy import save_file
 
-from hf_reference import make_tiny_hf_checkpoint
+# torch, transformers: None without PyTorch (the reference tests skip).
+from hf_reference import (make_tiny_hf_checkpoint, require_torch, torch,
+                          transformers)
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.model import (
@@ -50,6 +50,7 @@ def _embed(loaded, tokens):
 
 
 def test_mean_pooling_matches_transformers(hf_dir):
+  require_torch()
   loaded = load_dual_encoder(hf_dir)
   assert loaded.kind == "hf" and loaded.encoder.dim == 32
   assert loaded.encoder.settings == DualEncoderConfig()
@@ -61,6 +62,7 @@ def test_mean_pooling_matches_transformers(hf_dir):
 
 def _sentence_transformers_dir(tmp_path, hf_dir, *, subfolder: bool):
   """A GTR-like directory: encoder-only weights, pooling, dense, normalize."""
+  require_torch()
   root = tmp_path / "gtr"
   encoder = transformers.T5EncoderModel.from_pretrained(hf_dir).eval()
   weights = root / "0_Transformer" if subfolder else root
@@ -113,6 +115,7 @@ def test_sentence_transformers_layout(tmp_path, hf_dir, subfolder):
 
 
 def test_encoder_only_checkpoint_with_bad_tensor(tmp_path, hf_dir):
+  require_torch()
   encoder = transformers.T5EncoderModel.from_pretrained(hf_dir)
   encoder.save_pretrained(tmp_path / "enc", safe_serialization=True)
   loaded = load_dual_encoder(tmp_path / "enc")

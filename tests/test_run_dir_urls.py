@@ -96,9 +96,9 @@ def bucket(tmp_path, monkeypatch):
   real_manager = model_dir_lib._manager
   seen = []
 
-  def manager(directory, keep):  # orbax gets the URL as it is
+  def manager(directory, keep, **kwargs):  # orbax gets the URL as it is
     seen.append(directory)
-    return real_manager(fake._local(directory), keep)
+    return real_manager(fake._local(directory), keep, **kwargs)
 
   monkeypatch.setattr(model_dir_lib, "_manager", manager)
   work = tmp_path / "cwd"

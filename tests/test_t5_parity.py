@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import jaxfid
 from jaxfid.t5.layers import relative_position_buckets
 import hf_reference as ref
+
+torch = pytest.importorskip("torch")  # the PyTorch reference (`torch` extra)
 
 CASES = {
     "v1.0-tied": dict(version="1.0"),

@@ -13,7 +13,7 @@ import gin
 from jaxfid.core.errors import InputError
 
 MIXTURE_OR_TASK_NAME = "MIXTURE_OR_TASK_NAME"
-_HINT = "install jaxfid with its seqio dependencies (tensorflow, seqio)"
+_HINT = "pip install 'jaxfid[seqio]' (tensorflow, seqio, tfds)"
 
 
 def gin_macro(name: str, default=None):
