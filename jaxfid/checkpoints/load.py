@@ -135,7 +135,7 @@ def checkpoint_passage_eos(path: str) -> bool:
   True, as T5 was pre-trained.
   """
   path = os.fspath(path)
-  if os.path.isfile(os.path.join(path, checkpointing.CONFIG_FILE)):
+  if paths.exists(paths.join(path, checkpointing.CONFIG_FILE)):
     return bool(checkpointing.read_run_config(path).get("passage_eos", True))
   return detect_format(path) != "fid"
 
