@@ -181,6 +181,8 @@ def test_sharded_train_step_matches_one_device():
   assert ((B * P, L, 40), ("data", "", "model")) in found  # MLP hidden
   assert ((B, T, CONFIG.vocab_size), ("data", "", "model")) in found  # logits
   np.testing.assert_allclose(losses, want_losses, rtol=1e-4)
+  # Adam divides each gradient element by its own scale: for an element near
+  # zero, reduction-order noise becomes up to ~1% of a step (~1e-4 at lr 1e-2).
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
-                                                       atol=1e-5),
+                                                       atol=1e-4),
                params, want_params)
