@@ -111,9 +111,11 @@ def test_hardware_rng_run_resumes_identically(data, trained, tmp_path):
   assert sorted(got) == [1, 2, 3, 4]
   for step in want:
     assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), step
-  # Other keys than the default threefry run's (initialisation, dropout).
+  # Other keys than the default threefry run's (initialisation, dropout):
+  # other losses (one step's may come close by chance).
   threefry = _losses(trained)
-  assert all(abs(want[s] - threefry[s]) > 1e-4 for s in want)
+  differ = [s for s in want if abs(want[s] - threefry[s]) > 1e-4]
+  assert len(differ) >= len(want) - 1, (want, threefry)
 
 
 def test_sigterm_saves_and_resumes(data, trained, tmp_path):
