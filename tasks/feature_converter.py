@@ -18,7 +18,7 @@ into fixed-shape model features, the same arrays as
 
 Rows are cut to their first ``n_context``; a token row longer than its
 length keeps its first ``length - 1`` tokens followed by EOS (so a row that
-already fits is unchanged, and ``fid_format.encode_example`` /
+already fits is unchanged, and ``jaxfid.fid.inputs.encode_example`` /
 ``encode_target`` give the same ids) -- unless ``passage_eos`` is False
 (rows of a checkpoint trained without a passage EOS, such as the original
 FiD readers): then a passage row is just cut; missing passages are all-zero

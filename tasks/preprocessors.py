@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from tasks import config
 from tasks.sources import example_from_features
 
@@ -89,17 +90,17 @@ def encode_fid_example(example: fid_format.FidExample,
   example, by jaxfid's FiD functions (see the module docstring)."""
   tokenizer = tokenizer or _tokenizer()
   n = min(n_context, max(1, len(example.ctxs)))
-  strings = fid_format.format_passages(example, n)
+  strings = fid_inputs.format_passages(example, n)
   if text_maxlength is None:  # no cut: the longest row (and its EOS)
     text_maxlength = max(len(ids) for ids in tokenizer.encode_batch(
         strings)) + int(passage_eos)
-  tokens, mask = fid_format.encode_example(tokenizer, example, n,
+  tokens, mask = fid_inputs.encode_example(tokenizer, example, n,
                                            text_maxlength, passage_eos)
   target = ""
   if example.target is not None or example.answers:
-    target = fid_format.choose_target(example, rng, dataset_name)
+    target = fid_inputs.choose_target(example, rng, dataset_name)
   length = answer_maxlength or len(tokenizer.encode(target)) + 1
-  targets = fid_format.encode_target(tokenizer, target, length)
+  targets = fid_inputs.encode_target(tokenizer, target, length)
   return (tokens[mask], strings, targets[:np.count_nonzero(targets)],
           target)
 

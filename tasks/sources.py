@@ -26,7 +26,7 @@ jaxfid's trainer reads the same fields back into ``FidExample``s
 TFDS features used: NQ-open ``question``, ``answer`` (sequence); TriviaQA
 ``question``, ``question_id``, ``answer.aliases`` (the answers) and
 ``answer.value`` (the target, title-cased when all upper case, as FiD's
-``preprocess.py`` does: ``jaxfid.fid.examples.title_case_if_upper``); SQuAD
+``preprocess.py`` does: ``jaxfid.fid.inputs.title_case_if_upper``); SQuAD
 ``id``, ``question``, ``answers.text``. Nothing touches the data before
 ``get_dataset``: registering the tasks works without TFDS data or retrieval
 files.
@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from jaxfid.core.errors import InputError
 from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.examples import FidExample, Passage
 from tasks import config
 
@@ -183,9 +184,9 @@ def source_examples(source: seqio.DataSource, split: str, name: str = ""
 
 
 def _title_case_if_upper_tf(text: tf.Tensor) -> tf.Tensor:
-  """``jaxfid.fid.examples.title_case_if_upper`` of a scalar string tensor."""
+  """``jaxfid.fid.inputs.title_case_if_upper`` of a scalar string tensor."""
   out = tf.numpy_function(
-      lambda b: np.bytes_(fid_format.title_case_if_upper(
+      lambda b: np.bytes_(fid_inputs.title_case_if_upper(
           b.decode("utf-8")).encode("utf-8")), [text], tf.string,
       stateful=False)
   out.set_shape([])

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import (
-    FidExample, Passage, choose_target, decoder_inputs_from_targets,
-    encode_example, encode_examples, encode_target, format_passages,
-    read_fid_examples, sorted_passages, write_fid_examples)
+from jaxfid.fid.examples import (FidExample, Passage, read_fid_examples,
+                                 sorted_passages, write_fid_examples)
+from jaxfid.fid.inputs import (
+    choose_target, decoder_inputs_from_targets, encode_example,
+    encode_examples, encode_target, format_passages)
 from jaxfid.core.tokenization import EOS_ID, Tokenizer
 
 RECORDS = [

@@ -17,6 +17,7 @@ from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import EOS_ID, Tokenizer
 from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.examples import FidExample, Passage
 from jaxfid.fid.task import FidTask, Lengths
@@ -54,11 +55,11 @@ def checkpoints(tmp_path_factory):
 
 def test_passages_with_and_without_eos():
   ex = _examples()[0]
-  with_eos, mask = fid_format.encode_example(TOK, ex, 3, 24)
-  without, mask2 = fid_format.encode_example(TOK, ex, 3, 24, passage_eos=False)
+  with_eos, mask = fid_inputs.encode_example(TOK, ex, 3, 24)
+  without, mask2 = fid_inputs.encode_example(TOK, ex, 3, 24, passage_eos=False)
   np.testing.assert_array_equal(mask, [True, True, False])
   np.testing.assert_array_equal(mask, mask2)
-  strings = fid_format.format_passages(ex, 3)
+  strings = fid_inputs.format_passages(ex, 3)
   short, long_ = (TOK.encode(s) for s in strings)
   assert len(short) < 23 and len(long_) > 24
   # the short row: its ids, then EOS or not
@@ -88,7 +89,7 @@ def test_predict_reads_the_passage_format_and_writes_either_score(
   examples = _examples()
   data = _write_data(tmp_path / "dev.jsonl", examples)
   model, params, _ = load_checkpoint(str(fid))
-  tokens = {eos: jnp.asarray(fid_format.encode_examples(
+  tokens = {eos: jnp.asarray(fid_inputs.encode_examples(
       TOK, examples, 2, 24, passage_eos=eos)[0]) for eos in (True, False)}
 
   def predict(checkpoint, mode, *flags):

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.dual_encoder.step import merge_microbatches, split_microbatches
-from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.step import grad_cache, make_grad_cache_step
@@ -32,10 +32,10 @@ def world():
 
 
 def _batch(examples):
-  tokens, pmask = fid_format.encode_examples(TOK, examples, P, L)
+  tokens, pmask = fid_inputs.encode_examples(TOK, examples, P, L)
   qlen = np.array([len(TOK.encode(f"question: {e.question}"))
                    for e in examples], np.int32)
-  targets = np.stack([fid_format.encode_target(TOK, e.answers[0], 4)
+  targets = np.stack([fid_inputs.encode_target(TOK, e.answers[0], 4)
                       for e in examples])
   pmask[1, 2] = False  # a missing passage
   return {"encoder_input_tokens": tokens, "passage_mask": pmask,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import FidExample
 from jaxfid.reatt import model as reatt
@@ -75,7 +75,7 @@ def test_index_scores_equal_the_training_relevance(setup):
   searcher = open_index(setup["dir"] / "flat")
   examples = [FidExample(question=e.question, ctxs=tuple(docs))
               for e in setup["examples"][:4]]
-  tokens, pmask = fid_format.encode_examples(Tokenizer(), examples, 16, 2 * LENGTH)
+  tokens, pmask = fid_inputs.encode_examples(Tokenizer(), examples, 16, 2 * LENGTH)
   rel = np.asarray(jax.jit(lambda p, t, m: model.relevance(
       p, t, passage_mask=m))(params, tokens, pmask))
   for i, e in enumerate(examples):

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.examples import FidExample, Passage
 from jaxfid.reatt import model as reatt
 from jaxfid.t5.model import EncoderDecoderModel
@@ -21,10 +21,10 @@ TOK = Tokenizer()
 
 
 def _batch(examples, n_context=3, length=16, seed=0):
-  tokens, pmask = fid_format.encode_examples(TOK, examples, n_context, length)
+  tokens, pmask = fid_inputs.encode_examples(TOK, examples, n_context, length)
   qlen = np.array([len(TOK.encode(f"question: {e.question}")) for e in examples],
                   np.int32)
-  targets = np.stack([fid_format.encode_target(TOK, e.answers[0], 4)
+  targets = np.stack([fid_inputs.encode_target(TOK, e.answers[0], 4)
                       for e in examples])
   return {"encoder_input_tokens": tokens, "passage_mask": pmask,
           "question_length": qlen, "decoder_target_tokens": targets}
@@ -77,7 +77,7 @@ def test_question_lengths_from_tokens():
   examples = [FidExample(question="what is red?", ctxs=(Passage("t", "red"),)),
               FidExample(question="no passages"),
               FidExample(question="the title: trap", ctxs=(Passage("", "x"),))]
-  tokens, _ = fid_format.encode_examples(TOK, examples, 1, 24)
+  tokens, _ = fid_inputs.encode_examples(TOK, examples, 1, 24)
   got = np.asarray(reatt.question_lengths_from_tokens(
       tokens[:, 0], TOK.encode("title:")))
   assert got[0] == len(TOK.encode("question: what is red?"))

@@ -13,6 +13,7 @@ from jaxfid.fid import predict as predict_lib
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
 from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.core.errors import InputError
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt import token_index
@@ -112,7 +113,7 @@ def test_refresh_uses_the_current_model(data, tmp_path):
   batch = batcher.batch(0)
   batcher.close()
   rows = batcher.fid.indices(0)
-  want, _ = fid_format.encode_examples(Tokenizer(), [new[i] for i in rows], 3, 16)
+  want, _ = fid_inputs.encode_examples(Tokenizer(), [new[i] for i in rows], 3, 16)
   np.testing.assert_array_equal(batch["encoder_input_tokens"], want)
   np.testing.assert_allclose(batch["kl_weight"], 8.0 / 5)
 

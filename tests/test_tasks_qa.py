@@ -16,6 +16,7 @@ import tasks
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import EOS_ID, Tokenizer, encode_padded
 from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid import task as fid_task
 from jaxfid.fid.batches import FidBatcher
 from tasks import config, fid_examples, metrics, sources
@@ -119,17 +120,17 @@ def test_nq_arrays_equal_the_fid_file_path(data_dir, tokenizer):
   want = fid_format.read_fid_examples(data_dir / "nq" / "train.jsonl")
   assert len(got) == len(want) == 3
   for ex, example in zip(got, want):
-    strings = fid_format.format_passages(example, 3)
+    strings = fid_inputs.format_passages(example, 3)
     assert [_text(s) for s in ex["inputs_pretokenized"]] == strings
-    tokens, mask = fid_format.encode_example(tokenizer, example, 3, 12)
+    tokens, mask = fid_inputs.encode_example(tokenizer, example, 3, 12)
     # the real passages' rows, EOS kept within 12 tokens, padded with 0
     np.testing.assert_array_equal(ex["inputs"], tokens[mask])
     assert ex["inputs"].dtype == np.int32
     assert [_text(a) for a in ex["answers"]] == list(example.answers)
-    target = fid_format.choose_target(example, np.random.default_rng(0))
+    target = fid_inputs.choose_target(example, np.random.default_rng(0))
     assert _text(ex["targets_pretokenized"]) == target
     np.testing.assert_array_equal(
-        ex["targets"], [t for t in fid_format.encode_target(
+        ex["targets"], [t for t in fid_inputs.encode_target(
             tokenizer, target, 6) if t])
     assert set(ex) == {"id", "question", "answers", "target", "inputs",
                        "inputs_pretokenized", "targets",
@@ -173,13 +174,13 @@ def test_passages_without_eos_follow_gin_and_equal_the_fid_file_path(
     gin.parse_config("tasks.config.fid_passage_eos.passage_eos = True")
   want = fid_format.read_fid_examples(data_dir / "nq" / "train.jsonl")
   for ex, example in zip(got, want):
-    tokens, mask = fid_format.encode_example(tokenizer, example, 3, 12,
+    tokens, mask = fid_inputs.encode_example(tokenizer, example, 3, 12,
                                              passage_eos=False)
     np.testing.assert_array_equal(ex["inputs"], tokens[mask])
     assert EOS_ID not in ex["inputs"]
     assert ex["targets"].tolist()[-1] == EOS_ID  # targets keep theirs
   assert np.count_nonzero(untruncated[0]["inputs"], axis=1).max() == max(
-      len(tokenizer.encode(s)) for s in fid_format.format_passages(want[0], 3))
+      len(tokenizer.encode(s)) for s in fid_inputs.format_passages(want[0], 3))
   model = list(FidFeatureConverter(passage_eos=False)(
       tf.data.Dataset.from_tensor_slices(
           {"inputs": tf.ragged.constant([[[5, 6, 7, 8], [9]]], tf.int32),
@@ -399,9 +400,9 @@ def test_join_retrieval_on_tfds_shaped_data(tmp_path, name, key):
       question="where is  paris",
       ctxs=tuple(fid_format.Passage(c["title"], c["text"], c["score"])
                  for c in RETRIEVAL[0]["ctxs"]))
-  assert fid_format.format_passages(
+  assert fid_inputs.format_passages(
       sources.example_from_features(got[1]), 2) == (
-          fid_format.format_passages(paris, 2))
+          fid_inputs.format_passages(paris, 2))
   if name == "trivia_qa":
     assert [_text(a) for a in got[0]["answers"]] == ["Bard", "WS"]
     assert _text(got[0]["target"]) == "William Shakespeare"

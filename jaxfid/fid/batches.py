@@ -7,7 +7,7 @@
 * Targets: a random answer per step and example from ``rng(seed, s, i)``
   (``target`` when the example has one), ``target_maxlength`` tokens (FidTask
   passes the longest target of the data when TARGET_MAXLENGTH is None).
-* Passages: :func:`jaxfid.fid.examples.encode_example`, with or without a
+* Passages: :func:`jaxfid.fid.inputs.encode_example`, with or without a
   final EOS (``passage_eos``).
 * Hosts: each process builds only the rows of the global batch that its
   devices hold (``rows``, given by the loop); the loop assembles the global
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxfid.fid import examples as fid_format
+from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.examples import FidExample
 from jaxfid.training.sampling import stream_indices
 
@@ -87,7 +87,7 @@ class FidBatcher:
     if self._cache is not None and i in self._cache:
       tokens, mask = self._cache[i]
       return tokens.astype(np.int32), mask
-    tokens, mask = fid_format.encode_example(
+    tokens, mask = fid_inputs.encode_example(
         self.tokenizer, self.examples[i], self.n_context, self.text_maxlength,
         self.passage_eos)
     if self._cache is not None:
@@ -102,9 +102,9 @@ class FidBatcher:
       enc.append(tokens)
       pmask.append(mask)
       rng = np.random.default_rng([self.seed, step, offset + j])
-      text = fid_format.choose_target(self.examples[i], rng,
+      text = fid_inputs.choose_target(self.examples[i], rng,
                                       self.dataset_of(int(i)))
-      targets.append(fid_format.encode_target(self.tokenizer, text,
+      targets.append(fid_inputs.encode_target(self.tokenizer, text,
                                               self.target_maxlength))
     return {"encoder_input_tokens": np.stack(enc).astype(np.int32),
             "passage_mask": np.stack(pmask),
@@ -141,7 +141,7 @@ def eval_batches(examples: Sequence[FidExample], tokenizer, *, batch_size: int,
     chunk = examples[start:start + batch_size]
     enc, pmask = [], []
     for ex in chunk:
-      tokens, mask = fid_format.encode_example(tokenizer, ex, n_context,
+      tokens, mask = fid_inputs.encode_example(tokenizer, ex, n_context,
                                                text_maxlength, passage_eos)
       enc.append(tokens)
       pmask.append(mask)

@@ -33,8 +33,8 @@ from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import fido_uptrain
 from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.examples import (FidExample, longest_target_length,
-                                 read_fid_examples)
+from jaxfid.fid.examples import FidExample, read_fid_examples
+from jaxfid.fid.inputs import longest_target_length
 from jaxfid.fid.predict import QaEvaluator
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
