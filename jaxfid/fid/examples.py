@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import open_binary
-from jaxfid.retrieval.store.queries import split_qa_line
+from jaxfid.retrieval.store.queries import qa_lines, split_qa_line
 
 QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"
@@ -249,22 +249,15 @@ def _read_jsonl(first: tuple[int, bytes], lines, path,
 
 def _read_qa_tsv(first: tuple[int, bytes], lines, path,
                  require_answers: bool) -> Iterator[FidExample]:
-  position = 0
-  for lineno, raw in itertools.chain([first], lines):
-    line = _decode(raw, path, lineno).rstrip("\r\n")
-    if not line.strip():
-      continue
-    pair = split_qa_line(line)
-    if pair is None:
-      raise InputError(path, "expected question<TAB>['answer', ...] like the "
-                       "lines before", where=lineno)
-    question, answers = pair
+  text = ((lineno, _decode(raw, path, lineno).rstrip("\r\n"))
+          for lineno, raw in itertools.chain([first], lines))
+  for position, (lineno, (question, answers)) in enumerate(
+      qa_lines(text, path, "like the lines before")):
     if require_answers and not answers:
       raise InputError(path, "no answers: nothing to train or evaluate on",
                        where=lineno)
     yield FidExample(question=question, answers=tuple(answers),
                      id=str(position))
-    position += 1
 
 
 def iter_fid_examples(path: str | os.PathLike,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.textio import (
@@ -129,13 +129,22 @@ def iter_qa_tsv(path: str | os.PathLike
   Raises:
     InputError: a line that is not ``question<TAB>[answers]``.
   """
-  for lineno, line in iter_lines(path):
+  return qa_lines(iter_lines(path), path,
+                  "(a QA TSV such as DPR's nq-test.qa.csv)")
+
+
+def qa_lines(lines: Iterable[tuple[int, str]], path: str | os.PathLike,
+             hint: str) -> Iterator[tuple[int, tuple[str, list[str]]]]:
+  """(line number, (question, answers)) of numbered QA TSV lines, blank
+  ones skipped; a line that is not ``question<TAB>[answers]`` is an
+  InputError naming ``path`` and the line, ending with ``hint``."""
+  for lineno, line in lines:
     if not line.strip():
       continue
     pair = split_qa_line(line)
     if pair is None:
-      raise InputError(path, "expected question<TAB>['answer', ...] (a QA "
-                       "TSV such as DPR's nq-test.qa.csv)", where=lineno)
+      raise InputError(path, f"expected question<TAB>['answer', ...] {hint}",
+                       where=lineno)
     yield lineno, pair
 
 
