@@ -23,12 +23,17 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError, PeerError
+from jaxfid.core.host_memory import tune_cpu_malloc
 from jaxfid.core.runtime import apply_runtime_defaults
 from jaxfid.core.storage import storage_fault
 
 # in the order `jaxfid --help` lists them
 COMMANDS = (convert, predict, train, evaluate, index, retrieve, corpus, eval_retrieval,
             plot, bench, demo, reatt, refusion)
+# The commands whose time goes into XLA programs (train and decode steps):
+# on a CPU they get jaxfid.core.host_memory's malloc settings.
+MODEL_COMMANDS = ("train", "predict", "eval", "bench", "demo", "reatt",
+                  "refusion")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +57,8 @@ def main(argv=None) -> int:
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   apply_runtime_defaults()  # the persistent compilation cache (single process)
+  if args.command in MODEL_COMMANDS:
+    tune_cpu_malloc()  # no mmap/munmap of each step's buffers (CPU only)
   try:
     result = args.func(args)
   except InputError as e:
