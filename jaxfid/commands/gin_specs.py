@@ -162,6 +162,7 @@ TABLE.add(
     dropout_rate=number(0, below=1),                    # DROPOUT_RATE
     dtype=text(DTYPES),                                 # DTYPE
     remat=text(REMATS),                                 # REMAT
+    scan_layers=flag(),                                 # SCAN_LAYERS
     # gin/models/*.gin
     vocab_size=SIZE, d_model=SIZE, d_kv=SIZE, d_ff=SIZE, num_heads=SIZE,
     num_layers=SIZE, num_decoder_layers=STEPS,

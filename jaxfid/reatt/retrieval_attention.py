@@ -18,10 +18,9 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from jaxfid.t5 import layers
-from jaxfid.t5.layers import NEG_INF, fold
+from jaxfid.t5 import stack
+from jaxfid.t5.layers import NEG_INF
 from jaxfid.t5.network import Encoder
 
 Array = jax.Array
@@ -60,12 +59,6 @@ def block_mask(valid: Array, question_length: Array) -> Array:
   return (same & valid[:, None, :])[:, None]                      # [N, 1, L, L]
 
 
-def _remat(fn, policy_name: str):
-  if policy_name == "none":
-    return fn
-  return nnx.remat(fn, policy=layers.remat_policy(policy_name))
-
-
 def bi_encode(encoder: Encoder, x: Array, valid: Array, question_length: Array,
               num_layers: int, *, dropout_rng: Array | None = None) -> Array:
   """Layers ``[0, num_layers)`` on embedded rows ``x`` [N, L, D] with the block mask.
@@ -79,11 +72,12 @@ def bi_encode(encoder: Encoder, x: Array, valid: Array, question_length: Array,
 
   def run(layer, h, rng):
     out, _ = layer(h, mask=mask, bias=bias, dropout_rng=rng)
-    return out
+    return out, None
 
-  run = _remat(run, encoder.config.remat)
-  for i in range(num_layers):
-    x = run(encoder.layer(i), x, fold(dropout_rng, i))
+  cfg = encoder.config
+  x, _ = stack.run_layers([encoder.layer(i) for i in range(num_layers)], x,
+                          run, rng=dropout_rng, remat=cfg.remat,
+                          scan=cfg.scan_layers)
   return x
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
 # Fields a run sets for itself: they change no parameter.
-RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat")
+RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,9 @@ class T5Config:
       float32, logits and softmax always float32.
     remat: gradient checkpointing of each layer: 'none', 'full' (recompute
       everything) or 'dots' (save matmul outputs without batch dims).
+    scan_layers: run each stack's alike layers as one ``lax.scan`` over
+      their stacked parameters (``jaxfid.t5.stack``): XLA compiles one layer
+      instead of all of them; the parameters and their names do not change.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
@@ -62,6 +65,7 @@ class T5Config:
   dropout_rate: float = 0.1
   dtype: str = "float32"
   remat: str = "none"
+  scan_layers: bool = False
   cross_attention_period: int = 1
   multi_query_cross_attention: bool = False
 

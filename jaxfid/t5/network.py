@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxfid.core import sharding as ax
-from jaxfid.t5 import layers
+from jaxfid.t5 import layers, stack
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import dropout, fold
 
@@ -46,12 +46,6 @@ class StackOutput:
   hidden_states: tuple[Array, ...] | None = None  # input of each layer + last
   attention_logits: tuple[Array, ...] | None = None        # [B, H, L, L]
   cross_attention_logits: tuple[Array, ...] | None = None  # [B, H, T, L]
-
-
-def _maybe_remat(fn, policy_name: str):
-  if policy_name == "none":
-    return fn
-  return nnx.remat(fn, policy=layers.remat_policy(policy_name))
 
 
 class EncoderLayer(nnx.Module):
@@ -110,19 +104,17 @@ class Encoder(nnx.Module):
     length = x.shape[1]
     bias = self.relpos_bias(length, length)  # [1, H, L, L]
     attn_mask = mask[:, None, None, :]       # [B, 1, 1, L]
-    states, logits = [], []
 
     def run(layer, h, rng):
-      return layer(h, mask=attn_mask, bias=bias, dropout_rng=rng,
-                   extras=extras, return_logits=output_attention_logits)
+      out, lg = layer(h, mask=attn_mask, bias=bias, dropout_rng=rng,
+                      extras=extras, return_logits=output_attention_logits)
+      return out, (h if output_hidden_states else None, lg)
 
-    run = _maybe_remat(run, cfg.remat)
-    for i in range(start, end):
-      if output_hidden_states:
-        states.append(x)
-      x, lg = run(self.layer(i), x, fold(dropout_rng, i))
-      if output_attention_logits:
-        logits.append(lg)
+    x, aux = stack.run_layers(
+        [self.layer(i) for i in range(start, end)], x, run, rng=dropout_rng,
+        first=start, remat=cfg.remat, scan=cfg.scan_layers and extras is None)
+    states = [h for h, _ in aux]
+    logits = [lg for _, lg in aux]
     if final_norm:
       x = self.encoder_norm(x)
       x = dropout(x, cfg.dropout_rate, fold(dropout_rng, cfg.num_layers))
@@ -236,23 +228,20 @@ class Decoder(nnx.Module):
     self_bias = self.relpos_bias(t, t)                          # [1, H, T, T]
     causal = jnp.tril(jnp.ones((t, t), jnp.bool_))[None, None]  # [1, 1, T, T]
     cross_mask = encoder_mask[:, None, None, :]                 # [B, 1, 1, L]
-    states, self_logits, cross_logits = [], [], []
 
     def run(layer, h, rng):
       out, _, sl, cl = layer(h, encoded, self_mask=causal, self_bias=self_bias,
                              cross_mask=cross_mask, dropout_rng=rng,
                              extras=extras, return_logits=output_attention_logits)
-      return out, sl, cl
+      return out, (h if output_hidden_states else None, sl, cl)
 
-    run = _maybe_remat(run, cfg.remat)
-    for i in range(cfg.num_decoder_layers):
-      if output_hidden_states:
-        states.append(x)
-      x, sl, cl = run(self.layer(i), x, fold(dropout_rng, i))
-      if output_attention_logits:
-        self_logits.append(sl)
-        if cl is not None:
-          cross_logits.append(cl)
+    x, aux = stack.run_layers(
+        [self.layer(i) for i in range(cfg.num_decoder_layers)], x, run,
+        rng=dropout_rng, remat=cfg.remat,
+        scan=cfg.scan_layers and extras is None)
+    states = [h for h, _, _ in aux]
+    self_logits = [sl for _, sl, _ in aux]
+    cross_logits = [cl for _, _, cl in aux if cl is not None]
     x = self.decoder_norm(x)
     x = dropout(x, cfg.dropout_rate, fold(dropout_rng, cfg.num_decoder_layers))
     if output_hidden_states:

@@ -1,0 +1,78 @@
+"""Running a stack of layers: a Python loop, or one ``lax.scan`` (``scan_layers``).
+
+T5's parameters are stored one module per layer (``layers_0``, ``layers_1``,
+...: the names of T5X and HF checkpoints). Unrolled, XLA compiles every
+layer of the forward and backward pass separately, so compile time grows
+with depth. With ``T5Config.scan_layers`` a stack whose layers are alike
+runs as one ``jax.lax.scan`` over their parameters stacked along a new
+leading axis (``[N, ...]``, stacked inside the jitted function: the stored
+layout and the checkpoints do not change), and XLA compiles one layer.
+
+Layers are alike when their NNX graph definitions are equal (same
+submodules, same static attributes): FiDO's decoder, whose layers differ in
+having cross-attention, and ReFusion's fused layers fall back to the loop.
+Both paths give every layer the same dropout key, ``fold(rng, index)`` with
+the layer's index in the whole stack, so they compute the same function
+(``tests/test_scan_layers.py`` compares them).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfid.t5 import layers as layers_lib
+from jaxfid.t5.layers import fold
+
+Array = jax.Array
+# fn(layer, x, rng) -> (x, aux): one layer on the residual stream x; aux is
+# any pytree (None leaves allowed) that the caller wants back per layer.
+LayerFn = Callable[[nnx.Module, Array, Array | None], tuple[Array, Any]]
+
+
+def alike(modules: Sequence[nnx.Module]) -> bool:
+  """Whether the modules share one graph definition (structure + statics)."""
+  first = nnx.graphdef(modules[0])
+  return all(nnx.graphdef(m) == first for m in modules[1:])
+
+
+def run_layers(modules: Sequence[nnx.Module], x: Array, fn: LayerFn, *,
+               rng: Array | None, first: int = 0, remat: str = "none",
+               scan: bool = False) -> tuple[Array, list]:
+  """Apply ``fn`` layer by layer; returns (x, [aux of each layer]).
+
+  Layer ``j`` of ``modules`` is layer ``first + j`` of its stack and gets
+  the dropout key ``fold(rng, first + j)``. ``remat`` ('none', 'full',
+  'dots') checkpoints each layer. ``scan``: one ``lax.scan`` when the
+  layers are alike and there are at least two, else the loop.
+  """
+  if scan and len(modules) > 1 and alike(modules):
+    return _scanned(modules, x, fn, rng=rng, first=first, remat=remat)
+  run = fn if remat == "none" else nnx.remat(
+      fn, policy=layers_lib.remat_policy(remat))
+  aux = []
+  for j, module in enumerate(modules):
+    x, out = run(module, x, fold(rng, first + j))
+    aux.append(out)
+  return x, aux
+
+
+def _scanned(modules, x, fn, *, rng, first, remat):
+  graphdef = nnx.graphdef(modules[0])
+  states = [nnx.state(m) for m in modules]
+  stacked = jax.tree.map(lambda *p: jnp.stack(p), *states)  # each leaf [N, ...]
+  indices = first + jnp.arange(len(modules), dtype=jnp.int32)  # [N]
+
+  def body(h, xs):
+    state, index = xs
+    return fn(nnx.merge(graphdef, state), h, fold(rng, index))
+
+  if remat != "none":
+    body = jax.checkpoint(body, policy=layers_lib.remat_policy(remat),
+                          prevent_cse=False)
+  x, stacked_aux = jax.lax.scan(body, x, (stacked, indices))
+  aux = [jax.tree.map(lambda a, j=j: a[j], stacked_aux)  # [N, ...] -> [...]
+         for j in range(len(modules))]
+  return x, aux
