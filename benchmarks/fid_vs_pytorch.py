@@ -25,7 +25,10 @@ machine it moves less with the load). ``--threads N`` gives both runtimes N
 CPU threads (see ``limit_threads``); the hardware lines include the CPU
 model, whether it has AVX-512 bf16, and the load average at the start and
 the end. The other rows (FiDO, more remat policies, ``torch.compile``) run
-one after another as before.
+one after another as before. The process gets the glibc malloc settings that
+``jaxfid``'s commands get on a CPU (``jaxfid.core.host_memory``; they apply
+to torch's allocations too; ``JAXFID_CPU_MALLOC=0`` runs without them);
+``--scan-layers`` runs jaxfid with ``T5Config.scan_layers``.
 
 Memory: torch rows report ``torch.cuda.max_memory_allocated`` (exact per
 row; for an alternated row, the peak since its pair was built). JAX cannot
@@ -68,8 +71,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_report import brief, table, write_json  # noqa: E402
 from cpu_host import cpu_model, limit_threads, load_average  # noqa: E402
 
+from jaxfid.core import host_memory  # noqa: E402
+
+# Before JAX starts: the threads, and the malloc settings jaxfid's commands
+# get on a CPU, which hold for the whole process, torch included
+# (JAXFID_CPU_MALLOC=0: off). An import (the tests) changes neither.
+MALLOC = {"cpu_malloc": False, "reason": "imported, not run as a script"}
 if __name__ == "__main__":
   limit_threads(sys.argv[1:])
+  MALLOC = host_memory.tune_cpu_malloc()
 
 import jax  # noqa: E402
 
@@ -102,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "comma-separated list to time the dense train step "
                       "under each (gin/fid/base.gin: full)")
   p.add_argument("--dropout", type=float, default=0.1)
+  p.add_argument("--scan-layers", action="store_true",
+                 help="jaxfid scans its layers (T5Config.scan_layers)")
   p.add_argument("--hardware-rng", action="store_true",
                  help="also time the dense train step under the last --remat "
                       "with 'unsafe_rbg' keys (gin USE_HARDWARE_RNG)")
@@ -162,7 +174,8 @@ def hardware() -> dict:
           "jax": jax.__version__, "jax_backend": jax.default_backend(),
           "jax_devices": [str(d) for d in jax.devices()],
           "jax_device_kind": jax.devices()[0].device_kind,
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "cpu_malloc": MALLOC["reason"]}
   return info
 
 
@@ -287,7 +300,7 @@ def run_pairs(cfg, shapes, args, peak, log) -> list[dict]:
       extra = {"cpu_time_s": x["cpu_time_s"], "alternated": True,
                "wall_s": x["wall_s"], "cpu_s": x["cpu_s"]}
       if impl == "jaxfid" and mode == "train":
-        extra["remat"] = cfg.remat
+        extra.update(remat=cfg.remat, scan_layers=cfg.scan_layers)
       rows.append(_row(f"{impl} {mode}", impl, mode, shape, x["step_time_s"],
                        flops, peak, *memory, x["first_s"] + build_s[impl],
                        extra))
@@ -345,7 +358,8 @@ def run_jax(cfg, shapes, args, peak, log, *, paired=False) -> list[dict]:
       rows.append(_row(f"{name} train", "jaxfid", "train", shape,
                        r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
                        mem.source, total - args.steps * r["step_time_s"],
-                       {"remat": c.remat, "memory_lower_bound_gb": estimate,
+                       {"remat": c.remat, "scan_layers": c.scan_layers,
+                        "memory_lower_bound_gb": estimate,
                         "hardware_rng": hardware_rng}))
       log(brief(rows[-1]))
   return rows
@@ -410,7 +424,8 @@ def main(argv=None) -> int:
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   try:
     cfg = config_lib.preset(args.size, dtype=args.dtype, remat=args.remat[0],
-                            dropout_rate=args.dropout)
+                            dropout_rate=args.dropout,
+                            scan_layers=args.scan_layers)
   except ValueError as e:
     print(f"fid_vs_pytorch.py: error: --size: {e}", file=sys.stderr)
     return 2

@@ -131,7 +131,7 @@ def test_script_torch_only_trains(capsys):
 def test_script_times_each_remat_policy(capsys):
   assert script.main(TINY_ARGS + ["--skip-torch", "--remat", "full,dots,full",
                                   "--decode-batch-sizes", "1",
-                                  "--hardware-rng"]) == 0
+                                  "--hardware-rng", "--scan-layers"]) == 0
   out = capsys.readouterr().out
   result = json.loads(out.strip().splitlines()[-1])
   trains = {r["name"]: r for r in result["rows"] if r["mode"] == "train"}
@@ -147,6 +147,7 @@ def test_script_times_each_remat_policy(capsys):
           < trains["jaxfid remat-dots train"]["memory_lower_bound_gb"])
   assert "memory lower bounds from shapes" in out
   assert result["args"]["remat"] == ["full", "dots"]
+  assert all(r["scan_layers"] for r in trains.values())
 
 
 def test_script_rejects_an_unknown_remat(capsys):
