@@ -37,6 +37,8 @@ import os
 import platform
 import sys
 
+from jax._src import xla_bridge
+
 ENV_VAR = "JAXFID_CPU_MALLOC"
 OFF_VALUES = ("0", "off", "false", "no")
 # mallopt(3) parameters (malloc.h) and the values set.
@@ -57,11 +59,8 @@ def accelerator_installed() -> str | None:
       return name
   for entry in importlib.metadata.entry_points(group="jax_plugins"):
     return entry.name
-  try:
-    import jax_plugins  # namespace package of jax's PJRT plugins
-  except ImportError:
-    return None
-  for path in getattr(jax_plugins, "__path__", ()):
+  spec = importlib.util.find_spec("jax_plugins")  # jax's PJRT plugins
+  for path in (spec.submodule_search_locations or ()) if spec else ():
     for name in sorted(os.listdir(path)):
       if not name.startswith(("_", ".")):
         return f"jax_plugins.{name}"
@@ -69,9 +68,6 @@ def accelerator_installed() -> str | None:
 
 
 def _backend_started() -> bool:
-  if "jax" not in sys.modules:
-    return False
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   started = getattr(xla_bridge, "backends_are_initialized", None)
   return bool(started() if started else getattr(xla_bridge, "_backends", None))
 
