@@ -5,18 +5,18 @@ intermediate of a train step: 196 MB for the demo's step, more for t5-small)
 with ``posix_memalign`` from one of its worker threads. glibc serves any
 request over 64 MB made from a worker thread's arena with a fresh ``mmap``
 and returns it with ``munmap`` on free, so every step the kernel hands out
-and zeroes the whole buffer again, one page fault per 4 KiB page: on this
-project's 2-core CPU the demo's training spent a third of its time in the
-kernel (48,000 page faults a step) and ran at 3.4 steps/s; with the settings
-below it runs at 5.0 steps/s, with 1/15 of the system time
-(``benchmarks/cpu_malloc.py`` measures both in one run).
+and zeroes the whole buffer again, one page fault per 4 KiB page (48,600 a
+step for the demo). With the settings below the demo's step takes 208 ms
+instead of 282 ms on this project's idle 2-core CPU, with 7 instead of 182
+ms of system time (``benchmarks/cpu_malloc.py`` measures both in one run).
 
 :func:`tune_cpu_malloc` therefore makes every thread allocate from the main
 arena (``M_ARENA_MAX=1``), from the heap rather than ``mmap``
 (``M_MMAP_MAX=0``), and keeps up to 2 GiB of freed memory at the top of the
 heap for the next step (``M_TRIM_THRESHOLD``). The cost is memory that is
-not given back to the system between steps (the demo's peak resident memory
-goes from 0.8 to 1.3 GB) and one lock for all threads' allocations.
+not given back to the system between steps (the heap settles at a few
+times the step's buffer: the demo step's peak resident memory goes from 0.80
+to 1.24 GB) and one lock for all threads' allocations.
 
 It is applied by the CLI to the commands that run models (train, predict,
 demo, ...), only when all of these hold: the C library is glibc; JAX's
