@@ -53,8 +53,6 @@ import optax  # noqa: E402
 
 from jaxfid.fid import bench  # noqa: E402
 from jaxfid.t5 import config as config_lib  # noqa: E402
-from jaxfid.t5 import decoding  # noqa: E402
-from jaxfid.t5 import passages as fid  # noqa: E402
 from jaxfid.t5.model import EncoderDecoderModel  # noqa: E402
 from jaxfid.training.step import make_train_step  # noqa: E402
 
@@ -110,20 +108,10 @@ def decode_program(cfg, shape, abstract=False):
   model = EncoderDecoderModel(cfg)
   init = lambda: model.init_params(0)  # noqa: E731
   params = jax.eval_shape(init) if abstract else jax.jit(init)()
-
-  def generate(params, tokens):
-    net = model.network(params)
-    enc = fid.encode_passages(net, tokens)
-    cache = net.init_cache(enc.hidden, enc.mask, shape.answer_maxlength)
-    out, _ = decoding.greedy_decode(
-        lambda s: net.decode_step(s.cur_token, s.cache, s.cur_index), cache,
-        batch_size=tokens.shape[0], max_decode_len=shape.answer_maxlength,
-        eos_id=-1)
-    return out
-
   tokens = jnp.asarray(bench.synthetic_batch(cfg, shape)["encoder_input_tokens"])
   t0 = time.perf_counter()
-  lowered = jax.jit(generate).lower(params, tokens)
+  lowered = jax.jit(bench.greedy_generate(model, shape.answer_maxlength)
+                    ).lower(params, tokens)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()

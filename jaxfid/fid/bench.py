@@ -206,20 +206,26 @@ def prepare_decode(cfg: T5Config, shape: Shape, *,
   """
   model = EncoderDecoderModel(cfg)
   params = jax.jit(lambda: model.init_params(seed))()
+  tokens = jnp.asarray(synthetic_batch(cfg, shape, seed)["encoder_input_tokens"])
+  jitted = jax.jit(greedy_generate(model, shape.answer_maxlength))
+  return lambda: jax.block_until_ready(jitted(params, tokens))
+
+
+def greedy_generate(model: EncoderDecoderModel, num_tokens: int
+                    ) -> Callable[[Any, jax.Array], jax.Array]:
+  """``generate(params, tokens [B, P, L]) -> int32 [B, num_tokens]``: passage
+  encoding, the cross-attention K/V and the cached greedy loop, decoding
+  exactly ``num_tokens`` tokens (no early EOS); to be jitted."""
 
   def generate(params, tokens):
     net = model.network(params)
     enc = fid.encode_passages(net, tokens)
-    cache = net.init_cache(enc.hidden, enc.mask, shape.answer_maxlength)
+    cache = net.init_cache(enc.hidden, enc.mask, num_tokens)
     out, _ = decoding.greedy_decode(
         lambda s: net.decode_step(s.cur_token, s.cache, s.cur_index), cache,
-        batch_size=tokens.shape[0], max_decode_len=shape.answer_maxlength,
-        eos_id=-1)
+        batch_size=tokens.shape[0], max_decode_len=num_tokens, eos_id=-1)
     return out
-
-  tokens = jnp.asarray(synthetic_batch(cfg, shape, seed)["encoder_input_tokens"])
-  jitted = jax.jit(generate)
-  return lambda: jax.block_until_ready(jitted(params, tokens))
+  return generate
 
 
 def _time(step_fn: Callable[[], Any], steps: int) -> float:
