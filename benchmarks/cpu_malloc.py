@@ -58,7 +58,8 @@ SETTINGS = {"tuned": {}, "glibc defaults": {"JAXFID_CPU_MALLOC": "0"}}
 
 
 def run_child(env_changes: dict, args) -> dict:
-  env = dict(os.environ, PYTHONPATH=ROOT, **env_changes)
+  env = {k: v for k, v in os.environ.items() if k != "JAXFID_CPU_MALLOC"}
+  env.update(env_changes, PYTHONPATH=ROOT)
   out = subprocess.run(
       [sys.executable, "-c", CHILD, args.size, str(args.batch_size),
        str(args.n_context), str(args.text_maxlength), str(args.answer_maxlength),

@@ -48,6 +48,6 @@ def test_cpu_malloc_runs_each_setting_in_its_own_process(capsys):
   rows = {r["malloc"]: r for r in _last_json(capsys)["rows"]}
   assert set(rows) == {"tuned", "glibc defaults"}
   assert rows["glibc defaults"]["decided"] == "JAXFID_CPU_MALLOC turns it off"
-  assert rows["tuned"]["decided"] in ("applied", "not glibc")
+  assert rows["tuned"]["decided"] in ("applied", "not glibc")  # not: conftest's 0
   for r in rows.values():
     assert r["wall_ms"] > 0 and r["max_rss_gb"] > 0
