@@ -12,7 +12,7 @@ import time
 from jaxfid.commands import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 150
+STEPS = 500  # a window of seconds for SIGTERM to land in training on a loaded machine
 
 
 def _command(out):
