@@ -49,12 +49,10 @@ if __name__ == "__main__":  # before JAX starts, as the CLI does
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
 
 from jaxfid.fid import bench  # noqa: E402
 from jaxfid.t5 import config as config_lib  # noqa: E402
 from jaxfid.t5.model import EncoderDecoderModel  # noqa: E402
-from jaxfid.training.step import make_train_step  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -81,16 +79,8 @@ def train_program(cfg, shape, abstract=False):
   ``abstract``: lowered from shapes only (no parameters allocated; the
   closure is None), for models too large to step here.
   """
-  model = EncoderDecoderModel(cfg)
-  opt = optax.adam(1e-4)
-  init = lambda: model.init_params(0)  # noqa: E731
-  params = jax.eval_shape(init) if abstract else jax.jit(init)()
-  make = lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,  # noqa: E731
-                    "opt_state": opt.init(p)}
-  box = {"state": jax.eval_shape(make, params) if abstract else make(params)}
-  loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)  # noqa: E731
-  step = jax.jit(make_train_step(loss_fn, opt, seed=0), donate_argnums=0)
-  batch = jax.tree.map(jnp.asarray, bench.synthetic_batch(cfg, shape))
+  step, state, batch = bench.train_program(cfg, shape, abstract=abstract)
+  box = {"state": state}
   t0 = time.perf_counter()
   lowered = step.lower(box["state"], batch)
   t1 = time.perf_counter()

@@ -175,6 +175,27 @@ def timed(step_fn: Callable[[], Any]) -> tuple[float, float]:
   return time.perf_counter() - wall0, time.process_time() - cpu0
 
 
+def train_program(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
+                  seed: int = 0, abstract: bool = False):
+  """``(step, state, batch)``: the jitted full train step (forward, backward,
+  Adam update; the state argument donated), its initial state and the
+  synthetic batch. ``abstract``: the state as shapes only (nothing
+  allocated), for lowering models too large to run here."""
+  model = EncoderDecoderModel(cfg)
+  opt = optax.adam(learning_rate)
+  init = lambda: model.init_params(seed)  # noqa: E731
+  make_state = lambda p: {"step": jnp.zeros((), jnp.int32), "params": p,  # noqa: E731
+                          "opt_state": opt.init(p)}
+  if abstract:
+    state = jax.eval_shape(lambda: make_state(init()))
+  else:
+    state = make_state(jax.jit(init)())
+  loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)  # noqa: E731
+  step = jax.jit(make_train_step(loss_fn, opt, seed=seed), donate_argnums=0)
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(cfg, shape, seed))
+  return step, state, batch
+
+
 def prepare_train(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
                   seed: int = 0) -> Callable[[], Any]:
   """A closure running one full train step (forward, backward, Adam update).
@@ -182,14 +203,9 @@ def prepare_train(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
   Each call runs one step on the synthetic batch and waits for it; the
   first call compiles. The state is donated and carried between calls.
   """
-  model = EncoderDecoderModel(cfg)
-  opt = optax.adam(learning_rate)
-  params = jax.jit(lambda: model.init_params(seed))()
-  box = {"state": {"step": jnp.zeros((), jnp.int32), "params": params,
-                   "opt_state": opt.init(params)}}
-  loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
-  step = jax.jit(make_train_step(loss_fn, opt, seed=seed), donate_argnums=0)
-  batch = jax.tree.map(jnp.asarray, synthetic_batch(cfg, shape, seed))
+  step, state, batch = train_program(cfg, shape, learning_rate=learning_rate,
+                                     seed=seed)
+  box = {"state": state}
 
   def run_step():
     box["state"], metrics = step(box["state"], batch)
