@@ -43,7 +43,10 @@ def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
     assert time.time() < deadline, "training never started"
     time.sleep(0.2)
   proc.send_signal(signal.SIGTERM)
-  stdout, _ = proc.communicate(timeout=600)
+  # Only the reader thread reads stderr (communicate() would read it too and
+  # take the last lines away from the thread).
+  stdout = proc.stdout.read()
+  proc.wait(timeout=600)
   reader.join(timeout=60)
   err = "".join(stderr)
   assert proc.returncode == demo.INTERRUPTED_EXIT, err[-3000:]
