@@ -39,7 +39,7 @@ demo: $(VENV)/.stamp-base
 
 # JAXFID_LOCK: tests/test_packaging.py checks the environment against it.
 test: $(VENV)/.stamp-test
-	JAXFID_LOCK=$(LOCK) $(VENV)/bin/python -m pytest tests -q
+	JAXFID_LOCK=$(LOCK) $(VENV)/bin/python -m pytest tests -q --durations=15
 
 $(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "error: no CPython 3.11 found (the lock is for 3.11); run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
