@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -110,21 +109,6 @@ def decode_program(cfg, shape, abstract=False):
           lambda: jax.block_until_ready(compiled(params, tokens)))
 
 
-def alternate(runs: dict, reps: int) -> dict:
-  """Median wall and CPU seconds per call, calls alternated (see doc)."""
-  for fn in runs.values():
-    fn()  # warm-up
-  times = {name: ([], []) for name in runs}
-  names = list(runs)
-  for r in range(reps):
-    for name in (names if r % 2 == 0 else names[::-1]):
-      wall, cpu = bench.timed(runs[name])
-      times[name][0].append(wall)
-      times[name][1].append(cpu)
-  return {name: (statistics.median(w), statistics.median(c))
-          for name, (w, c) in times.items()}
-
-
 def main(argv=None) -> int:
   args = parse_args(argv)
   model, bf16 = cpu_model()
@@ -154,10 +138,11 @@ def main(argv=None) -> int:
       runs[name] = run
       rows.append({"mode": mode, "layers": name, "lower_s": lower_s,
                    "compile_s": compile_s, "fused_kernels": fusions})
-    speed = alternate(runs, args.steps) if args.steps else {}
+    speed = bench.alternate(runs, args.steps) if args.steps else {}
     for row in rows[-2:]:
-      row["step_time_s"], row["cpu_time_s"] = speed.get(row["layers"],
-                                                        (None, None))
+      timing = speed.get(row["layers"], {})
+      row["step_time_s"] = timing.get("step_time_s")
+      row["cpu_time_s"] = timing.get("cpu_time_s")
   hardware["load_average_at_end"] = load_average()
   print(f"\n{args.size}, train batch {args.batch_size} x {args.n_context} "
         f"passages x {args.text_maxlength} tokens, {args.answer_maxlength} "

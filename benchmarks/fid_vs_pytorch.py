@@ -60,7 +60,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import sys
 import time
 
@@ -224,37 +223,10 @@ def fido_label(cfg) -> str:
   return "FiDO " + "+".join(parts)
 
 
-def alternate(steps_by_name: dict, reps: int) -> dict:
-  """Time prepared step closures in alternation; per name the medians.
-
-  Each closure is called once first (compile / warm-up; its wall time is
-  ``first_s``), then ``reps`` rounds call every closure once, the order
-  reversed every other round, so both runtimes see the same machine load.
-  Returns ``{name: {step_time_s, cpu_time_s, first_s, wall_s, cpu_s}}`` with
-  the medians of wall-clock and process CPU seconds per step.
-  """
-  out = {}
-  for name, fn in steps_by_name.items():
-    t0 = time.perf_counter()
-    fn()
-    out[name] = {"first_s": time.perf_counter() - t0, "wall_s": [],
-                 "cpu_s": []}
-  names = list(steps_by_name)
-  for r in range(reps):
-    for name in (names if r % 2 == 0 else names[::-1]):
-      wall, cpu = bench.timed(steps_by_name[name])
-      out[name]["wall_s"].append(wall)
-      out[name]["cpu_s"].append(cpu)
-  for r in out.values():
-    r["step_time_s"] = statistics.median(r["wall_s"])
-    r["cpu_time_s"] = statistics.median(r["cpu_s"])
-  return out
-
-
 def run_pairs(cfg, shapes, args, peak, log) -> list[dict]:
   """jaxfid and torch eager side by side: train, then decodes by batch size.
 
-  The two are prepared together and timed in alternation (``alternate``):
+  The two are prepared together and timed in alternation (``bench.alternate``):
   the fair comparison on a machine whose load changes from minute to minute.
   Memory: the torch row's CUDA peak (reset first) on GPU; not measured on CPU
   (both runtimes share the process's RSS).
@@ -286,7 +258,7 @@ def run_pairs(cfg, shapes, args, peak, log) -> list[dict]:
       flops = bench.forward_flops(cfg, shape)
     build_s = {"jaxfid": t1 - t0, "torch": time.perf_counter() - t1}
     with JaxMemory() as mem:
-      r = alternate({"jaxfid": jax_fn, "torch": torch_fn}, args.steps)
+      r = bench.alternate({"jaxfid": jax_fn, "torch": torch_fn}, args.steps)
     torch_gb = torch.cuda.max_memory_allocated() / 1e9 if gpu else 0.0
     for impl in ("torch", "jaxfid"):
       x = r[impl]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import resource
+import statistics
 import time
 from typing import Any, Callable
 
@@ -173,6 +174,33 @@ def timed(step_fn: Callable[[], Any]) -> tuple[float, float]:
   cpu0, wall0 = time.process_time(), time.perf_counter()
   step_fn()
   return time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def alternate(steps_by_name: dict, reps: int) -> dict:
+  """Time prepared step closures in alternation; per name the medians.
+
+  Each closure is called once first (compile / warm-up; its wall time is
+  ``first_s``), then ``reps`` rounds call every closure once, the order
+  reversed every other round, so all of them see the same machine load.
+  Returns ``{name: {step_time_s, cpu_time_s, first_s, wall_s, cpu_s}}`` with
+  the medians of wall-clock and process CPU seconds per step.
+  """
+  out = {}
+  for name, fn in steps_by_name.items():
+    t0 = time.perf_counter()
+    fn()
+    out[name] = {"first_s": time.perf_counter() - t0, "wall_s": [],
+                 "cpu_s": []}
+  names = list(steps_by_name)
+  for r in range(reps):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      wall, cpu = timed(steps_by_name[name])
+      out[name]["wall_s"].append(wall)
+      out[name]["cpu_s"].append(cpu)
+  for r in out.values():
+    r["step_time_s"] = statistics.median(r["wall_s"])
+    r["cpu_time_s"] = statistics.median(r["cpu_s"])
+  return out
 
 
 def train_program(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
