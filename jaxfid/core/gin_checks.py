@@ -12,9 +12,14 @@ problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
 3. a binding nothing the command runs reads: a macro no configurable it
    calls refers to, or a parameter of a jaxfid configurable it never calls;
 4. any other value the command reads that fails its check or is
-   ``%gin.REQUIRED`` (``MODEL_DIR: required: ...``); then each
-   configurable's cross-parameter rules (``ACCUMULATION_STEPS`` divides
-   ``BATCH_SIZE``); then the macros the command reads itself.
+   ``%gin.REQUIRED`` (``MODEL_DIR: required: ...``); then each config
+   dataclass (:class:`jaxfid.core.config.Config`) is built from its values,
+   so its own ``__post_init__`` rules run (``ACCUMULATION_STEPS`` divides
+   ``BATCH_SIZE``), and the table's rules of other configurables; then the
+   macros the command reads itself.
+
+A config dataclass's parameters need no table row: their checks come from
+the fields (:func:`jaxfid.core.config.field_checks`).
 
 What the command reads is found by following gin's references from its
 root configurables (``launch.run`` -> ``@loop.train`` -> ``%METHOD`` ->
@@ -33,115 +38,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import math
 from typing import Any, Callable, Mapping
 
 import gin
 
+from jaxfid.core.config import (REFERENCE, Check, Config, field_check, flag,
+                                integer, macro_of, number, text)
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_files import Binding, ParsedGin
 
-REFERENCE = "reference"
 _UNDEFINED = object()
 _MACRO, _CONSTANT = "gin.macro", "gin.constant"
 _REGISTRY = gin.config._REGISTRY  # pylint: disable=protected-access
-_TYPE_NAMES = {int: "an int", float: "a number", str: "a string",
-               bool: "True or False", REFERENCE: "a gin reference (@name())"}
-
-
-def _bounds(low, high, low_open, high_open) -> str:
-  if low is not None and high is not None:
-    return (f" in {'(' if low_open else '['}{low}, {high}"
-            f"{')' if high_open else ']'}")
-  if low is not None:
-    return f" {'>' if low_open else '>='} {low}"
-  if high is not None:
-    return f" {'<' if high_open else '<='} {high}"
-  return ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-  """What one parameter accepts.
-
-  Attributes:
-    kind: int, float (ints accepted), str, bool or REFERENCE (``@name()``).
-      An int is never a bool here, nor a float or a string.
-    low, high: inclusive bounds (exclusive with ``low_open``/``high_open``).
-    choices: the allowed values.
-    optional: None is allowed (where the parameter's default is None).
-    test: ``value -> reason or None``, for what bounds cannot say.
-  """
-  kind: Any
-  low: float | None = None
-  high: float | None = None
-  low_open: bool = False
-  high_open: bool = False
-  choices: tuple | None = None
-  optional: bool = False
-  test: Callable[[Any], str | None] | None = None
-
-  def describe(self) -> str:
-    if self.choices is not None:
-      text = "one of " + ", ".join(repr(c) for c in self.choices)
-    else:
-      text = _TYPE_NAMES[self.kind] + _bounds(self.low, self.high,
-                                               self.low_open, self.high_open)
-    return f"None or {text}" if self.optional else text
-
-  def _typed(self, value) -> bool:
-    if self.kind is REFERENCE:
-      return isinstance(value, gin.config.ConfigurableReference)
-    if isinstance(value, bool):
-      return self.kind is bool
-    if self.kind is float:
-      return isinstance(value, (int, float)) and math.isfinite(value)
-    return isinstance(value, self.kind)
-
-  def problem(self, value) -> str | None:
-    """Why ``value`` is refused, or None."""
-    if value is None:
-      return None if self.optional else f"required ({self.describe()}), got None"
-    wrong = f"must be {self.describe()}, got {value!r}"
-    if not self._typed(value):
-      if self.kind is not REFERENCE and not isinstance(
-          value, gin.config.ConfigurableReference):
-        wrong += f" ({type(value).__name__})"
-      return wrong
-    if self.choices is not None and value not in self.choices:
-      return wrong
-    if self.low is not None and (value <= self.low if self.low_open
-                                 else value < self.low):
-      return wrong
-    if self.high is not None and (value >= self.high if self.high_open
-                                  else value > self.high):
-      return wrong
-    return self.test(value) if self.test else None
-
-
-def integer(low: int | None = None, high: int | None = None, *,
-            optional: bool = False) -> Check:
-  """An int in ``[low, high]``."""
-  return Check(int, low, high, optional=optional)
-
-
-def number(low: float | None = None, high: float | None = None, *,
-           above: float | None = None, below: float | None = None,
-           optional: bool = False) -> Check:
-  """A finite number: ``>= low`` or ``> above``, ``<= high`` or ``< below``."""
-  return Check(float, above if above is not None else low,
-               below if below is not None else high, above is not None,
-               below is not None, optional=optional)
-
-
-def text(choices=None, *, optional: bool = False, test=None) -> Check:
-  """A string, one of ``choices`` if given; ``test(value)`` -> reason."""
-  return Check(str, choices=tuple(choices) if choices is not None else None,
-               optional=optional, test=test)
-
-
-def flag() -> Check:
-  return Check(bool)
 
 
 # A cross-parameter rule: {param: value} (bound or default) -> (param, reason)
@@ -162,7 +70,10 @@ class Table:
     self.rules[configurable] = self.rules.get(configurable, ()) + rules
 
   def check(self, configurable, param: str) -> Check | None:
-    return self.checks.get(configurable, {}).get(param)
+    """The table's check, else the one a config dataclass's field declares
+    (:func:`jaxfid.core.config.field_checks`)."""
+    found = self.checks.get(configurable, {}).get(param)
+    return found if found is not None else field_check(configurable, param)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +210,33 @@ def _value_problems(walk: Walk, table: Table, bound: set
   return problems, values, broken
 
 
+def _construct(obj, walk: Walk, values: dict, built: dict):
+  """Builds config dataclass ``obj`` from its parsed values (nested configs
+  first), so that its ``__post_init__`` rules run before any work; returns
+  the instance, or None where ``obj`` is not a :class:`Config` or a value is
+  another kind of reference. Its InputError names the macro that binds the
+  field (the run's own name, where it differs from the field's)."""
+  if obj in built:
+    return built[obj]
+  built[obj] = None
+  if not (isinstance(obj, type) and issubclass(obj, Config)):
+    return None
+  kwargs = {}
+  for param, value in values.get(obj, {}).items():
+    if isinstance(value, gin.config.ConfigurableReference):
+      value = _construct(value.configurable.wrapped, walk, values, built)
+      if value is None:
+        return None
+    kwargs[param] = value
+  try:
+    built[obj] = obj(**kwargs)
+  except InputError as e:
+    macros = {macro_of(obj, p): _resolve(r)[1] for o, p, r in walk.values
+              if o is obj}
+    raise InputError(macros.get(e.path) or e.path, e.reason, e.where) from None
+  return built[obj]
+
+
 def validate(parsed: ParsedGin, reads: Reads, table: Table,
              command: str) -> None:
   """Raises InputError for the first problem (module docstring); else None.
@@ -331,7 +269,10 @@ def validate(parsed: ParsedGin, reads: Reads, table: Table,
   for _, name, reason in problems:
     raise InputError(name, reason)
 
+  built: dict = {}
   for obj in walk.configurables:
+    if obj not in broken:
+      _construct(obj, walk, values, built)
     rules = table.rules.get(obj, ())
     if not rules or obj in broken:
       continue

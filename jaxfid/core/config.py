@@ -1,0 +1,289 @@
+"""Configuration values: frozen dataclasses that gin binds whole.
+
+A method's options are the fields of its frozen config dataclasses (t5x
+binds ``network.T5Config`` the same way): gin configures the dataclass
+(``FidTask.reader = @FidReaderConfig()``), the dataclass checks its own
+values once in ``__post_init__`` (raising :class:`~jaxfid.core.errors.
+InputError` naming the macro), and the command-line validation of gin
+(:mod:`jaxfid.core.gin_checks`) derives each field's check from the field
+itself — its annotation (int, float, str, bool; ``| None`` for optional;
+another config dataclass for a gin reference) and the bounds and choices
+given to :func:`option`. Adding an option is one field here plus its gin
+default; nothing else lists it.
+
+:class:`Config` gives every config dataclass the same ``to_dict`` /
+``from_dict`` / ``replace`` (JSON round trip: tuples are written as lists
+and read back as tuples; unknown keys of older or newer run configs are
+ignored).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from typing import Any, Callable, Iterable
+
+import gin
+
+from jaxfid.core.errors import InputError
+
+CHECK = "jaxfid.check"  # field metadata key: the keyword arguments of Check
+REFERENCE = "reference"
+_TYPE_NAMES = {int: "an int", float: "a number", str: "a string",
+               bool: "True or False", REFERENCE: "a gin reference (@name())"}
+
+
+def _is_reference(value) -> bool:
+  return isinstance(value, gin.config.ConfigurableReference)
+
+
+def _bounds(low, high, low_open, high_open) -> str:
+  if low is not None and high is not None:
+    return (f" in {'(' if low_open else '['}{low}, {high}"
+            f"{')' if high_open else ']'}")
+  if low is not None:
+    return f" {'>' if low_open else '>='} {low}"
+  if high is not None:
+    return f" {'<' if high_open else '<='} {high}"
+  return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """What one parameter accepts.
+
+  Attributes:
+    kind: int, float (ints accepted), str, bool or REFERENCE (``@name()``).
+      An int is never a bool here, nor a float or a string.
+    low, high: inclusive bounds (exclusive with ``low_open``/``high_open``).
+    choices: the allowed values.
+    optional: None is allowed (where the parameter's default is None).
+    test: ``value -> reason or None``, for what bounds cannot say.
+  """
+  kind: Any
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  choices: tuple | None = None
+  optional: bool = False
+  test: Callable[[Any], str | None] | None = None
+
+  def describe(self) -> str:
+    if self.choices is not None:
+      text = "one of " + ", ".join(repr(c) for c in self.choices)
+    else:
+      text = _TYPE_NAMES[self.kind] + _bounds(self.low, self.high,
+                                               self.low_open, self.high_open)
+    return f"None or {text}" if self.optional else text
+
+  def _typed(self, value) -> bool:
+    if self.kind is REFERENCE:
+      return _is_reference(value)
+    if isinstance(value, bool):
+      return self.kind is bool
+    if self.kind is float:
+      return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, self.kind)
+
+  def problem(self, value) -> str | None:
+    """Why ``value`` is refused, or None."""
+    if value is None:
+      return None if self.optional else f"required ({self.describe()}), got None"
+    wrong = f"must be {self.describe()}, got {value!r}"
+    if not self._typed(value):
+      if self.kind is not REFERENCE and not _is_reference(value):
+        wrong += f" ({type(value).__name__})"
+      return wrong
+    if self.choices is not None and value not in self.choices:
+      return wrong
+    if self.low is not None and (value <= self.low if self.low_open
+                                 else value < self.low):
+      return wrong
+    if self.high is not None and (value >= self.high if self.high_open
+                                  else value > self.high):
+      return wrong
+    return self.test(value) if self.test else None
+
+
+def integer(low: int | None = None, high: int | None = None, *,
+            optional: bool = False) -> Check:
+  """An int in ``[low, high]``."""
+  return Check(int, low, high, optional=optional)
+
+
+def number(low: float | None = None, high: float | None = None, *,
+           above: float | None = None, below: float | None = None,
+           optional: bool = False) -> Check:
+  """A finite number: ``>= low`` or ``> above``, ``<= high`` or ``< below``."""
+  return Check(float, above if above is not None else low,
+               below if below is not None else high, above is not None,
+               below is not None, optional=optional)
+
+
+def text(choices=None, *, optional: bool = False, test=None) -> Check:
+  """A string, one of ``choices`` if given; ``test(value)`` -> reason."""
+  return Check(str, choices=tuple(choices) if choices is not None else None,
+               optional=optional, test=test)
+
+
+def flag() -> Check:
+  return Check(bool)
+
+
+
+
+def option(default: Any = dataclasses.MISSING, *, low: float | None = None,
+           high: float | None = None, above: float | None = None,
+           below: float | None = None, choices: Iterable | None = None,
+           test: Callable[[Any], str | None] | None = None,
+           macro: str | None = None,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+  """A config field with the range or choices its value must respect.
+
+  ``low``/``high`` are inclusive bounds, ``above``/``below`` exclusive ones;
+  ``choices`` the allowed values; ``test(value)`` returns why a value is
+  refused (or None) where bounds cannot say. The type and whether None is
+  allowed come from the field's annotation. ``macro`` is the gin macro that
+  binds the field, where it is not the field's name in capitals (errors
+  name it).
+  """
+  spec = {"macro": macro,"low": above if above is not None else low,
+          "high": below if below is not None else high,
+          "low_open": above is not None, "high_open": below is not None,
+          "choices": tuple(choices) if choices is not None else None,
+          "test": test}
+  return dataclasses.field(default=default, default_factory=default_factory,
+                           metadata={CHECK: spec})
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls) -> dict[str, tuple[Any, bool]]:
+  """``{field: (base type, optional)}`` of dataclass ``cls``: the annotation
+  with ``| None`` removed (``optional``), ``tuple[...]`` as ``tuple``."""
+  hints = typing.get_type_hints(cls)
+  out = {}
+  for f in dataclasses.fields(cls):
+    hint, optional = hints.get(f.name, Any), False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+      args = [a for a in typing.get_args(hint) if a is not type(None)]
+      optional = len(args) < len(typing.get_args(hint))
+      hint = args[0] if len(args) == 1 else Any
+    out[f.name] = (typing.get_origin(hint) or hint, optional)
+  return out
+
+
+def _kind(base) -> Any:
+  """The Check kind of a field's base type (None: not checked)."""
+  if base in (int, float, str, bool):
+    return base
+  if dataclasses.is_dataclass(base):
+    return REFERENCE  # another config, bound as @Name()
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def field_checks(cls) -> dict[str, Check]:
+  """``{field: Check}`` of config dataclass ``cls``, from each field's
+  annotation and :func:`option` metadata (fields of other types: none)."""
+  checks = {}
+  for f in dataclasses.fields(cls):
+    base, optional = field_types(cls)[f.name]
+    kind = _kind(base)
+    if kind is None:
+      continue
+    spec = {k: v for k, v in f.metadata.get(CHECK, {}).items() if k != "macro"}
+    checks[f.name] = Check(kind, optional=optional, **spec)
+  return checks
+
+
+def field_check(cls, name: str) -> Check | None:
+  """The check of field ``name`` of ``cls`` (None if not a config field)."""
+  if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    return None
+  return field_checks(cls).get(name)
+
+
+def macro_of(cls, name: str) -> str:
+  """The gin macro that binds field ``name`` of ``cls`` (errors name it)."""
+  f = {f.name: f for f in dataclasses.fields(cls)}[name]
+  return f.metadata.get(CHECK, {}).get("macro") or name.upper()
+
+
+class Config:
+  """Base of a frozen config dataclass: each field checked once on
+  construction (its :func:`field_checks`; InputError naming the macro),
+  ``replace``, ``to_dict``, ``from_dict``.
+
+  A subclass with rules across fields defines ``__post_init__``, calls
+  ``super().__post_init__()`` first, and raises InputError naming the macro.
+  """
+
+  def __post_init__(self):
+    for name, check in field_checks(type(self)).items():
+      if check.kind is REFERENCE:
+        continue  # a nested config checks itself
+      problem = check.problem(getattr(self, name))
+      if problem:
+        raise InputError(macro_of(type(self), name), problem)
+
+  def replace(self, **changes):
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    """Field values as JSON types (tuples as lists, nested configs as dicts)."""
+    return {f.name: _jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)}
+
+  @classmethod
+  def from_dict(cls, fields: dict):
+    """The inverse of :meth:`to_dict`; keys that are not fields are ignored
+    (run configs of other versions)."""
+    types_ = field_types(cls)
+    kwargs = {}
+    for name, value in fields.items():
+      if name not in types_:
+        continue
+      kind = types_[name][0]
+      if value is not None and kind is tuple:
+        value = tuple(value)
+      elif value is not None and isinstance(kind, type) and issubclass(
+          kind, Config) and isinstance(value, dict):
+        value = kind.from_dict(value)
+      kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _jsonable(value):
+  if isinstance(value, Config):
+    return value.to_dict()
+  if isinstance(value, tuple):
+    return [_jsonable(v) for v in value]
+  return value
+
+
+def integer(low: int | None = None, high: int | None = None, *,
+            optional: bool = False) -> Check:
+  """An int in ``[low, high]``."""
+  return Check(int, low, high, optional=optional)
+
+
+def number(low: float | None = None, high: float | None = None, *,
+           above: float | None = None, below: float | None = None,
+           optional: bool = False) -> Check:
+  """A finite number: ``>= low`` or ``> above``, ``<= high`` or ``< below``."""
+  return Check(float, above if above is not None else low,
+               below if below is not None else high, above is not None,
+               below is not None, optional=optional)
+
+
+def text(choices=None, *, optional: bool = False, test=None) -> Check:
+  """A string, one of ``choices`` if given; ``test(value)`` -> reason."""
+  return Check(str, choices=tuple(choices) if choices is not None else None,
+               optional=optional, test=test)
+
+
+def flag() -> Check:
+  return Check(bool)
