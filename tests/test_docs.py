@@ -1,18 +1,26 @@
 """The documentation points only at what the repository holds.
 
-README.md and docs/*.md are read as text (no model, milliseconds): every
+README.md and docs/*.md are read as text (no model, no device): every
 relative Markdown link names an existing file (and, with ``#anchor``, an
 existing heading of it), no page refers to a path outside the repository
-(``../shared``, ``/work/...``), and every repository path a page quotes in
+(``../shared``, ``/work/...``), every repository path a page quotes in
 backticks (``jaxfid/fid/task.py``, ``fid/inputs.py::format_passages``,
-``tests/test_demo.py``, ``test_fid_model.py``) exists, so a moved or deleted file shows up here.
+``tests/test_demo.py``, ``test_fid_model.py``) exists, so a moved or deleted
+file shows up here, and every ``jaxfid`` command of a page's ``sh`` blocks
+parses with the CLI's own parser, a ``train`` command's gin (files, macros,
+values) passing the validation ``jaxfid train`` runs before any work.
 """
 from __future__ import annotations
 
 import pathlib
 import re
+import shlex
 
+import gin
 import pytest
+
+from jaxfid import cli
+from jaxfid.commands.gin_flags import parse_checked, split_gin_bindings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -103,3 +111,48 @@ def test_quoted_repository_paths_exist(page):
         missing.add(name)
   assert not missing, f"{_id(page)} names paths that do not exist: " + (
       ", ".join(sorted(missing)))
+
+
+SH_BLOCK = re.compile(r"^```(?:sh|bash)\n(.*?)^```", re.S | re.M)
+
+
+def _commands(page: pathlib.Path) -> list[tuple[str, list[str]]]:
+  """(line, arguments after ``jaxfid``) of each command in ``sh`` blocks:
+  continuation lines joined, comments and leading ``VAR=value`` dropped,
+  optional ``[...]`` parts included and ``...`` left out."""
+  found = []
+  for block in SH_BLOCK.findall(page.read_text(encoding="utf-8")):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = re.sub(r"\s+#.*$", "", line).strip()
+      words = shlex.split(line) if line else []
+      while words and re.match(r"[A-Z_]+=", words[0]):
+        words.pop(0)
+      if words[:1] == ["jaxfid"]:
+        args = [w.replace("[", "").replace("]", "") for w in words[1:]]
+        found.append((line, [a for a in args if a and a != "..."]))
+  return found
+
+
+def test_pages_show_commands():
+  assert len(_commands(ROOT / "README.md")) >= 10
+  for page in ("fid.md", "reatt.md", "refusion.md", "retrieval.md"):
+    assert _commands(ROOT / "docs" / page), page
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_id)
+def test_documented_commands_parse(page):
+  parser = cli.build_parser()
+  for line, args in _commands(page):
+    try:
+      parsed, unknown = parser.parse_known_args(args)
+    except SystemExit:
+      pytest.fail(f"{_id(page)}: does not parse: {line}")
+    if getattr(parsed, "accepts_gin_bindings", False):
+      parsed.gin_bindings, unknown = split_gin_bindings(unknown)
+    assert not unknown, f"{_id(page)}: unknown {unknown}: {line}"
+    if parsed.command == "train":
+      try:
+        parse_checked(parsed.gin_file, parsed.gin_bindings,
+                      parsed.gin_search_path, "train")
+      finally:
+        gin.clear_config()
