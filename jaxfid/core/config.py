@@ -263,27 +263,3 @@ def _jsonable(value):
     return [_jsonable(v) for v in value]
   return value
 
-
-def integer(low: int | None = None, high: int | None = None, *,
-            optional: bool = False) -> Check:
-  """An int in ``[low, high]``."""
-  return Check(int, low, high, optional=optional)
-
-
-def number(low: float | None = None, high: float | None = None, *,
-           above: float | None = None, below: float | None = None,
-           optional: bool = False) -> Check:
-  """A finite number: ``>= low`` or ``> above``, ``<= high`` or ``< below``."""
-  return Check(float, above if above is not None else low,
-               below if below is not None else high, above is not None,
-               below is not None, optional=optional)
-
-
-def text(choices=None, *, optional: bool = False, test=None) -> Check:
-  """A string, one of ``choices`` if given; ``test(value)`` -> reason."""
-  return Check(str, choices=tuple(choices) if choices is not None else None,
-               optional=optional, test=test)
-
-
-def flag() -> Check:
-  return Check(bool)
