@@ -19,7 +19,7 @@ import jaxfid.dual_encoder.checkpoint  # MODEL_DIR loader "dual_encoder"
 import jaxfid.dual_encoder.index  # index type "dense"
 import jaxfid.reatt.checkpoint  # MODEL_DIR loader "reatt"
 import jaxfid.reatt.token_index  # index type "reatt"
-import jaxfid.refusion.model  # MODEL_DIR loader "refusion"
+import jaxfid.refusion.checkpoint  # MODEL_DIR loader "refusion"
 import jaxfid.retrieval.bm25.index  # index type "bm25"
 from jaxfid.checkpoints.load import (  # MODEL_DIR loader "fid"
     METHOD_LOADERS, load_checkpoint, load_t5)
