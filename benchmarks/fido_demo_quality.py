@@ -1,7 +1,7 @@
 """FiDO vs FiD quality on the demo task: EM at equal training steps, with decode speed.
 
 Runs ``jaxfid demo``'s experiment twice on the same data — the generated
-world, BM25 top-N passages (``jaxfid.commands.demo.prepare_data``) — once
+world, BM25 top-N passages (``jaxfid.fid.commands.demo.prepare_data``) — once
 with ``gin/fid/tiny.gin`` (FiD: cross-attention in both decoder layers) and
 once with ``gin/fid/fido_tiny.gin`` (FiDO: cross-attention in the second
 decoder layer only, multi-query), with the demo's hyperparameters, the same
@@ -31,7 +31,7 @@ import gin  # noqa: E402
 from jaxfid.fid import bench
 from jaxfid.fid import predict as predict_lib
 from jaxfid.commands import gin_flags  # noqa: E402
-from jaxfid.commands.demo import prepare_data  # noqa: E402
+from jaxfid.fid.commands.demo import prepare_data  # noqa: E402
 from jaxfid.fid.examples import read_fid_examples
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.t5.network import count_params

@@ -2,14 +2,17 @@
 
 The package is organised in layers; a module imports only its own layer and
 lower ones (tests/test_imports.py holds the table): the command line
-(``jaxfid.cli``, ``jaxfid.commands``, :mod:`jaxfid.methods`) -> seqio
-``tasks`` -> the methods (``reatt``, ``refusion`` -> ``fid`` ->
-``dual_encoder``) -> ``training`` -> ``retrieval`` -> ``checkpoints`` and
-``evaluation`` -> ``t5`` -> ``core``. Importing ``jaxfid`` itself is cheap:
-it pulls in neither JAX nor TensorFlow. The one convenience exported here,
-:func:`load_t5`, is resolved lazily on first access (``jaxfid.load_t5``),
-which imports :mod:`jaxfid.methods` (so that a MODEL_DIR of any method
-loads).
+(``jaxfid.cli``, :mod:`jaxfid.methods`) -> the methods' plug-ins and
+commands (``jaxfid.<method>.plugin``, ``jaxfid.<method>.commands``) -> the
+shared commands (``jaxfid.commands``) -> seqio ``tasks`` -> the methods
+(``reatt``, ``refusion`` -> ``fid`` -> ``dual_encoder``) -> ``training`` ->
+``retrieval`` -> ``checkpoints`` and ``evaluation`` -> ``t5`` -> ``core``.
+Outside the methods only :mod:`jaxfid.methods` imports a method (and
+``gin_specs``, the one exception tests/test_imports.py lists). Importing
+``jaxfid`` itself is cheap: it pulls in neither JAX nor TensorFlow. The
+one convenience exported here, :func:`load_t5`, is resolved lazily on first
+access (``jaxfid.load_t5``), which imports :mod:`jaxfid.methods` (so that a
+MODEL_DIR of any method loads).
 """
 import importlib
 

@@ -2,7 +2,14 @@
 
 Each command lives in its own module, which exposes ``add_parser(subparsers)``
 (registering its arguments and ``set_defaults(func=run)``) and a ``run(args)``
-that calls library code. The CLI holds no logic a test cannot call directly.
+that calls library code, and describes itself as a
+:class:`~jaxfid.commands.registry.Command` (``COMMAND``). This module
+registers the shared commands (:data:`SHARED_COMMANDS`); each method's
+plug-in module registers the method's own (:mod:`jaxfid.methods` imports
+them all). The parser lists the registered commands in their
+:attr:`~jaxfid.commands.registry.Command.order` (see
+:mod:`jaxfid.commands.registry`). The CLI holds no logic a test cannot call
+directly.
 Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
 line and the process exits with status 2, with no traceback. A storage fault
 (:class:`jaxfid.core.errors.StorageError`, or any error caused by a full
@@ -18,22 +25,23 @@ import logging
 import sys
 
 import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
-from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
-                             evaluate, index, plot, predict, reatt, refusion,
-                             retrieve, train)
+from jaxfid.commands import (convert, corpus, eval_retrieval, evaluate, index,
+                             registry, retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core.errors import InputError, PeerError
 from jaxfid.core.host_memory import tune_cpu_malloc
 from jaxfid.core.runtime import apply_runtime_defaults
 from jaxfid.core.storage import storage_fault
 
-# in the order `jaxfid --help` lists them
-COMMANDS = (convert, predict, train, evaluate, index, retrieve, corpus, eval_retrieval,
-            plot, bench, demo, reatt, refusion)
+# The commands every method shares (each method's plugin registers its own).
+SHARED_COMMANDS = (convert.COMMAND, train.COMMAND, evaluate.COMMAND,
+                   index.COMMAND, retrieve.COMMAND, corpus.COMMAND,
+                   eval_retrieval.COMMAND)
+for _command in SHARED_COMMANDS:
+  registry.register_command(_command)
 # The commands whose time goes into XLA programs (train and decode steps):
 # on a CPU they get jaxfid.core.host_memory's malloc settings.
-MODEL_COMMANDS = ("train", "predict", "eval", "bench", "demo", "reatt",
-                  "refusion")
+MODEL_COMMANDS = registry.model_commands()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
       prog="jaxfid",
       description="Retrieval-augmented T5 (FiD, ReAtt, ReFusion) in JAX.")
   sub = parser.add_subparsers(dest="command", required=True)
-  for command in COMMANDS:
+  for command in registry.commands():
     command.add_parser(sub)
   return parser
 

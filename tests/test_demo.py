@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from jaxfid.commands import demo
+from jaxfid.fid.commands import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 500  # a window of seconds for SIGTERM to land in training on a loaded machine

@@ -275,7 +275,8 @@ REQUIRED = {"fid": ["TRAIN_DATA='train.json'"],
 
 
 def _passes(files, bindings, command):
-  gin_flags.parse_checked(files, bindings, [], command)
+  gin_flags.parse_checked(files, bindings, [], command,
+                          gin_specs.COMMANDS[command])
   gin.clear_config()
 
 

@@ -24,9 +24,15 @@ PACKAGES = ("jaxfid", "tasks")
 # Highest first. A module may import modules of its own group and of any
 # group on a lower row; groups on one row (split by "|") never import each
 # other. A group is one or more names (a module or package, with everything
-# under it; "jaxfid" alone is the package's __init__).
+# under it; "jaxfid" alone is the package's __init__; "*" stands for any one
+# package, so "jaxfid.*.plugin" is every method's plug-in module). A
+# method's plug-in module and its commands are its face on the command
+# line: they sit above the shared commands they use, inside the method's
+# package.
 LAYERS = (
-    "jaxfid  jaxfid.__main__  jaxfid.cli  jaxfid.commands  jaxfid.methods",
+    "jaxfid  jaxfid.__main__  jaxfid.cli  jaxfid.methods",
+    "jaxfid.*.plugin  jaxfid.*.commands",
+    "jaxfid.commands",
     "tasks",
     "jaxfid.reatt  |  jaxfid.refusion",
     "jaxfid.fid",
@@ -138,6 +144,10 @@ def _top_name(name: str) -> str:
 def _within(module: str, prefix: str) -> bool:
   if prefix == "jaxfid":  # the package module itself, not all of jaxfid
     return module == "jaxfid"
+  if "*" in prefix:  # one "*": any single package name there
+    parts, pattern = module.split("."), prefix.split(".")
+    return len(parts) >= len(pattern) and all(
+        want in ("*", got) for want, got in zip(pattern, parts))
   return module == prefix or module.startswith(prefix + ".")
 
 
@@ -273,6 +283,70 @@ def test_imports_at_module_top():
   assert not violations, "\n".join(["function-level imports:"] + violations)
 
 
+# A method is a package with a plug-in module (``jaxfid/<method>/plugin.py``,
+# which registers what the method offers). Outside the method packages only
+# jaxfid.methods imports a method, and only its plug-in: the shared layers
+# (the command line included) find what the methods offer in registries.
+# ``tasks/`` (the seqio tasks of the methods' data) is not a shared layer.
+# Left, with the reason, until it is gone (a stale entry fails):
+METHOD_IMPORT_EXCEPTIONS = {
+    "jaxfid.commands.gin_specs": "TABLE's rows check the methods' gin "
+                                 "configurables (issue #23 item 1 derives "
+                                 "them from the methods' dataclasses)",
+}
+
+
+def method_packages(modules) -> set[str]:
+  """``jaxfid.<name>`` of every package with a ``plugin`` module."""
+  return {m.rpartition(".")[0] for m in modules
+          if m.startswith("jaxfid.") and m.count(".") == 2
+          and m.endswith(".plugin")}
+
+
+def method_import_violations(modules: set[str], imports: list[Import],
+                             exceptions=()) -> list[str]:
+  methods = method_packages(modules)
+
+  def method_of(module):
+    return next((m for m in methods if _within(module, m)), None)
+
+  out = []
+  for imp in imports:
+    target = _internal(imp.target, modules)
+    owner = target and method_of(target)
+    if (not owner or _top_name(imp.importer) != "jaxfid"
+        or method_of(imp.importer) or imp.importer in exceptions):
+      continue
+    if imp.importer == "jaxfid.methods" and target == f"{owner}.plugin":
+      continue
+    out.append(f"{_where(imp)}: {imp.importer} imports {target} (a method): "
+               "register it from the method's plugin and look it up")
+  return out
+
+
+def test_shared_layers_import_no_method():
+  files, imports = collect_imports()
+  violations = method_import_violations(set(files), imports,
+                                        METHOD_IMPORT_EXCEPTIONS)
+  assert not violations, "\n".join(["method imports:"] + violations)
+  methods = method_packages(files)
+  stale = [m for m in METHOD_IMPORT_EXCEPTIONS
+           if not any(i.importer == m and any(
+               _within(_internal(i.target, set(files)) or "", p)
+               for p in methods) for i in imports)]
+  assert not stale, f"no longer import a method: {stale}"
+
+
+def test_methods_imports_every_plugin():
+  files, imports = collect_imports()
+  plugins = {f"{m}.plugin" for m in method_packages(files)}
+  assert plugins >= {"jaxfid.fid.plugin", "jaxfid.dual_encoder.plugin",
+                     "jaxfid.reatt.plugin", "jaxfid.refusion.plugin"}
+  imported = {_internal(i.target, set(files)) for i in imports
+              if i.importer == "jaxfid.methods"}
+  assert plugins <= imported, sorted(plugins - imported)
+
+
 def test_the_checker_sees_what_it_should():
   """The rules catch a cycle, an upward import and a function-level import."""
   graph = {"a": {"b": None}, "b": {"c": None}, "c": {"a": None}, "d": {}}
@@ -280,7 +354,14 @@ def test_the_checker_sees_what_it_should():
   assert find_cycle({"a": {"b": None}, "b": {}}) is None
   assert layer_of("jaxfid.core.files") == (len(LAYERS) - 1, "jaxfid.core")
   assert layer_of("jaxfid") == layer_of("jaxfid.methods")
-  assert layer_of("jaxfid.cli")[1] == layer_of("jaxfid.commands.index")[1]
+  assert layer_of("jaxfid.cli")[1] == layer_of("jaxfid.methods")[1]
+  assert layer_of("jaxfid.reatt.plugin")[1] == "jaxfid.*.plugin"
+  assert layer_of("jaxfid.fid.commands.demo")[1] == "jaxfid.*.plugin"
+  assert layer_of("jaxfid.commands.index")[1] == "jaxfid.commands"
+  assert layer_of("jaxfid.commands.x.commands")[1] == "jaxfid.commands"
+  assert (layer_of("jaxfid.cli")[0] < layer_of("jaxfid.reatt.plugin")[0]
+          < layer_of("jaxfid.commands.index")[0]
+          < layer_of("jaxfid.reatt.model")[0])
   assert layer_of("jaxfid.reatt.model")[1] != layer_of("jaxfid.refusion")[1]
   source = ("from . import sibling\n"
             "def f():\n"
@@ -325,3 +406,23 @@ def test_the_checker_sees_what_it_should():
       "function-level import of torch", "function-level import of json",
       "seqio at module top: import it inside the command function that "
       "needs it", "transformers"]
+  methods = {"jaxfid.reatt.plugin", "jaxfid.reatt.model", "jaxfid.fid.plugin",
+             "jaxfid.fid.task", "jaxfid.commands.c", "jaxfid.methods",
+             "jaxfid.core.x", "tasks.qa"}
+  assert method_packages(methods) == {"jaxfid.reatt", "jaxfid.fid"}
+  assert method_import_violations(methods, [
+      imp("jaxfid.methods", "jaxfid.reatt.plugin"),
+      imp("jaxfid.reatt.model", "jaxfid.fid.task"),
+      imp("tasks.qa", "jaxfid.fid.task"),
+      imp("jaxfid.commands.c", "jaxfid.core.x")]) == []
+  found = method_import_violations(methods, [
+      imp("jaxfid.commands.c", "jaxfid.fid.task"),
+      imp("jaxfid.methods", "jaxfid.reatt.model"),
+      imp("jaxfid.core.x", "jaxfid.reatt.plugin")])
+  assert [v.split(": ")[1] for v in found] == [
+      "jaxfid.commands.c imports jaxfid.fid.task (a method)",
+      "jaxfid.methods imports jaxfid.reatt.model (a method)",
+      "jaxfid.core.x imports jaxfid.reatt.plugin (a method)"]
+  assert method_import_violations(methods, [
+      imp("jaxfid.commands.c", "jaxfid.fid.task")],
+      {"jaxfid.commands.c": "why"}) == []

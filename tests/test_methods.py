@@ -5,13 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxfid.cli  # registers the shared commands; imports jaxfid.methods
 import jaxfid.methods
 from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.commands import gin_specs, registry, seqio_eval
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.dual_encoder.checkpoint import dual_encoder_run_config
 from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
+from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 from jaxfid.retrieval.search import open_index
 from jaxfid.t5.config import preset
 
@@ -20,6 +24,70 @@ def test_every_plugin_is_registered():
   assert jaxfid.methods.INDEX_TYPES.names() == ["bm25", "dense", "reatt"]
   assert jaxfid.methods.METHOD_LOADERS.names() == [
       "dual_encoder", "fid", "reatt", "refusion"]
+
+
+# what each method's plugin registers: commands (with the gin reads of its
+# gin-driven subcommands), `jaxfid index` types, `jaxfid eval` evaluators
+PLUGINS = {
+    "fid": ({"predict": (), "plot": (), "bench": ("bench",),
+             "demo": ("demo",)}, (), FidCheckpointEvaluator),
+    "dual_encoder": ({}, ("dense",), None),
+    "reatt": ({"reatt": ("reatt iterate",)}, ("reatt",),
+              FidCheckpointEvaluator),
+    "refusion": ({"refusion": ("refusion seeds",)}, (),
+                 ReFusionCheckpointEvaluator),
+}
+SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
+          "index": (), "retrieve": (), "corpus": (), "eval-retrieval": ()}
+
+
+@pytest.mark.parametrize("method", sorted(PLUGINS))
+def test_each_method_registers_what_it_offers(method):
+  commands, index_types, evaluator = PLUGINS[method]
+  plugin = f"jaxfid.{method}.plugin"
+  for name, gin_commands in commands.items():
+    command = registry.COMMANDS.get(name)
+    assert command.add_parser.__module__.startswith(f"jaxfid.{method}.")
+    assert sorted(command.gin) == list(gin_commands)
+  for name in index_types:
+    assert registry.INDEX_COMMANDS.get(name).__module__ == (
+        f"jaxfid.{method}.commands")
+  if evaluator is None:
+    assert method not in seqio_eval.METHODS
+  else:
+    assert seqio_eval.METHODS.get(method) is evaluator
+  assert method in jaxfid.methods.METHOD_LOADERS
+  assert __import__(plugin, fromlist=["METHOD"]).METHOD == method
+
+
+def test_the_registered_commands_are_the_methods_and_the_shared_ones():
+  methods = {n for c, _, _ in PLUGINS.values() for n in c}
+  assert {c.name for c in registry.commands()} == methods | set(SHARED)
+  for name, gin_commands in SHARED.items():
+    command = registry.COMMANDS.get(name)
+    assert command.add_parser.__module__.startswith("jaxfid.commands.")
+    assert sorted(command.gin) == list(gin_commands)
+  # `jaxfid --help`'s order, and the CPU malloc tuning of the model commands
+  assert [c.name for c in registry.commands()] == [
+      "convert", "predict", "train", "eval", "index", "retrieve", "corpus",
+      "eval-retrieval", "plot", "bench", "demo", "reatt", "refusion"]
+  assert jaxfid.cli.MODEL_COMMANDS == {
+      "train", "predict", "eval", "bench", "demo", "reatt", "refusion"}
+  assert [n for n, _ in registry.INDEX_COMMANDS.items()] == ["dense", "reatt"]
+  assert set(gin_specs.COMMANDS) == {
+      "train", "eval", "bench", "demo", "reatt iterate", "refusion seeds"}
+  assert set(gin_specs.COMMANDS["eval"].roots) == {
+      seqio_eval.evaluate, FidCheckpointEvaluator, ReFusionCheckpointEvaluator}
+
+
+def test_a_command_name_or_place_is_registered_once():
+  train = registry.COMMANDS.get("train")
+  assert registry.register_command(train) is train  # the same one again
+  with pytest.raises(ValueError, match="clashes with the registered 'train'"):
+    registry.register_command(registry.Command("train", train.add_parser, 999))
+  with pytest.raises(ValueError, match=r"'x' \(order 30\) clashes"):
+    registry.register_command(registry.Command("x", train.add_parser, 30))
+  assert "x" not in registry.COMMANDS
 
 
 def test_an_unregistered_name_says_what_to_import(tmp_path):

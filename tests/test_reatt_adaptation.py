@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.commands import reatt as reatt_command
+from jaxfid.reatt import commands as reatt_command
 from jaxfid.fid import examples as fid_format
 from jaxfid.reatt import adaptation as adapt
 from jaxfid.core.errors import InputError

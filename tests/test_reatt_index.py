@@ -15,6 +15,7 @@ from jaxfid.fid import inputs as fid_inputs
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import FidExample
 from jaxfid.reatt import model as reatt
+from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt import token_index
 from jaxfid.retrieval.search import open_index
 from jaxfid.core.tokenization import Tokenizer, bundled_vocab_path
@@ -151,7 +152,7 @@ def _model_dir(path, model, params):
 def test_cli_index_reatt_then_retrieve(setup, tmp_path, capsys):
   model_dir = tmp_path / "model"
   _model_dir(model_dir, setup["model"], setup["params"])
-  model, params, spiece = reatt.load_reatt(str(model_dir))
+  model, params, spiece = load_reatt(str(model_dir))
   assert spiece is not None and model.reatt == setup["model"].reatt
   np.testing.assert_array_equal(params["reatt"]["head_weights"],
                                 setup["params"]["reatt"]["head_weights"])

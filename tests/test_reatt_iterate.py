@@ -19,7 +19,7 @@ from jaxfid.cli import main
 from jaxfid.fid import examples as fid_format
 from jaxfid.core.errors import InputError
 from jaxfid.reatt import token_index
-from jaxfid.commands import reatt as reatt_commands
+from jaxfid.reatt import commands as reatt_commands
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.refresh import phase_boundaries
 from jaxfid.training import optim

@@ -16,6 +16,7 @@ from jaxfid.fid import examples as fid_format
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.core.errors import InputError
 from jaxfid.reatt import model as reatt
+from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt import token_index
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.checkpoints import model_dir as checkpointing
@@ -87,7 +88,7 @@ def test_iterative_refresh_replaces_close_documents(trained, data):
   assert any([p.id for p in e.ctxs] != original[e.question] for e in refreshed)
   assert (trained / "index" / "meta.json").exists()
   assert not (trained / "iterations" / "train_step3.jsonl").exists()
-  model, _, _ = reatt.load_reatt(str(trained), which="latest")
+  model, _, _ = load_reatt(str(trained), which="latest")
   assert model.reatt.separator_ids == tuple(Tokenizer().encode("title:"))
 
 
@@ -126,7 +127,7 @@ def test_resume_continues_and_refreshes_where_uninterrupted_would(trained, data)
 
 
 def test_predict_on_a_reatt_model_dir(trained, data):
-  model, params, spiece = reatt.load_reatt(str(trained))
+  model, params, spiece = load_reatt(str(trained))
   examples = fid_format.read_fid_examples(data / "dev.json")
   preds = predict_lib.generate(model, params, Tokenizer(spiece), examples,
                                n_context=3, text_maxlength=16,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.commands import refusion as refusion_commands
+from jaxfid.refusion import commands as refusion_commands
 from jaxfid.refusion import seeds
 
 ACCURACY = {13: 0.9, 21: 0.8, 42: 0.85, 87: 0.95, 100: 0.7}

@@ -25,7 +25,8 @@ from jaxfid.t5.config import preset
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import fusion as F
 from jaxfid.refusion import search
-from jaxfid.refusion.model import ReFusionModel, is_arch_path, load_refusion
+from jaxfid.refusion.checkpoint import load_refusion
+from jaxfid.refusion.model import ReFusionModel, is_arch_path
 from jaxfid.dual_encoder.index import build_dense_index
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.training.step import make_train_step

@@ -13,6 +13,7 @@ import argparse
 
 from jaxfid.checkpoints import describe, load_flat, write_hf, write_t5x
 from jaxfid.checkpoints.detect import detect_format
+from jaxfid.commands.registry import Command
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -51,3 +52,6 @@ def run(args) -> int:
   print(f"converted {fmt} checkpoint {args.source} -> {args.to_format} "
         f"{where}: {describe(fields)}")
   return 0
+
+
+COMMAND = Command("convert", add_parser, order=10)

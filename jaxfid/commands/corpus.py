@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from jaxfid.commands.registry import Command
 from jaxfid.retrieval.store.corpus import iter_passages
 from jaxfid.retrieval.store.splitter import split_into_passages, write_dpr_tsv
 
@@ -48,3 +49,6 @@ def run(args: argparse.Namespace) -> int:
   count = write_dpr_tsv(args.output, passages)
   print(json.dumps({"output": args.output, "passages": count}))
   return 0
+
+
+COMMAND = Command("corpus", add_parser, order=70)

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from jaxfid.commands.progress import add_progress_flag
+from jaxfid.commands.registry import Command
 from jaxfid.retrieval import evaluate
 
 
@@ -56,3 +57,6 @@ def run(args: argparse.Namespace) -> int:
         index_dir=args.index, progress=args.progress)
   print(json.dumps(metrics))
   return 0
+
+
+COMMAND = Command("eval-retrieval", add_parser, order=80)

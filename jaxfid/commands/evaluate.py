@@ -14,7 +14,8 @@ import json
 
 import gin
 
-from jaxfid.commands import distributed, gin_flags, seqio_eval
+from jaxfid.commands import distributed, gin_flags, gin_specs, seqio_eval
+from jaxfid.commands.registry import Command
 
 
 def add_parser(subparsers) -> None:
@@ -32,8 +33,13 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
   distributed.initialize(args)
   gin_flags.parse_checked(args.gin_file, args.gin_bindings,
-                          args.gin_search_path, "eval")
+                          args.gin_search_path, "eval",
+                          gin_specs.eval_reads())
   result = gin_flags.call_configurable(
       gin.get_configurable(seqio_eval.evaluate))
   print(json.dumps(result))
   return 0
+
+
+COMMAND = Command("eval", add_parser, order=40, model=True,
+                  gin={"eval": gin_specs.eval_reads})

@@ -4,7 +4,8 @@
 ``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``), parsed by
 :func:`jaxfid.core.gin_files.parse_gin` (also available here as
 ``parse_gin``). A command parses them with :func:`parse_checked`, which
-validates the run for that command (:mod:`jaxfid.commands.gin_specs`)
+validates the run for what that command reads (its
+:class:`~jaxfid.core.gin_checks.Reads`, :mod:`jaxfid.commands.gin_specs`)
 before it does anything else.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import gin
 
 from jaxfid.commands import gin_specs
 from jaxfid.core.errors import InputError
+from jaxfid.core.gin_checks import Reads
 from jaxfid.core.gin_files import SOURCE_ROOT, ParsedGin, parse_gin  # noqa: F401
 from jaxfid.training import launch
 
@@ -40,15 +42,15 @@ def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
   return bindings, rest
 
 
-def parse_checked(gin_files, bindings, search_paths, command: str
-                  ) -> ParsedGin:
-  """Parses the run and validates it for ``jaxfid <command>`` (a
-  :data:`jaxfid.commands.gin_specs.COMMANDS` key); a problem is a one-line
+def parse_checked(gin_files, bindings, search_paths, command: str,
+                  reads: Reads) -> ParsedGin:
+  """Parses the run and validates it for ``jaxfid <command>``, which reads
+  ``reads`` (the command's registered gin reads); a problem is a one-line
   InputError, raised before anything is built or written. The parsed
   configuration stays (the caller runs it)."""
   parsed = parse_gin(list(gin_files), list(bindings), list(search_paths))
   try:
-    gin_specs.check(parsed, command)
+    gin_specs.check(parsed, command, reads)
   except InputError:
     gin.clear_config()
     raise
@@ -77,12 +79,14 @@ class GinRun:
     parse_gin(list(self.files), [*self.bindings, *extra],
               list(self.search_paths))
 
-  def check(self, command: str, macros: dict | None = None) -> None:
+  def check(self, command: str, reads: Reads, macros: dict | None = None
+            ) -> None:
     """Validates the run (with ``macros`` overridden) for ``jaxfid
-    <command>`` (:func:`parse_checked`); leaves no configuration."""
+    <command>``, which reads ``reads`` (:func:`parse_checked`); leaves no
+    configuration."""
     extra = [f"{k} = {gin_literal(v)}" for k, v in (macros or {}).items()]
     parse_checked(self.files, [*self.bindings, *extra], self.search_paths,
-                  command)
+                  command, reads)
     gin.clear_config()
 
   def macros(self, names) -> dict:

@@ -6,7 +6,8 @@ bind (``loop.train``, ``FidTask``, ``ReAttTask``, ``ReFusionTask``,
 evaluators), in the order of the gin file that binds it; the macro a row
 checks is named in its comment. Choices come from the code that consumes
 them (``optim.OPTIMIZERS``, ``fusion.SCHEMES``, ...). :data:`COMMANDS` says
-which configurables each command calls and which macros it reads itself.
+which configurables each command calls and which macros it reads itself, as
+the commands registered them (:mod:`jaxfid.commands.registry`).
 
 :func:`check` validates a parsed run (see :mod:`jaxfid.core.gin_checks`):
 unknown or unread bindings, wrong types, out-of-range values, bad choices and
@@ -17,7 +18,9 @@ parameter's annotation (type, and None only where the default is None).
 """
 from __future__ import annotations
 
-from jaxfid.commands import seqio_eval
+from collections.abc import Mapping
+
+from jaxfid.commands import registry, seqio_eval
 from jaxfid.core import sharding
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import (REFERENCE, Check, Reads, Table, flag,
@@ -27,7 +30,6 @@ from jaxfid.dual_encoder import model as de_model
 from jaxfid.dual_encoder.task import DualEncoderTask
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.task import FidTask
-from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.task import ReAttTask
 from jaxfid.refusion import fusion, lmbff
 from jaxfid.refusion import search as refusion_search
@@ -281,30 +283,38 @@ TABLE.add(
     eval_max_examples=OPTIONAL_SIZE,                    # EVAL_MAX_EXAMPLES
     eval_batch_size=SIZE)                               # EVAL_BATCH_SIZE
 
-_TRAIN = Reads(roots=(launch.run,),
-               macros={"MIXTURE_OR_TASK_NAME": None})  # train.run: seqio tasks
-COMMANDS: dict[str, Reads] = {
-    "train": _TRAIN,
-    "demo": _TRAIN,
-    "refusion seeds": _TRAIN,  # each seed is a `jaxfid train`
-    "reatt iterate": Reads(roots=(launch.run,),
-                           macros=dict.fromkeys(reatt_iterate.SETTINGS)),
-    "eval": Reads(roots=(seqio_eval.evaluate,
-                         *(seqio_eval.METHODS.get(name)
-                           for name in seqio_eval.METHODS.names()))),
-    "bench": Reads(
-        roots=(t5_config.T5Config,),
-        macros={"BATCH_SIZE": SIZE, "N_CONTEXT": SIZE,
-                "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": OPTIONAL_SIZE,
-                "TARGET_MAXLENGTH": OPTIONAL_SIZE,
-                "DECODE_MAXLENGTH": OPTIONAL_SIZE,
-                "ACCUMULATION_STEPS": SIZE, "USE_HARDWARE_RNG": flag()},
-        needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH"),
-        accepts=(launch.run,)),  # takes `jaxfid train`'s arguments
-}
+# What the shared gin commands read; a method's commands register their own
+# (jaxfid.commands.registry.Command.gin), and COMMANDS collects them all.
+TRAIN_READS = Reads(roots=(launch.run,),
+                    macros={"MIXTURE_OR_TASK_NAME": None})  # train.run: seqio tasks
 
 
-def check(parsed: ParsedGin, command: str) -> None:
-  """Validates the parsed run for ``jaxfid <command>`` (a COMMANDS key);
-  raises a one-line InputError for the first problem."""
-  validate(parsed, COMMANDS[command], TABLE, f"`jaxfid {command}`")
+def eval_reads() -> Reads:
+  """``jaxfid eval``: :func:`seqio_eval.evaluate` and every registered
+  method's evaluator (:data:`seqio_eval.METHODS`)."""
+  evaluators = dict.fromkeys(cls for _, cls in seqio_eval.METHODS.items())
+  return Reads(roots=(seqio_eval.evaluate, *evaluators))
+
+
+class _RegisteredReads(Mapping[str, Reads]):
+  """``{"train": Reads, "reatt iterate": Reads, ...}``: the gin reads of the
+  registered commands (:func:`jaxfid.commands.registry.gin_reads`), looked
+  up when asked (the methods register theirs after this module loads)."""
+
+  def __getitem__(self, command: str) -> Reads:
+    return registry.gin_reads()[command]
+
+  def __iter__(self):
+    return iter(registry.gin_reads())
+
+  def __len__(self) -> int:
+    return len(registry.gin_reads())
+
+
+COMMANDS: Mapping[str, Reads] = _RegisteredReads()
+
+
+def check(parsed: ParsedGin, command: str, reads: Reads) -> None:
+  """Validates the parsed run for ``jaxfid <command>``, which reads
+  ``reads``; raises a one-line InputError for the first problem."""
+  validate(parsed, reads, TABLE, f"`jaxfid {command}`")

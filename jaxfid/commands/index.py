@@ -1,17 +1,19 @@
 """`jaxfid index <type>`: build a retrieval index directory from a corpus.
 
 ``jaxfid index bm25 --corpus CORPUS --output INDEX_DIR [--k1 0.9 --b 0.4]``
-is defined here. Other index types live in their own command modules
-(``jaxfid.commands.index_dense``, ``jaxfid.commands.index_reatt``), each
-exposing ``add_parser(index_subparsers)``.
+is defined here. A method adds its index types by registering the function
+that adds their subparsers (``add_parser(index_subparsers)``) in
+:data:`jaxfid.commands.registry.INDEX_COMMANDS` (``dense`` and
+``import-embeddings``: :mod:`jaxfid.dual_encoder.commands`; ``reatt``:
+:mod:`jaxfid.reatt.commands`); they follow ``bm25`` in registration order.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from jaxfid.commands import index_dense, index_reatt
 from jaxfid.commands.progress import add_progress_flag, positive as _positive
+from jaxfid.commands.registry import INDEX_COMMANDS, Command
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.bm25.scoring import BM25Params
 
@@ -25,8 +27,8 @@ def add_parser(subparsers) -> None:
   types = p.add_subparsers(dest="index_type", required=True,
                            metavar="{bm25,...}")
   _add_bm25(types)
-  index_dense.add_parser(types)
-  index_reatt.add_parser(types)
+  for _, add_type in INDEX_COMMANDS.items():
+    add_type(types)
 
 
 def _add_bm25(types) -> None:
@@ -65,3 +67,6 @@ def run_bm25(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
   return args.func(args)
+
+
+COMMAND = Command("index", add_parser, order=50)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.commands.progress import add_progress_flag
+from jaxfid.commands.registry import Command
 from jaxfid.retrieval.search import retrieve_to_file
 
 
@@ -73,3 +73,6 @@ def run(args: argparse.Namespace) -> int:
                              **options)
   print(json.dumps(summary))
   return 0
+
+
+COMMAND = Command("retrieve", add_parser, order=60)

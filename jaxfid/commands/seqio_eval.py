@@ -9,7 +9,8 @@ writes what :mod:`jaxfid.commands.eval_outputs` describes.
 
 The model functions come from the checkpoint's method (``method`` in its
 ``jaxfid_config.json``; any other checkpoint format is a FiD reader),
-looked up in :data:`METHODS`: FiD and ReAtt generate answers over passages
+looked up in :data:`METHODS`, which each method's plug-in module fills
+(``jaxfid/<method>/plugin.py``): FiD and ReAtt generate answers over passages
 for the QA tasks (:class:`jaxfid.fid.checkpoint_eval.
 FidCheckpointEvaluator`, configured by the FiD gin macros; the passages end
 with EOS or not as the checkpoint was trained, which this module binds in
@@ -50,16 +51,12 @@ from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.commands import eval_outputs, seqio_tasks
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 
-# run config "method" -> the method's evaluator class
+# run config "method" -> the method's evaluator class (registered by the
+# method's plug-in module)
 METHODS: Registry = Registry(
-    "evaluation method", hint="jaxfid eval evaluates FiD, ReAtt and ReFusion "
-    "checkpoints")
-METHODS.register("fid", FidCheckpointEvaluator)
-METHODS.register("reatt", FidCheckpointEvaluator)
-METHODS.register("refusion", ReFusionCheckpointEvaluator)
+    "evaluation method", hint="jaxfid eval evaluates the checkpoints of "
+    "those methods")
 DEFAULT_METHOD = "fid"  # checkpoints without a run config: HF, T5X, FiD
 
 

@@ -10,8 +10,8 @@ import json
 import gin
 import jax
 
-import jaxfid.methods  # noqa: F401 (registers index types, loaders)
-from jaxfid.commands import distributed, gin_flags, seqio_tasks
+from jaxfid.commands import distributed, gin_flags, gin_specs, seqio_tasks
+from jaxfid.commands.registry import Command
 from jaxfid.training import launch
 
 
@@ -28,7 +28,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
   distributed.initialize(args)
   gin_flags.parse_checked(args.gin_file, args.gin_bindings,
-                          args.gin_search_path, "train")
+                          args.gin_search_path, "train",
+                          gin_specs.TRAIN_READS)
   if seqio_tasks.gin_macro(seqio_tasks.MIXTURE_OR_TASK_NAME) is not None:
     seqio_tasks.import_tasks()  # registers the tasks and the "seqio" source
   result = gin_flags.call_configurable(gin.get_configurable(launch.run))
@@ -37,3 +38,7 @@ def run(args) -> int:
                       if isinstance(v, (int, float, str, bool))}))
   # SIGTERM (preemption) is a clean stop; Ctrl-C stops as interrupted.
   return 130 if result.get("signal") == "SIGINT" else 0
+
+
+COMMAND = Command("train", add_parser, order=30, model=True,
+                  gin={"train": gin_specs.TRAIN_READS})

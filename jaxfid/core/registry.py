@@ -41,6 +41,10 @@ class Registry(Generic[T]):
   def names(self) -> list[str]:
     return sorted(self._items)
 
+  def items(self) -> list[tuple[str, T]]:
+    """``(name, item)`` pairs in the order they were registered."""
+    return list(self._items.items())
+
 
 def registering(registry: Registry[T], name: str) -> Callable[[T], T]:
   """Decorator form of :meth:`Registry.register`."""

@@ -30,8 +30,8 @@ from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer, load_tokenizer
-from jaxfid.reatt import model as reatt
 from jaxfid.reatt import token_index
+from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.retrieval.store.corpus import read_corpus
 
 ANNOUNCE_GROUP = 16  # batches announced (and checked) at a time
@@ -48,7 +48,7 @@ def build_from_checkpoint(checkpoint: str, corpus: str, output: str, *,
   the others return ``{"index", "process"}``).
   """
   def load():
-    model, params, spiece = reatt.load_reatt(checkpoint, which=which)
+    model, params, spiece = load_reatt(checkpoint, which=which)
     run = checkpointing.read_run_config(checkpoint)
     tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
     encoder = token_index.TokenEncoder.from_model(model, params,

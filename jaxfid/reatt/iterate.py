@@ -24,7 +24,7 @@ iteration ``i`` (0-based):
    its index and training file exist, and a rerun skips finished iterations.
 
 Training runs in-process through a ``train_round`` callback (the command,
-:mod:`jaxfid.commands.reatt`, re-parses the user's gin run for each round
+:mod:`jaxfid.reatt.commands`, re-parses the user's gin run for each round
 with ``TRAIN_STEPS`` set to the round's end), so each round compiles its
 train step once. To make the learning-rate schedule the one the in-trainer
 loop would follow, the rounds bind ``ITERATION_STEPS = S`` with no retrieval

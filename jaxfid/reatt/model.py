@@ -43,17 +43,11 @@ queries/keys, avg-max relevance, head selector) and :mod:`jaxfid.reatt.loss`
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.load import model_dir_vocabulary
-from jaxfid.core import paths
-from jaxfid.core.errors import InputError
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
@@ -400,34 +394,8 @@ def model_from_run_config(run: dict, config: T5Config) -> ReAttModel:
   return ReAttModel(config, ReAttConfig.from_dict(run.get("reatt", {})))
 
 
-def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
-               ) -> tuple[ReAttModel, dict, str | None]:
-  """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
-  path = os.fspath(path)
-  config_file = paths.join(path, checkpointing.CONFIG_FILE)
-  if not paths.exists(config_file):
-    raise InputError(path, f"not a jaxfid MODEL_DIR (no {checkpointing.CONFIG_FILE})")
-  try:
-    run = checkpointing.read_run_config(path)
-  except json.JSONDecodeError as e:
-    raise InputError(config_file, f"bad JSON: {e.msg}", where=e.lineno) from None
-  if run.get("method") != "reatt":
-    raise InputError(config_file, f"not a ReAtt model (method "
-                     f"{run.get('method')!r})")
-  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
-  if dtype:
-    config = config.replace(dtype=dtype)
-  model = model_from_run_config(run, config)
-  try:
-    params, _, _ = checkpointing.restore_params(path, model.abstract_params(),
-                                                which)
-  except FileNotFoundError as e:
-    raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  return model, params, model_dir_vocabulary(path)
-
-
 __all__ = ["ReAttConfig", "ReAttModel", "avg_max_relevance", "bi_encode",
            "block_mask", "head_probabilities", "in_batch_targets", "kl_to_target",
            "question_lengths_from_tokens", "retrieval_keys",
-           "retrieval_queries", "target_distribution", "load_reatt",
+           "retrieval_queries", "target_distribution",
            "model_from_run_config", "run_config_fields", "add_head_weights"]

@@ -34,6 +34,7 @@ from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
+from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
 from jaxfid.reatt.step import make_grad_cache_step
@@ -50,7 +51,7 @@ def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
   """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head weights)."""
   if (os.path.exists(os.path.join(path, CONFIG_FILE))
       and read_run_config(path).get("method") == "reatt"):
-    other, params, _ = reatt.load_reatt(path)
+    other, params, _ = load_reatt(path)
   else:
     other, params, _ = load_checkpoint(path)
     params = reatt.add_head_weights(params, other.config.num_heads)

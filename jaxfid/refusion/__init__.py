@@ -16,5 +16,9 @@ search. Pieces:
 * :mod:`jaxfid.refusion.search` — the bi-level search step and structure;
 * :mod:`jaxfid.refusion.scoring` — rank classification of a split, FLOPs;
 * :mod:`jaxfid.refusion.task` — the training task the one loop runs
-  (``gin/refusion/``).
+  (``gin/refusion/``);
+* :mod:`jaxfid.refusion.checkpoint` — a trained run loaded back;
+  :mod:`jaxfid.refusion.checkpoint_eval` — its ``jaxfid eval`` evaluator;
+* :mod:`jaxfid.refusion.commands` — ``jaxfid refusion seeds``;
+  :mod:`jaxfid.refusion.plugin` registers what ReFusion offers.
 """

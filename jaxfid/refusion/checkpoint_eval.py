@@ -38,7 +38,7 @@ from jaxfid.fid.checkpoint_eval import checkpoint_step, target_log_likelihood
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib
-from jaxfid.refusion.model import load_refusion
+from jaxfid.refusion.checkpoint import load_refusion
 from jaxfid.t5.model import shift_right
 
 

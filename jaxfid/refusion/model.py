@@ -18,16 +18,12 @@ encoder running once per example; the prediction is the best-scoring class.
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.load import METHOD_LOADERS, load_encoder_decoder
 from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion.fusion import FusionConfig
 from jaxfid.t5 import passages as fid
@@ -150,32 +146,3 @@ class ReFusionModel(EncoderDecoderModel):
     """The argmax structure: one scheme name per fusion module."""
     return tuple(fusion_lib.SCHEMES[max(range(len(p)), key=p.__getitem__)]
                  for _, p in self.arch_weights(params))
-
-
-def load_refusion(model_dir: str, which: str = "latest"
-                  ) -> tuple[ReFusionModel, dict]:
-  """A trained ReFusion run: the model with its saved structure, and params.
-
-  The structure comes from ``refusion_structure.json`` (written when the
-  search ends); runs without a search keep their configured scheme.
-  """
-  run = checkpointing.read_run_config(model_dir)
-  if run.get("method") != "refusion":
-    raise ValueError(f"{model_dir} is not a ReFusion run")
-  fusion = FusionConfig.from_dict(run["fusion"])
-  path = os.path.join(model_dir, "refusion_structure.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      structure = tuple(json.load(f)["structure"])
-    fusion = FusionConfig.from_dict({**fusion.to_dict(), "search": False,
-                                     "structure": list(structure)})
-  model = ReFusionModel(T5Config.from_dict(run["model"]), fusion)
-  params, _, _ = checkpointing.restore_params(
-      model_dir, model.abstract_params(), which=which)
-  return model, params
-
-
-# As a plain T5 (load_checkpoint, e.g. to initialise another run), a
-# ReFusion MODEL_DIR loads as its backbone, the run config's "model";
-# load_refusion loads the model with its fusion modules.
-METHOD_LOADERS.register("refusion", load_encoder_decoder)

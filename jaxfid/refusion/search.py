@@ -7,7 +7,8 @@ step on a dev batch, then the model step on a train batch, each with its own
 optimizer, the other group's update exactly zero. When the search ends every
 module takes its argmax scheme; the structure is written atomically to
 ``MODEL_DIR/refusion_structure.json`` (read back by
-:func:`jaxfid.refusion.model.load_refusion`).
+:func:`read_structure`, which
+:func:`jaxfid.refusion.checkpoint.load_refusion` uses).
 """
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import json
 import os
 import sys
 
-import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, WHICH, chosen_checkpoint
+from jaxfid.commands.registry import Command
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
@@ -97,3 +97,6 @@ def run(args) -> int:
   print(f"EM {100 * scores['em']:.2f} on {len(examples)} examples",
         file=sys.stderr)
   return 0
+
+
+COMMAND = Command("predict", add_parser, order=20, model=True)

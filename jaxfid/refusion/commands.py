@@ -1,4 +1,4 @@
-"""`jaxfid refusion seeds`: one few-shot task over the five LM-BFF seeds.
+"""ReFusion's command, `jaxfid refusion seeds`: one task over the LM-BFF seeds.
 
   jaxfid refusion seeds --data-root k-shot --task sst-2 \
       --model-dir-root runs/sst2 [--seeds 13,21,42,87,100] \
@@ -9,7 +9,8 @@ trains and tests once per seed (``jaxfid train`` in a fresh process, MODEL_DIR
 of the task's test metric per seed and ``mean (std)`` in percent, then one
 JSON line ``{"task", "seeds", "metric", "mean", "std", "per_seed"}`` (also
 written to ``<model-dir-root>/summary.json``). The logic is in
-:mod:`jaxfid.refusion.seeds`.
+:mod:`jaxfid.refusion.seeds`; :mod:`jaxfid.refusion.plugin` registers
+:data:`COMMAND`.
 """
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ import json
 import os
 import sys
 
-from jaxfid.commands import gin_flags
+from jaxfid.commands import gin_flags, gin_specs
 from jaxfid.commands.gin_flags import GinRun
+from jaxfid.commands.registry import Command
 from jaxfid.core.files import atomic_write
 from jaxfid.refusion import seeds as seeds_lib
 from jaxfid.refusion.seeds import DEFAULT_SEEDS
+
+
+SEEDS_READS = gin_specs.TRAIN_READS  # each seed is a `jaxfid train`
 
 
 def add_parser(subparsers) -> None:
@@ -56,7 +61,7 @@ def check_gin(args: argparse.Namespace, seeds: list[int]) -> None:
   name = seeds_lib.seed_dir_name(seed)
   run = GinRun(tuple(args.gin_file), tuple(getattr(args, "gin_bindings", [])),
                tuple(args.gin_search_path))
-  run.check("refusion seeds", macros={
+  run.check("refusion seeds", SEEDS_READS, macros={
       "TASK": spec.name, "SEED": seed,
       "DATA_DIR": os.path.join(args.data_root, spec.lmbff_dir, name),
       "MODEL_DIR": os.path.join(args.model_dir_root, name)})
@@ -82,3 +87,7 @@ def run_seeds(args: argparse.Namespace) -> int:
     json.dump(summary, f, indent=2)
     f.write("\n")
   return 0
+
+
+COMMAND = Command("refusion", add_parser, order=130, model=True,
+                  gin={"refusion seeds": SEEDS_READS})

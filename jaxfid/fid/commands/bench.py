@@ -22,11 +22,26 @@ import sys
 import gin
 
 from jaxfid.commands import gin_flags
+from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
+from jaxfid.core.gin_checks import Reads, flag, integer
 from jaxfid.fid import bench
 from jaxfid.fid import task as fid_task
 from jaxfid.t5 import config as config_lib
 from jaxfid.training import launch
+
+SIZE = integer(1)
+OPTIONAL_SIZE = integer(1, optional=True)
+# the model (T5Config) and the shape's macros; takes `jaxfid train`'s arguments
+BENCH_READS = Reads(
+    roots=(config_lib.T5Config,),
+    macros={"BATCH_SIZE": SIZE, "N_CONTEXT": SIZE,
+            "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": OPTIONAL_SIZE,
+            "TARGET_MAXLENGTH": OPTIONAL_SIZE,
+            "DECODE_MAXLENGTH": OPTIONAL_SIZE,
+            "ACCUMULATION_STEPS": SIZE, "USE_HARDWARE_RNG": flag()},
+    needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH"),
+    accepts=(launch.run,))
 
 
 def add_parser(subparsers) -> None:
@@ -68,7 +83,7 @@ def _macro_or(name, default):
 
 def run(args) -> int:
   gin_flags.parse_checked(args.gin_file, args.gin_bindings,
-                          args.gin_search_path, "bench")
+                          args.gin_search_path, "bench", BENCH_READS)
   try:
     cfg = gin.get_configurable(config_lib.T5Config)()
     shape = bench.Shape(batch_size=_macro("BATCH_SIZE"),
@@ -104,3 +119,7 @@ def _memory(cfg, shape) -> dict:
     return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
   except ValueError as e:
     raise InputError("gin", f"BATCH_SIZE / ACCUMULATION_STEPS: {e}") from None
+
+
+COMMAND = Command("bench", add_parser, order=100, model=True,
+                  gin={"bench": BENCH_READS})

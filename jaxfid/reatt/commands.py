@@ -1,4 +1,4 @@
-"""`jaxfid reatt adapt | iterate`: ReAtt's adaptation data and iterative training.
+"""ReAtt's commands: `jaxfid reatt adapt | iterate` and `jaxfid index reatt`.
 
   jaxfid reatt adapt --mode ir --queries Q --qrels QRELS --corpus C --output OUT.jsonl
   jaxfid reatt adapt --mode ssm --corpus C --output OUT.jsonl [--per-passage N --seed S]
@@ -18,6 +18,18 @@ conversion). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
 queries into the next round's TRAIN_DATA, one JSON line per round
 (:mod:`jaxfid.reatt.iterate`). Rerunning ``iterate`` resumes. ``iterate``
 takes the multi-host launch flags of :mod:`jaxfid.commands.distributed`.
+
+``jaxfid index reatt --checkpoint MODEL_DIR --corpus CORPUS --output
+INDEX_DIR`` stores the retrieval head's key vector of every corpus token in
+a FAISS inner-product index (exact by default, ``--faiss ivfpq``
+compresses), with the token-to-passage map and the model's query encoder, so
+that ``jaxfid retrieve --index INDEX_DIR ...`` needs nothing else.
+Multi-host (the launch flags of :mod:`jaxfid.commands.distributed`): every
+host's devices encode, host 0 writes (:mod:`jaxfid.reatt.index_build`).
+
+:mod:`jaxfid.reatt.plugin` registers both: :data:`COMMAND` (with
+``iterate``'s gin reads, :data:`ITERATE_READS`) and
+:func:`add_index_parser` for ``jaxfid index``.
 """
 from __future__ import annotations
 
@@ -26,12 +38,21 @@ import json
 
 from jaxfid.commands import distributed, gin_flags
 from jaxfid.commands.gin_flags import GinRun
+from jaxfid.commands.progress import add_progress_flag
+from jaxfid.commands.registry import Command
 from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
+from jaxfid.core.gin_checks import Reads
 from jaxfid.reatt import adaptation as adapt
 from jaxfid.reatt import iterate as reatt_iterate
+from jaxfid.reatt.index_build import build_from_checkpoint
 from jaxfid.reatt.task import ReAttTask
 from jaxfid.retrieval.store.corpus import iter_passages
+from jaxfid.training import launch
+
+# `reatt iterate` runs `jaxfid train`'s trainer and reads its settings' macros
+ITERATE_READS = Reads(roots=(launch.run,),
+                      macros=dict.fromkeys(reatt_iterate.SETTINGS))
 
 
 def add_parser(subparsers) -> None:
@@ -99,7 +120,7 @@ def iterate_gin_run(gin_files, gin_bindings=(), gin_search_paths=(), *,
   ``kwargs`` go to :func:`jaxfid.reatt.iterate.run_iterations`.
   """
   run = GinRun(tuple(gin_files), tuple(gin_bindings), tuple(gin_search_paths))
-  run.check("reatt iterate")
+  run.check("reatt iterate", ITERATE_READS)
   settings = read_iterate_settings(run)
   return reatt_iterate.run_iterations(
       settings,
@@ -137,3 +158,57 @@ def run(args: argparse.Namespace) -> int:
   print(json.dumps({"mode": args.mode, "queries": len(records),
                     "output": args.output}))
   return 0
+
+
+def add_index_parser(types) -> None:
+  """Adds ``reatt`` to ``jaxfid index``'s types."""
+  p = types.add_parser(
+      "reatt", help="ReAtt token index (retrieval-head keys in FAISS)",
+      description="Encode every corpus token with a ReAtt model's bi-encoder "
+      "(on all devices) and index the retrieval head's keys for `jaxfid "
+      "retrieve`. Multi-host: run it on every host with --distributed (host "
+      "0 writes; the corpus readable on every host).")
+  p.add_argument("--checkpoint", required=True, help="ReAtt MODEL_DIR")
+  p.add_argument("--corpus", required=True, help="corpus file")
+  p.add_argument("--output", required=True, help="index directory to write")
+  p.add_argument("--which", choices=("auto", "best", "latest"), default="auto",
+                 help="checkpoint of MODEL_DIR (default: best if any)")
+  p.add_argument("--faiss", choices=("flat", "ivfpq"), default="flat",
+                 help="exact inner product (flat) or compressed IVF-PQ")
+  p.add_argument("--nlist", type=int, default=1024, help="IVF lists")
+  p.add_argument("--pq-m", type=int, default=16,
+                 help="PQ sub-quantizers (must divide the head width)")
+  p.add_argument("--pq-bits", type=int, default=8, help="bits per sub-code")
+  p.add_argument("--doc-maxlength", type=int, default=None,
+                 help="tokens per passage (default: the run's text_maxlength)")
+  p.add_argument("--query-maxlength", type=int, default=None,
+                 help="tokens per query (default: the run's)")
+  p.add_argument("--batch-size", type=int, default=64,
+                 help="passages per encoder call")
+  distributed.add_arguments(p)
+  p.add_argument("--encoding", default="utf-8",
+                 help="text encoding of the corpus (default utf-8; e.g. "
+                 "cp1252 or latin-1 for legacy files)")
+  add_progress_flag(p)
+  p.set_defaults(func=run_index)
+
+
+def run_index(args: argparse.Namespace) -> int:
+  distributed.initialize(args)
+  meta = build_from_checkpoint(
+      args.checkpoint, args.corpus, args.output, which=args.which,
+      doc_maxlength=args.doc_maxlength, query_maxlength=args.query_maxlength,
+      batch_size=args.batch_size, faiss_type=args.faiss, nlist=args.nlist,
+      pq_m=args.pq_m, pq_bits=args.pq_bits, encoding=args.encoding,
+      progress=args.progress)
+  if not multihost.is_leader():  # one summary for a multi-host build
+    return 0
+  print(json.dumps({"index": args.output, "type": meta["type"],
+                    "num_passages": meta["num_passages"],
+                    "num_tokens": meta["num_tokens"], "head": meta["head"],
+                    "faiss": meta["faiss"]}))
+  return 0
+
+
+COMMAND = Command("reatt", add_parser, order=120, model=True,
+                  gin={"reatt iterate": ITERATE_READS})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.fid import plot as plotting
 
@@ -42,3 +43,6 @@ def run(args) -> int:
   plotting.plot_em_vs_passages(series, args.output, title=args.title)
   print(json.dumps(plotting.points_json(series, args.output)))
   return 0
+
+
+COMMAND = Command("plot", add_parser, order=90)

@@ -1,4 +1,4 @@
-"""`jaxfid index dense` and `jaxfid index import-embeddings`.
+"""The dual encoder's commands: `jaxfid index dense` and `index import-embeddings`.
 
 ``jaxfid index dense --checkpoint DIR --corpus CORPUS --output INDEX_DIR
 [--faiss-factory STRING]`` embeds every passage with a T5 dual encoder (a HF
@@ -9,7 +9,8 @@ DPR's precomputed passage embeddings. ``jaxfid retrieve --index INDEX_DIR``
 searches either. ``index dense`` takes the multi-host launch flags of
 :mod:`jaxfid.commands.distributed`. The logic lives in :mod:`jaxfid.dual_encoder.index` (with
 :mod:`jaxfid.retrieval.dense.index` and
-:mod:`jaxfid.retrieval.dense.dpr_import`).
+:mod:`jaxfid.retrieval.dense.dpr_import`). :mod:`jaxfid.dual_encoder.plugin`
+adds both to ``jaxfid index`` (``add_parser(index_subparsers)``).
 """
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ import time
 
 import gin
 
-import jaxfid.methods  # noqa: F401 (registers index types, loaders)
 from jaxfid.checkpoints.load import load_checkpoint
-from jaxfid.commands import gin_flags
+from jaxfid.commands import gin_flags, gin_specs
+from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import demo_world as synthetic
@@ -37,6 +37,7 @@ from jaxfid.retrieval.search import retrieve_to_file
 from jaxfid.training import launch
 
 
+DEMO_READS = gin_specs.TRAIN_READS  # the demo's training is a `jaxfid train`
 INTERRUPTED_EXIT = 143  # 128 + SIGTERM, as a shell reports a killed command
 ANSWER_SECONDS = 15  # answering the held-out questions at the end (measured)
 
@@ -185,7 +186,8 @@ def gin_bindings(args, model_dir: str, data: str, text_maxlength: int,
 def check_gin(bindings: list[str]) -> None:
   """Validates the run before anything is written; errors name the flag."""
   try:
-    gin_flags.GinRun(("gin/fid/tiny.gin",), tuple(bindings)).check("demo")
+    gin_flags.GinRun(("gin/fid/tiny.gin",), tuple(bindings)).check(
+        "demo", DEMO_READS)
   except InputError as e:
     if e.path in FLAG_MACROS:
       raise InputError(FLAG_MACROS[e.path], e.reason) from None
@@ -258,3 +260,7 @@ def run(args) -> int:
         file=sys.stderr)
   print(json.dumps(summary))
   return 0
+
+
+COMMAND = Command("demo", add_parser, order=110, model=True,
+                  gin={"demo": DEMO_READS})

@@ -1,0 +1,45 @@
+"""ReFusion ``MODEL_DIR``s: :func:`load_refusion`, and their loader registration.
+
+:func:`load_refusion` loads a trained ReFusion run as the ReFusion model
+(the backbone with its fusion modules; a searched run's modules fixed to the
+structure the search wrote, read by :func:`jaxfid.refusion.search.
+read_structure`) and its parameters. As a plain T5
+(:func:`jaxfid.checkpoints.load.load_checkpoint`, e.g. to initialise
+another run) a ReFusion MODEL_DIR loads as its backbone, the run config's
+``"model"``: importing this module registers that loader for ``"method":
+"refusion"``.
+"""
+from __future__ import annotations
+
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.load import METHOD_LOADERS, load_encoder_decoder
+from jaxfid.refusion.fusion import FusionConfig
+from jaxfid.refusion.model import ReFusionModel
+from jaxfid.refusion.search import read_structure
+from jaxfid.t5.config import T5Config
+
+METHOD = "refusion"
+
+
+def load_refusion(model_dir: str, which: str = "latest"
+                  ) -> tuple[ReFusionModel, dict]:
+  """A trained ReFusion run: the model with its saved structure, and params.
+
+  The structure is the one the search wrote (:func:`jaxfid.refusion.search.
+  read_structure`); runs without a search keep their configured scheme.
+  """
+  run = checkpointing.read_run_config(model_dir)
+  if run.get("method") != METHOD:
+    raise ValueError(f"{model_dir} is not a ReFusion run")
+  fusion = FusionConfig.from_dict(run["fusion"])
+  record = read_structure(model_dir)
+  if record is not None:
+    fusion = FusionConfig.from_dict({**fusion.to_dict(), "search": False,
+                                     "structure": list(record["structure"])})
+  model = ReFusionModel(T5Config.from_dict(run["model"]), fusion)
+  params, _, _ = checkpointing.restore_params(
+      model_dir, model.abstract_params(), which=which)
+  return model, params
+
+
+METHOD_LOADERS.register(METHOD, load_encoder_decoder)
