@@ -20,6 +20,7 @@ import gin
 import pytest
 
 from jaxfid import cli
+from jaxfid.commands import gin_specs
 from jaxfid.commands.gin_flags import parse_checked, split_gin_bindings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -153,6 +154,6 @@ def test_documented_commands_parse(page):
     if parsed.command == "train":
       try:
         parse_checked(parsed.gin_file, parsed.gin_bindings,
-                      parsed.gin_search_path, "train")
+                      parsed.gin_search_path, "train", gin_specs.TRAIN_READS)
       finally:
         gin.clear_config()
