@@ -20,6 +20,7 @@ from jaxfid.fid import examples as fid_format
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask, Lengths
 from jaxfid.training.task import Settings, train_state
 
@@ -152,8 +153,9 @@ def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
     tmp_path, capsys):
   examples = _examples()
   train = _write_data(tmp_path / "train.json", examples)
-  task = FidTask(train_data=str(train), n_context=2, text_maxlength=16,
-                 dataset="trivia_qa", passage_eos=False)
+  task = FidTask(reader=FidReaderConfig(
+      train_data=str(train), n_context=2, text_maxlength=16,
+      dataset="trivia_qa", passage_eos=False))
   task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
                         batch_size=3, progress=False))
   try:
