@@ -27,7 +27,7 @@ from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import fido_uptrain
 from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.config import (  # Lengths: where readers have imported it
+from jaxfid.fid.config import (  # the lengths: also imported from here
     DEFAULT_DECODE_MAXLENGTH, FidReaderConfig, Lengths)
 from jaxfid.fid.examples import FidExample, read_fid_examples
 from jaxfid.fid.inputs import longest_target_length
