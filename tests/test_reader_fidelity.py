@@ -123,7 +123,9 @@ def test_predict_reads_the_passage_format_and_writes_either_score(
 
 
 def _fid_task(bindings):
-  gin_flags.parse_gin(["gin/fid/base.gin"], ["MODEL_DIR = 'x'", *bindings])
+  gin_flags.parse_gin(["gin/fid/base.gin"], ["MODEL_DIR = 'x'",
+                                            "TRAIN_DATA = 'unread.json'",
+                                            *bindings])
   try:
     return gin.query_parameter("%METHOD").scoped_configurable_fn()
   finally:
