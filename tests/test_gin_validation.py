@@ -9,6 +9,7 @@ bind and agree with the parameters' annotations. Nothing here trains.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import inspect
 import os
@@ -20,7 +21,9 @@ import pytest
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags, gin_specs
 from jaxfid.core import sharding
+from jaxfid.core.config import Config, field_check, field_checks
 from jaxfid.core.gin_checks import REFERENCE, Walk
+from jaxfid.training.settings import Settings
 
 ROOT = gin_flags.SOURCE_ROOT
 FID = ("gin/fid/tiny.gin", ["--gin.TRAIN_DATA='train.json'"])
@@ -102,7 +105,8 @@ def _train(tmp_path, method, *extra, model_dir=True):
      ["T5Config.d_model: must be an int >= 1, got 'big'"]),
     (["--gin.config.T5Config.feed_forward_proj='swish'"],
      ["T5Config.feed_forward_proj: must be one of 'relu', 'gelu'"]),
-    (["--gin.loop.train.train_steps=0"], ["train_steps: must be an int >= 1"]),
+    (["--gin.settings.Settings.train_steps=0"],
+     ["Settings.train_steps: must be an int >= 1"]),
     # bindings nothing reads, and malformed ones
     (["--gin.CHECKPOINT_PATH='x'"],
      ["--gin.CHECKPOINT_PATH='x': nothing `jaxfid train` runs reads "
@@ -173,7 +177,7 @@ def test_bad_choices(tmp_path, capsys, method, extra, needle):
     (REFUSION, "TOP_K='16'", "TOP_K: must be an int >= 1, got '16' (str)"),
     (REFUSION, "MAX_LENGTH=0", "MAX_LENGTH: must be an int >= 1"),
     (REFUSION, "SEARCH=1", "SEARCH: must be True or False, got 1 (int)"),
-    (DUAL, "QUERY_MAXLENGTH=0", "QUERY_MAXLENGTH: must be an int >= 1"),
+    (DUAL, "QUERY_MAXLENGTH=1", "QUERY_MAXLENGTH: must be an int >= 2"),
     (DUAL, "HARD_NEGATIVES=-1", "HARD_NEGATIVES: must be an int >= 0"),
     (DUAL, "TEMPERATURE=0.0", "TEMPERATURE: must be a number > 0"),
     (DUAL, "PROJECTION_DIM=0", "PROJECTION_DIM: must be None or an int >= 1"),
@@ -324,7 +328,7 @@ def test_readme_and_test_bindings_pass():
       "config.T5Config.d_model=32", "CLIP_NORM=None"], "train")
 
 
-# ---- the table agrees with what it describes
+# ---- the checks agree with what they describe
 
 def _shipped_parameters():
   """(configurable, param) of every value the shipped files bind, as the
@@ -369,6 +373,25 @@ def test_checks_agree_with_annotations():
         assert check.problem(default) is None, (obj, name, default)
 
 
+def test_config_defaults_pass_their_checks():
+  """Every config dataclass the shipped files bind: each field's default
+  passes the field's own check, and every field of a gin-bound type has a
+  check."""
+  configs = {obj for obj, _ in _shipped_parameters()
+             if isinstance(obj, type) and issubclass(obj, Config)}
+  assert {c.__name__ for c in configs} >= {
+      "Settings", "OptimizerSettings", "T5Config", "FidReaderConfig",
+      "DualEncoderConfig", "DualEncoderTrainConfig"}
+  for cls in configs:
+    checks = field_checks(cls)
+    for f in dataclasses.fields(cls):
+      annotation = str(f.type)
+      if any(k in annotation.split(" | ") for k in KINDS.values()):
+        assert f.name in checks, (cls, f.name)
+      if f.default is not dataclasses.MISSING and f.name in checks:
+        assert checks[f.name].problem(f.default) is None, (cls, f.name)
+
+
 @pytest.mark.parametrize("spec", [
     "", "data=1", "data=2,model=2", "fsdp=8", "data=-1,model=4", " data = 2 ",
     "data=2,data=4", "dta=2", "data=0", "data=-2", "data=x", "data",
@@ -381,4 +404,4 @@ def test_mesh_grammar_is_parse_meshs(spec):
     parsed = True
   except ValueError:
     parsed = False
-  assert (gin_specs.mesh_problem(spec) is None) == parsed, spec
+  assert (field_check(Settings, "mesh").problem(spec) is None) == parsed, spec

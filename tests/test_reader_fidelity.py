@@ -20,6 +20,7 @@ from jaxfid.fid import examples as fid_format
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask, Lengths
 from jaxfid.training.task import Settings, train_state
 
@@ -122,7 +123,9 @@ def test_predict_reads_the_passage_format_and_writes_either_score(
 
 
 def _fid_task(bindings):
-  gin_flags.parse_gin(["gin/fid/base.gin"], ["MODEL_DIR = 'x'", *bindings])
+  gin_flags.parse_gin(["gin/fid/base.gin"], ["MODEL_DIR = 'x'",
+                                            "TRAIN_DATA = 'unread.json'",
+                                            *bindings])
   try:
     return gin.query_parameter("%METHOD").scoped_configurable_fn()
   finally:
@@ -152,8 +155,9 @@ def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
     tmp_path, capsys):
   examples = _examples()
   train = _write_data(tmp_path / "train.json", examples)
-  task = FidTask(train_data=str(train), n_context=2, text_maxlength=16,
-                 dataset="trivia_qa", passage_eos=False)
+  task = FidTask(reader=FidReaderConfig(
+      train_data=str(train), n_context=2, text_maxlength=16,
+      dataset="trivia_qa", passage_eos=False))
   task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
                         batch_size=3, progress=False))
   try:

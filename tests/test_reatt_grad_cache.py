@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.dual_encoder.step import merge_microbatches, split_microbatches
 from jaxfid.fid import inputs as fid_inputs
+from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.step import grad_cache, make_grad_cache_step
@@ -158,8 +159,9 @@ def test_the_task_uses_grad_cache_when_accumulating_in_batch(full, tmp_path):
   """ReAttTask's step with ACCUMULATION_STEPS = A and in-batch negatives
   gives the full batch's loss (plain accumulation would not: first test)."""
   model, params, batch, (loss1, _, _) = full
-  task = ReAttTask(reader=FidTask(model_config=model.config, n_context=P,
-                                  text_maxlength=L, answer_maxlength=4),
+  reader = FidReaderConfig(train_data="unread.json", n_context=P,
+                           text_maxlength=L, answer_maxlength=4)
+  task = ReAttTask(reader=FidTask(reader=reader, model_config=model.config),
                    bi_encoder_layers=1)
   task.model = model  # prepare() would read data; the phases need the model
   settings = Settings(model_dir=str(tmp_path / "run"), train_steps=2,

@@ -162,7 +162,8 @@ def test_passage_formats_and_separate_towers():
   assert not np.allclose(q, p)
   shapes = encoder.abstract_params()
   assert shapes["query_tower"]["projection"]["kernel"].shape == (64, 8)
-  with pytest.raises(ValueError, match="pooling"):
+  with pytest.raises(InputError, match="POOLING: must be one of 'mean', "
+                     "'first', got 'max'"):
     DualEncoderConfig(pooling="max")
 
 

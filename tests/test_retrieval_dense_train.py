@@ -33,11 +33,11 @@ from jaxfid.dual_encoder.model import (
     DualEncoder, DualEncoderConfig, Embedder, passage_text)
 from jaxfid.dual_encoder.step import contrastive_loss, make_contrastive_step
 from jaxfid.dual_encoder.task import (
-    DualEncoderTask, initial_dual_encoder_params)
+    DualEncoderTask, DualEncoderTrainConfig, initial_dual_encoder_params)
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.training import launch, loop
 from jaxfid.training import state as state_lib
-from jaxfid.training.task import train_state
+from jaxfid.training.task import OptimizerSettings, Settings, train_state
 
 TINY = preset("tiny", dropout_rate=0.0)
 
@@ -156,14 +156,19 @@ def _top1(encoder, params, tokenizer, data) -> float:
 def test_training_learns_and_writes_a_model_dir(world, tmp_path):
   model_dir = tmp_path / "model"
   # two data-parallel devices, two microbatches (GradCache)
-  task = DualEncoderTask(model_config=TINY, train_data=str(world["train"]),
-                         eval_data=str(world["test"]), query_maxlength=16,
-                         passage_maxlength=24)
+  task = DualEncoderTask(
+      model_config=TINY,
+      training=DualEncoderTrainConfig(train_data=str(world["train"]),
+                                      eval_data=str(world["test"])),
+      encoder=DualEncoderConfig(query_maxlength=16, passage_maxlength=24))
   result = loop.train(
-      task=task, model_dir=str(model_dir), train_steps=30, batch_size=16,
-      learning_rate=1e-3, optimizer="adamw", schedule="constant",
-      accumulation_steps=2, eval_every=30, log_every=15, checkpoint_every=30,
-      mesh="data=2", progress=False)
+      task=task,
+      settings=Settings(model_dir=str(model_dir), train_steps=30,
+                        batch_size=16, accumulation_steps=2, eval_every=30,
+                        log_every=15, checkpoint_every=30, mesh="data=2",
+                        progress=False),
+      optimizer=OptimizerSettings(learning_rate=1e-3, optimizer="adamw",
+                                  schedule="constant"))
   assert result["step"] == 30 and result["best"]
   lines = [json.loads(x) for x in
            (model_dir / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,7 @@ import pytest
 
 from jaxfid.core.errors import InputError
 from jaxfid.training.loop import NonFiniteLoss, StepLoop
+from jaxfid.training.settings import Settings
 
 
 def test_stop_raises_naming_the_step_and_skip_warns(capsys):
@@ -15,8 +16,9 @@ def test_stop_raises_naming_the_step_and_skip_warns(capsys):
   skip = StepLoop(total=5, start=0, desc="t", progress=False, on_nan="skip")
   skip.finished_step(3, {"loss": float("inf"), "finite": 0.0})
   assert "warning: non-finite loss inf at step 3" in capsys.readouterr().err
-  with pytest.raises(InputError):
-    StepLoop(total=1, start=0, desc="t", progress=False, on_nan="ignore")
+  with pytest.raises(InputError, match="ON_NAN: must be one of 'stop', "
+                     "'skip', got 'ignore'"):  # checked once, in the settings
+    Settings(model_dir="run", train_steps=1, batch_size=1, on_nan="ignore")
 
 
 def test_rate_counts_steps_since_the_last_call():

@@ -7,6 +7,7 @@ exact, phases restore into their own state, a finished run is not redone.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 
 from jaxfid.core import sharding as shd
 from jaxfid.training import loop as loop_lib
+from jaxfid.training.settings import OptimizerSettings, Settings
 from jaxfid.training.step import make_train_step
 from jaxfid.training.task import Phase, Task, train_state
 
@@ -92,11 +94,15 @@ class ToyTask(Task):
 
 
 def _train(model_dir, task=None, steps=6, **kw):
-  args = dict(task=task or ToyTask(), model_dir=str(model_dir),
-              train_steps=steps, batch_size=8, learning_rate=0.05,
-              checkpoint_every=2, log_every=1, mesh="data=2", progress=False)
+  """The loop on ``task``; ``kw`` are Settings or OptimizerSettings fields."""
+  args = dict(model_dir=str(model_dir), train_steps=steps, batch_size=8,
+              learning_rate=0.05, checkpoint_every=2, log_every=1,
+              mesh="data=2", progress=False)
   args.update(kw)
-  return loop_lib.train(**args)
+  optimizer = {f.name: args.pop(f.name)
+               for f in dataclasses.fields(OptimizerSettings) if f.name in args}
+  return loop_lib.train(task=task or ToyTask(), settings=Settings(**args),
+                        optimizer=OptimizerSettings(**optimizer))
 
 
 def _losses(model_dir):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
+import re
 import types
 import typing
 from typing import Any, Callable, Iterable
@@ -133,8 +135,6 @@ def flag() -> Check:
   return Check(bool)
 
 
-
-
 def option(default: Any = dataclasses.MISSING, *, low: float | None = None,
            high: float | None = None, above: float | None = None,
            below: float | None = None, choices: Iterable | None = None,
@@ -150,7 +150,7 @@ def option(default: Any = dataclasses.MISSING, *, low: float | None = None,
   binds the field, where it is not the field's name in capitals (errors
   name it).
   """
-  spec = {"macro": macro,"low": above if above is not None else low,
+  spec = {"macro": macro, "low": above if above is not None else low,
           "high": below if below is not None else high,
           "low_open": above is not None, "high_open": below is not None,
           "choices": tuple(choices) if choices is not None else None,
@@ -164,15 +164,19 @@ def field_types(cls) -> dict[str, tuple[Any, bool]]:
   """``{field: (base type, optional)}`` of dataclass ``cls``: the annotation
   with ``| None`` removed (``optional``), ``tuple[...]`` as ``tuple``."""
   hints = typing.get_type_hints(cls)
-  out = {}
-  for f in dataclasses.fields(cls):
-    hint, optional = hints.get(f.name, Any), False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-      args = [a for a in typing.get_args(hint) if a is not type(None)]
-      optional = len(args) < len(typing.get_args(hint))
-      hint = args[0] if len(args) == 1 else Any
-    out[f.name] = (typing.get_origin(hint) or hint, optional)
-  return out
+  return {f.name: _split_optional(hints.get(f.name, Any))
+          for f in dataclasses.fields(cls)}
+
+
+def _split_optional(hint) -> tuple[Any, bool]:
+  """(base type, optional) of an annotation: ``| None`` removed,
+  ``tuple[...]`` as ``tuple``."""
+  optional = False
+  if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = len(args) < len(typing.get_args(hint))
+    hint = args[0] if len(args) == 1 else Any
+  return typing.get_origin(hint) or hint, optional
 
 
 def _kind(base) -> Any:
@@ -200,16 +204,71 @@ def field_checks(cls) -> dict[str, Check]:
 
 
 def field_check(cls, name: str) -> Check | None:
-  """The check of field ``name`` of ``cls`` (None if not a config field)."""
-  if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+  """The check of field ``name`` of config dataclass ``cls``; for another
+  configurable (a task class, a function), the one parameter ``name``'s
+  annotation gives (its type, None where ``| None``; a jaxfid class such as a
+  config dataclass or a Task is a gin reference); else None."""
+  if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+    return field_checks(cls).get(name)
+  found = _parameter_types(cls).get(name)
+  if found is None:
     return None
-  return field_checks(cls).get(name)
+  base, optional = _split_optional(found)
+  kind = _kind(base)
+  if kind is None and isinstance(base, type) and base.__module__.startswith(
+      "jaxfid."):
+    kind = REFERENCE
+  return None if kind is None else Check(kind, optional=optional)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_types(obj) -> dict[str, Any]:
+  """``{parameter: annotation}`` of a configurable's constructor or call."""
+  target = obj.__init__ if isinstance(obj, type) else obj
+  try:
+    return typing.get_type_hints(target)
+  except Exception:  # pylint: disable=broad-except
+    return {}  # unresolvable annotations: no derived checks
 
 
 def macro_of(cls, name: str) -> str:
   """The gin macro that binds field ``name`` of ``cls`` (errors name it)."""
   f = {f.name: f for f in dataclasses.fields(cls)}[name]
   return f.metadata.get(CHECK, {}).get("macro") or name.upper()
+
+
+def field_docs(obj) -> dict[str, str]:
+  """``{field or parameter: its description}`` from the ``Attributes:`` or
+  ``Args:`` section of the docstring of ``obj`` (a class, with its bases',
+  or a function), each as one line; an entry naming several (``a / b:`` or
+  ``a, b:``) describes each of them."""
+  docs: dict[str, str] = {}
+  owners = reversed(obj.__mro__) if isinstance(obj, type) else (obj,)
+  for owner in owners:
+    text = (owner.__dict__.get("__doc__") if isinstance(owner, type)
+            else owner.__doc__)
+    inside, names = False, []
+    for line in inspect.cleandoc(text or "").splitlines():
+      if line.strip() in ("Attributes:", "Args:"):
+        inside, names = True, []
+        continue
+      if not inside:
+        continue
+      if line and not line.startswith(" "):
+        inside = False  # the section ended
+        continue
+      entry = _ENTRY.match(line)
+      if entry:
+        names = [n for n in re.split(r"[ ,/]+", entry.group(1)) if n]
+        for n in names:
+          docs[n] = (entry.group(2) or "").strip()
+      elif line.strip() and names:
+        for n in names:
+          docs[n] = f"{docs[n]} {line.strip()}".strip()
+  return docs
+
+
+_ENTRY = re.compile(r"^ {2}([A-Za-z_][\w ,/]*?):(?:\s+(.*)|$)")
 
 
 class Config:

@@ -19,7 +19,11 @@ problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
    macros the command reads itself.
 
 A config dataclass's parameters need no table row: their checks come from
-the fields (:func:`jaxfid.core.config.field_checks`).
+the fields (:func:`jaxfid.core.config.field_checks`). Another configurable's
+parameter without a row is checked by its annotation (type, ``| None``; a
+jaxfid class such as a config dataclass or a Task is a gin reference): a row
+is only needed for ranges and choices of configurables that are not config
+dataclasses.
 
 What the command reads is found by following gin's references from its
 root configurables (``launch.run`` -> ``@loop.train`` -> ``%METHOD`` ->

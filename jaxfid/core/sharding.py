@@ -88,32 +88,55 @@ def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
   return PartitionSpec(*spec)
 
 
+def mesh_axis_sizes(spec: str) -> dict[str, int]:
+  """The axis sizes a ``MESH`` string asks for, without asking for devices.
+
+  The grammar: '' (every device on ``data``: returns ``{}``) or
+  ``axis=size,...`` with axes from :data:`MESH_AXES` (missing ones are 1),
+  sizes >= 1 and at most one -1 (the remaining devices; kept as -1 here).
+  Raises ValueError naming the problem. The one parser of MESH: the gin
+  checks call it before any work, :func:`parse_mesh` when it builds the mesh.
+  """
+  spec = (spec or "").strip()
+  if not spec:
+    return {}
+  sizes = {a: 1 for a in MESH_AXES}
+  for part in spec.split(","):
+    name, _, value = part.partition("=")
+    name, value = name.strip(), value.strip()
+    if (name not in sizes or not value.lstrip("-").isdigit()
+        or (int(value) < 1 and int(value) != -1)):
+      raise ValueError(f"bad MESH {spec!r}: expected e.g. 'data=4,model=2' "
+                       f"with axes from {MESH_AXES} and sizes >= 1 (or one "
+                       "-1)")
+    sizes[name] = int(value)
+  if list(sizes.values()).count(-1) > 1:
+    raise ValueError(f"bad MESH {spec!r}: at most one axis may be -1")
+  return sizes
+
+
+def data_parallel_size(sizes: dict[str, int]) -> int | None:
+  """``data * fsdp`` of :func:`mesh_axis_sizes`' answer, where the string
+  fixes them (None: they depend on the device count)."""
+  data, fsdp = sizes.get("data", -1), sizes.get("fsdp", 1)
+  return None if -1 in (data, fsdp) else data * fsdp
+
+
 def parse_mesh(spec: str, devices=None) -> Mesh:
   """A mesh from a string such as ``'data=4,model=2'`` (missing axes are 1).
 
   ``-1`` for one axis takes the remaining devices; an empty string puts every
   device on ``data``; a mesh smaller than the device count uses the first
-  devices (``'data=1'``: one device).
+  devices (``'data=1'``: one device). Raises ValueError for a bad string
+  (:func:`mesh_axis_sizes`) or too few devices.
   """
   devices = list(devices if devices is not None else jax.devices())
-  sizes = {a: 1 for a in MESH_AXES}
-  spec = (spec or "").strip()
-  if not spec:
-    sizes["data"] = len(devices)
-  else:
-    for part in spec.split(","):
-      name, _, value = part.partition("=")
-      name = name.strip()
-      if name not in sizes or not value.strip().lstrip("-").isdigit():
-        raise ValueError(f"bad MESH {spec!r}: expected e.g. 'data=4,model=2' "
-                         f"with axes from {MESH_AXES}")
-      sizes[name] = int(value)
-    free = [a for a, s in sizes.items() if s == -1]
-    if len(free) > 1:
-      raise ValueError(f"bad MESH {spec!r}: at most one axis may be -1")
+  sizes = mesh_axis_sizes(spec) or {"data": len(devices), "fsdp": 1,
+                                    "model": 1}
+  free = [a for a, s in sizes.items() if s == -1]
+  if free:
     known = int(np.prod([s for s in sizes.values() if s != -1]))
-    if free:
-      sizes[free[0]] = len(devices) // known
+    sizes[free[0]] = len(devices) // known
   total = int(np.prod(list(sizes.values())))
   if total > len(devices) or total < 1:
     raise ValueError(f"MESH {spec!r} needs {total} devices; "

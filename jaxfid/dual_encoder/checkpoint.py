@@ -303,8 +303,8 @@ def load_dual_encoder(path, *, dtype: str | None = None,
     config = config.replace(dtype=dtype)
   try:
     settings = settings.replace(**overrides)
-  except ValueError as e:
-    raise InputError(source, str(e)) from None
+  except InputError as e:
+    raise InputError(source, e.message) from None
   encoder = DualEncoder(config, settings)
   fingerprint = params_fingerprint(
       params, json.dumps(dataclasses.asdict(config), sort_keys=True))

@@ -41,6 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
+from jaxfid.core.config import Config, option
 from jaxfid.core.tokenization import pad_ids
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
@@ -55,7 +56,7 @@ QUERY_TOWER = "query_tower"
 
 
 @dataclasses.dataclass(frozen=True)
-class DualEncoderConfig:
+class DualEncoderConfig(Config):
   """How texts become vectors (everything but the T5 architecture).
 
   Attributes:
@@ -66,41 +67,19 @@ class DualEncoderConfig:
     projection_activation: 'identity' (GTR) or 'tanh'.
     shared: one encoder for questions and passages (GTR); False gives the
       questions their own tower (DPR).
-    query_maxlength / passage_maxlength: tokens per text, EOS included.
+    query_maxlength: tokens per question, EOS included.
+    passage_maxlength: tokens per passage, EOS included.
     passage_format: 'title_text' or 'fid' (see the module docstring).
   """
-  pooling: str = "mean"
-  normalize: bool = False
-  projection_dim: int | None = None
-  projection_bias: bool = False
-  projection_activation: str = "identity"
-  shared: bool = True
-  query_maxlength: int = 64
-  passage_maxlength: int = 256
-  passage_format: str = "title_text"
-
-  def __post_init__(self):
-    for name, value, allowed in (
-        ("pooling", self.pooling, POOLINGS),
-        ("passage_format", self.passage_format, PASSAGE_FORMATS),
-        ("projection_activation", self.projection_activation, ACTIVATIONS)):
-      if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if self.query_maxlength < 2 or self.passage_maxlength < 2:
-      raise ValueError("query_maxlength and passage_maxlength must be >= 2")
-    if self.projection_dim is not None and self.projection_dim < 1:
-      raise ValueError("projection_dim must be positive")
-
-  def replace(self, **changes) -> "DualEncoderConfig":
-    return dataclasses.replace(self, **changes)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, fields: dict) -> "DualEncoderConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in fields.items() if k in names})
+  pooling: str = option("mean", choices=POOLINGS)
+  normalize: bool = option(False)
+  projection_dim: int | None = option(None, low=1)
+  projection_bias: bool = option(False)
+  projection_activation: str = option("identity", choices=ACTIVATIONS)
+  shared: bool = option(True)
+  query_maxlength: int = option(64, low=2)
+  passage_maxlength: int = option(256, low=2)
+  passage_format: str = option("title_text", choices=PASSAGE_FORMATS)
 
 
 def encoder_config(config: T5Config) -> T5Config:

@@ -1,9 +1,12 @@
 """DPR/GTR-style training of the T5 dual encoder, a task of the one loop.
 
 gin: ``gin/retrieval/dual_encoder_*.gin`` bind ``METHOD =
-@de_task.DualEncoderTask()`` and its macros (``TRAIN_DATA``, ``EVAL_DATA``,
-``HARD_NEGATIVES``, ``QUERY_MAXLENGTH``, ``PASSAGE_MAXLENGTH``, ``POOLING``,
-``TEMPERATURE``, ...); the run's macros are the trainer's
+@de_task.DualEncoderTask()`` with three config values: ``training =
+@de_task.DualEncoderTrainConfig()`` (``TRAIN_DATA``, ``EVAL_DATA``,
+``HARD_NEGATIVES``, ``TEMPERATURE``, ...), ``encoder =
+@de_model.DualEncoderConfig()`` (``QUERY_MAXLENGTH``, ``PASSAGE_MAXLENGTH``,
+``POOLING``, ...) and ``model_config = @T5Config()``; the run's macros are
+the trainer's
 (``gin/training.gin``), so SIGTERM checkpoints, step-for-step resume,
 ``ACCUMULATION_STEPS``, ``MESH`` and multi-host batches work as for every
 method.
@@ -29,6 +32,9 @@ batch's passages), ``mean_rank``, ``grad_norm``; with eval data,
 """
 from __future__ import annotations
 
+import dataclasses
+
+from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.checkpoint import (
@@ -73,6 +79,28 @@ def initial_dual_encoder_params(path: str, encoder: DualEncoder) -> dict:
   return params
 
 
+@dataclasses.dataclass(frozen=True)
+class DualEncoderTrainConfig(Config):
+  """What a dual encoder trains and evaluates on.
+
+  Attributes:
+    train_data: FiD JSON from `jaxfid retrieve` (positive: the best-ranked
+      passage with the answer; hard negatives: those without it) or DPR's
+      biencoder training JSON.
+    eval_data: pairs to evaluate top-1/top-5 on (the best checkpoint kept).
+    hard_negatives: hard negatives per question (besides in-batch ones).
+    temperature: the contrastive softmax's temperature.
+    eval_max_examples: evaluate on the first N pairs; None: all.
+    eval_batch_size: pairs per evaluation batch.
+  """
+  train_data: str = option()
+  eval_data: str | None = option(None)
+  hard_negatives: int = option(1, low=0)
+  temperature: float = option(1.0, above=0)
+  eval_max_examples: int | None = option(None, low=1)
+  eval_batch_size: int = option(64, low=1)
+
+
 class DualEncoderTask(Task):
   """Train a dual encoder (see the module docstring)."""
   name = METHOD
@@ -80,61 +108,41 @@ class DualEncoderTask(Task):
   throughput_name = "questions_per_sec"
   best_metric = "eval_top1"
 
-  def __init__(self, *, model_config: T5Config = T5Config(),
-               train_data: str | None = None, eval_data: str | None = None,
-               hard_negatives: int = 1, query_maxlength: int = 64,
-               passage_maxlength: int = 256,
-               passage_format: str = "title_text", pooling: str = "mean",
-               normalize: bool = False, projection_dim: int | None = None,
-               shared: bool = True, temperature: float = 1.0,
-               eval_max_examples: int | None = None,
-               eval_batch_size: int = 64):
+  def __init__(self, *, training: DualEncoderTrainConfig,
+               encoder: DualEncoderConfig = DualEncoderConfig(),
+               model_config: T5Config = T5Config()):
+    self.training = training
+    self.encoder = encoder
     self.model_config = model_config
-    self.train_data, self.eval_data = train_data, eval_data
-    self.hard_negatives = hard_negatives
-    self.encoder_settings = dict(
-        pooling=pooling, normalize=normalize, projection_dim=projection_dim,
-        shared=shared, query_maxlength=query_maxlength,
-        passage_maxlength=passage_maxlength, passage_format=passage_format)
-    self.temperature = temperature
-    self.eval_max_examples = eval_max_examples
-    self.eval_batch_size = eval_batch_size
 
   # ---- data and model ---------------------------------------------------
 
   def prepare(self, settings: Settings) -> None:
-    if not self.train_data:
-      raise InputError("TRAIN_DATA", "required")
-    if self.temperature <= 0:
-      raise InputError("TEMPERATURE", f"must be positive, got "
-                       f"{self.temperature}")
-    try:
-      encoder_settings = DualEncoderConfig(**self.encoder_settings)
-    except ValueError as e:
-      raise InputError("gin", str(e)) from None
+    t = self.training
     self.settings = settings
-    examples = read_pair_examples(self.train_data)
+    examples = read_pair_examples(t.train_data)
     self.eval_examples = (
-        read_pair_examples(self.eval_data, limit=self.eval_max_examples)
-        if self.eval_data else [])
+        read_pair_examples(t.eval_data, limit=t.eval_max_examples)
+        if t.eval_data else [])
     self.tokenizer = load_tokenizer(settings.init_checkpoint)
     self.vocabulary = self.tokenizer.path
-    self.model = DualEncoder(self.model_config, encoder_settings)
+    self.model = DualEncoder(self.model_config, self.encoder)
     s = self.model.settings
     self.batcher = PairBatcher(
         examples, self.tokenizer, batch_size=settings.batch_size,
-        hard_negatives=self.hard_negatives,
+        hard_negatives=t.hard_negatives,
         query_maxlength=s.query_maxlength,
         passage_maxlength=s.passage_maxlength,
         passage_format=s.passage_format, seed=settings.seed)
     self.evaluator = PairEvaluator(self.model, self.tokenizer,
                                    self.eval_examples,
-                                   batch_size=self.eval_batch_size)
+                                   batch_size=t.eval_batch_size)
 
   def run_config(self) -> dict:
-    return dual_encoder_run_config(self.model, train_data=self.train_data,
-                                   temperature=self.temperature,
-                                   hard_negatives=self.hard_negatives)
+    t = self.training
+    return dual_encoder_run_config(self.model, train_data=t.train_data,
+                                   temperature=t.temperature,
+                                   hard_negatives=t.hard_negatives)
 
   def batch(self, step: int, rows: slice, params) -> dict:
     return self.batcher.batch(step, rows)
@@ -149,7 +157,8 @@ class DualEncoderTask(Task):
         "train", settings.train_steps,
         make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
         step=make_contrastive_step(
-            self.model, tx, seed=settings.seed, temperature=self.temperature,
+            self.model, tx, seed=settings.seed,
+            temperature=self.training.temperature,
             accumulation_steps=settings.accumulation_steps),
         learning_rate=schedule)]
 

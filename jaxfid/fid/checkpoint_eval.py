@@ -41,7 +41,7 @@ from jaxfid.checkpoints.model_dir import CONFIG_FILE
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid.predict import make_predict_fn
-from jaxfid.fid.task import Lengths
+from jaxfid.fid.config import Lengths
 from jaxfid.t5.model import shift_right
 
 _T5X_STEP = re.compile(r"^checkpoint_(\d+)$")

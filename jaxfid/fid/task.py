@@ -1,19 +1,14 @@
 """The FiD reader's training task (Izacard & Grave 2020) for the one loop.
 
-gin: ``gin/fid/*.gin`` bind ``METHOD = @FidTask()`` and its macros
-(``TRAIN_DATA``, ``EVAL_DATA``, ``MIXTURE_OR_TASK_NAME``, ``N_CONTEXT``,
-``TEXT_MAXLENGTH``, ``TARGET_MAXLENGTH``, ``DECODE_MAXLENGTH``,
-``PASSAGE_EOS``, ``DATASET``, ...); the run's macros are the trainer's
-(``gin/training.gin``).
-
-Lengths. ``TARGET_MAXLENGTH`` truncates training targets (None: no
-truncation, the original's ``answer_maxlength=-1``: targets are padded to
-the longest target the training data can draw, computed once, so batches
-keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
-(None: 50, the original's ``generate(max_length=50)``).
-``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at. A run
-records them and ``PASSAGE_EOS`` (passages end with EOS) in its
-``jaxfid_config.json``, which ``jaxfid predict`` / ``eval`` read back.
+gin: ``gin/fid/*.gin`` bind ``METHOD = @FidTask()`` with two config values:
+``reader = @FidReaderConfig()`` (its macros ``TRAIN_DATA``, ``EVAL_DATA``,
+``MIXTURE_OR_TASK_NAME``, ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
+``TARGET_MAXLENGTH``, ``DECODE_MAXLENGTH``, ``PASSAGE_EOS``, ``DATASET``,
+...; :mod:`jaxfid.fid.config`, which also explains the lengths) and
+``model_config = @T5Config()``; the run's macros are the trainer's
+(``gin/training.gin``). A run records the lengths and ``PASSAGE_EOS``
+(passages end with EOS) in its ``jaxfid_config.json``, which ``jaxfid
+predict`` / ``eval`` read back.
 
 Data comes from FiD files (``TRAIN_DATA``/``EVAL_DATA``) or from a seqio
 task or mixture (``MIXTURE_OR_TASK_NAME``: its ``train`` split trains, its
@@ -24,7 +19,6 @@ use that many passages, the rest ``n_context``.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 from jaxfid.checkpoints.load import load_checkpoint
@@ -33,6 +27,8 @@ from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import fido_uptrain
 from jaxfid.fid.batches import FidBatcher
+from jaxfid.fid.config import (  # the lengths: also imported from here
+    DEFAULT_DECODE_MAXLENGTH, FidReaderConfig, Lengths)
 from jaxfid.fid.examples import FidExample, read_fid_examples
 from jaxfid.fid.inputs import longest_target_length
 from jaxfid.fid.predict import QaEvaluator
@@ -49,39 +45,6 @@ class Component(NamedTuple):
   rate: float
   dataset: str            # 'nq', 'trivia_qa', ... (target casing)
   examples: list[FidExample]
-
-
-DEFAULT_DECODE_MAXLENGTH = 50  # FiD's evaluate(): generate(max_length=50)
-
-
-@dataclasses.dataclass(frozen=True)
-class Lengths:
-  """A reader's target and decoding lengths (module docstring)."""
-  target_maxlength: int | None   # None: no truncation
-  decode_maxlength: int
-
-  @classmethod
-  def resolve(cls, answer_maxlength: int | None = None,
-              target_maxlength: int | None = None,
-              decode_maxlength: int | None = None) -> "Lengths":
-    """``answer_maxlength`` stands for whichever of the two is not given."""
-    target = answer_maxlength if target_maxlength is None else target_maxlength
-    decode = next(v for v in (decode_maxlength, answer_maxlength,
-                              DEFAULT_DECODE_MAXLENGTH) if v is not None)
-    for macro, value in (("TARGET_MAXLENGTH", target),
-                         ("DECODE_MAXLENGTH", decode)):
-      if value is not None and int(value) < 1:
-        raise InputError(macro, f"must be at least 1 (or None), got {value}")
-    return cls(None if target is None else int(target), int(decode))
-
-  @classmethod
-  def of_run_config(cls, run: dict) -> "Lengths":
-    """A run config's lengths; runs written before the split recorded one
-    ``answer_maxlength`` for both."""
-    if "decode_maxlength" in run:
-      return cls.resolve(target_maxlength=run.get("target_maxlength"),
-                         decode_maxlength=run["decode_maxlength"])
-    return cls.resolve(answer_maxlength=run.get("answer_maxlength"))
 
 
 # name -> fn(mixture_or_task_name, split) -> [Component, ...]; the ``tasks``
@@ -136,58 +99,41 @@ class FidTask(Task):
   name = "fid"
   best_metric = "eval_em"
 
-  def __init__(self, *, model_config: T5Config = T5Config(),
-               train_data: str | None = None, eval_data: str | None = None,
-               mixture_or_task_name: str | None = None, dataset: str = "nq",
-               n_context: int = 100, text_maxlength: int = 250,
-               answer_maxlength: int | None = None,
-               target_maxlength: int | None = None,
-               decode_maxlength: int | None = None,
-               passage_eos: bool = True, eval_batch_size: int = 8,
-               eval_max_examples: int | None = None, eval_beams: int = 1,
-               first_phase_n_context: int | None = None,
-               final_phase_steps: int = 1000):
+  def __init__(self, *, reader: FidReaderConfig,
+               model_config: T5Config = T5Config()):
+    self.reader = reader
     self.model_config = model_config
-    self.train_data, self.eval_data = train_data, eval_data
-    self.mixture_or_task_name = mixture_or_task_name
-    self.dataset = dataset
-    self.n_context, self.text_maxlength = n_context, text_maxlength
-    self.lengths = Lengths.resolve(answer_maxlength, target_maxlength,
-                                   decode_maxlength)
-    self.passage_eos = bool(passage_eos)
+    self.lengths = reader.lengths
     self.target_length = self.lengths.target_maxlength  # set by prepare_data
-    self.eval_batch_size, self.eval_max_examples = (eval_batch_size,
-                                                    eval_max_examples)
-    self.eval_beams = eval_beams
-    self.first_phase_n_context = first_phase_n_context
-    self.final_phase_steps = final_phase_steps
     self._batchers: dict[int, FidBatcher] = {}
+
+  # What other code (ReAtt's task) reads of the reader's options.
+  n_context = property(lambda self: self.reader.n_context)
+  text_maxlength = property(lambda self: self.reader.text_maxlength)
+  passage_eos = property(lambda self: self.reader.passage_eos)
+  dataset = property(lambda self: self.reader.dataset)
 
   # ---- data ---------------------------------------------------------------
 
   def read_data(self) -> tuple[list[Component], list[FidExample]]:
-    """(training components, evaluation examples), checked."""
-    if self.mixture_or_task_name:
-      if self.train_data:
-        raise InputError("TRAIN_DATA", "set TRAIN_DATA or "
-                         "MIXTURE_OR_TASK_NAME, not both")
-      train = read_mixture(self.mixture_or_task_name, "train")
-      evals = [] if self.eval_data else [
-          e for c in read_mixture(self.mixture_or_task_name, "validation")
+    """(training components, evaluation examples)."""
+    r = self.reader
+    if r.mixture_or_task_name:
+      train = read_mixture(r.mixture_or_task_name, "train")
+      evals = [] if r.eval_data else [
+          e for c in read_mixture(r.mixture_or_task_name, "validation")
           for e in c.examples]
-    elif self.train_data:
-      train = [Component(self.train_data, 1.0, self.dataset,
-                         read_fid_examples(self.train_data,
-                                           require_answers=True,
-                                           n_context=self.n_context))]
-      evals = []
     else:
-      raise InputError("TRAIN_DATA", "required (or MIXTURE_OR_TASK_NAME)")
-    if self.eval_data:
-      evals = read_fid_examples(self.eval_data, require_answers=True,
-                                n_context=self.n_context)
-    if self.eval_max_examples:
-      evals = evals[:self.eval_max_examples]
+      train = [Component(r.train_data, 1.0, r.dataset,
+                         read_fid_examples(r.train_data,
+                                           require_answers=True,
+                                           n_context=r.n_context))]
+      evals = []
+    if r.eval_data:
+      evals = read_fid_examples(r.eval_data, require_answers=True,
+                                n_context=r.n_context)
+    if r.eval_max_examples:
+      evals = evals[:r.eval_max_examples]
     return train, evals
 
   def prepare(self, settings: Settings) -> None:
@@ -215,7 +161,8 @@ class FidTask(Task):
         model, self.tokenizer, self.eval_examples, n_context=self.n_context,
         text_maxlength=self.text_maxlength,
         answer_maxlength=self.lengths.decode_maxlength,
-        num_beams=self.eval_beams, batch_size=self.eval_batch_size,
+        num_beams=self.reader.eval_beams,
+        batch_size=self.reader.eval_batch_size,
         progress=self.settings.progress, passage_eos=self.passage_eos)
 
   def run_config(self) -> dict:
@@ -229,9 +176,10 @@ class FidTask(Task):
             "passage_eos": self.passage_eos, "dataset": self.dataset}
 
   def n_context_at(self, step: int) -> int:
-    if (self.first_phase_n_context and
-        step < self.settings.train_steps - self.final_phase_steps):
-      return self.first_phase_n_context
+    first = self.reader.first_phase_n_context
+    if first and step < (self.settings.train_steps
+                         - self.reader.final_phase_steps):
+      return first
     return self.n_context
 
   def train_examples(self) -> list[FidExample]:

@@ -10,14 +10,19 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from jaxfid.core.config import Config, option
+
 FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
+DTYPES = ("float32", "bfloat16")
+REMATS = ("none", "full", "dots")
 # Fields a run sets for itself: they change no parameter.
 RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config:
-  """Sizes and switches of a T5 encoder-decoder.
+class T5Config(Config):
+  """Sizes and switches of a T5 encoder-decoder (each checked on
+  construction: InputError naming the field's macro).
 
   Attributes:
     vocab_size: rows of the (shared) token embedding (32128 for T5).
@@ -50,34 +55,24 @@ class T5Config:
     multi_query_cross_attention: FiDO multi-query cross-attention (one key and
       one value head shared by all query heads).
   """
-  vocab_size: int = 32128
-  d_model: int = 512
-  d_kv: int = 64
-  d_ff: int = 2048
-  num_heads: int = 8
-  num_layers: int = 6
-  num_decoder_layers: int = 6
-  feed_forward_proj: str = "relu"
-  tie_word_embeddings: bool = True
-  relative_attention_num_buckets: int = 32
-  relative_attention_max_distance: int = 128
-  layer_norm_epsilon: float = 1e-6
-  dropout_rate: float = 0.1
-  dtype: str = "float32"
-  remat: str = "none"
-  scan_layers: bool = False
-  cross_attention_period: int = 1
-  multi_query_cross_attention: bool = False
-
-  def __post_init__(self):
-    if self.feed_forward_proj not in FEED_FORWARD_PROJS:
-      raise ValueError(f"feed_forward_proj must be one of {FEED_FORWARD_PROJS},"
-                       f" got {self.feed_forward_proj!r}")
-    if self.remat not in ("none", "full", "dots"):
-      raise ValueError(f"remat must be 'none', 'full' or 'dots', got "
-                       f"{self.remat!r}")
-    if self.cross_attention_period < 1:
-      raise ValueError("cross_attention_period must be >= 1")
+  vocab_size: int = option(32128, low=1)
+  d_model: int = option(512, low=1)
+  d_kv: int = option(64, low=1)
+  d_ff: int = option(2048, low=1)
+  num_heads: int = option(8, low=1)
+  num_layers: int = option(6, low=1)
+  num_decoder_layers: int = option(6, low=0)
+  feed_forward_proj: str = option("relu", choices=FEED_FORWARD_PROJS)
+  tie_word_embeddings: bool = option(True)
+  relative_attention_num_buckets: int = option(32, low=1)
+  relative_attention_max_distance: int = option(128, low=1)
+  layer_norm_epsilon: float = option(1e-6, above=0)
+  dropout_rate: float = option(0.1, low=0, below=1)
+  dtype: str = option("float32", choices=DTYPES)
+  remat: str = option("none", choices=REMATS)
+  scan_layers: bool = option(False)
+  cross_attention_period: int = option(1, low=1)
+  multi_query_cross_attention: bool = option(False)
 
   @property
   def is_gated(self) -> bool:
@@ -98,22 +93,11 @@ class T5Config:
   def has_cross_attention(self, decoder_layer: int) -> bool:
     return (decoder_layer + 1) % self.cross_attention_period == 0
 
-  def replace(self, **changes) -> "T5Config":
-    return dataclasses.replace(self, **changes)
-
   def architecture_differences(self, other: "T5Config") -> list[str]:
     """Fields (in declaration order, run-only ones left out) that differ."""
     return [f.name for f in dataclasses.fields(self)
             if f.name not in RUN_ONLY_FIELDS
             and getattr(self, f.name) != getattr(other, f.name)]
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, fields: dict) -> "T5Config":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in fields.items() if k in names})
 
 
 def _v1_0(d_model, d_ff, d_kv, num_heads, num_layers) -> T5Config:

@@ -1,10 +1,11 @@
 """The one training loop, top to bottom, for every method.
 
 gin configures :func:`train` (``gin/training.gin``, included by every
-method's gin file): the run's macros (``MODEL_DIR``, ``TRAIN_STEPS``,
-``BATCH_SIZE``, ``LEARNING_RATE``, ...) and the method's task object
-(``METHOD = @FidTask()``, ...; see :mod:`jaxfid.training.task`). Nothing
-below the top level reads gin.
+method's gin file): the run's settings and optimizer as two config values
+built from the run's macros (``MODEL_DIR``, ``TRAIN_STEPS``, ``BATCH_SIZE``,
+``LEARNING_RATE``, ...; :mod:`jaxfid.training.settings`) and the method's
+task object (``METHOD = @FidTask()``, ...; see :mod:`jaxfid.training.task`).
+Nothing below the top level reads gin.
 
 Guarantees, the same for every method:
   * every batch and dropout mask is a function of (seed, step), and the
@@ -44,9 +45,8 @@ from jaxfid.core.files import remove_stale_temporaries
 from jaxfid.core.locks import DirectoryLock
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
-from jaxfid.training.task import Context, OptimizerSettings, Settings, Task
-
-ON_NAN_CHOICES = ("stop", "skip")
+from jaxfid.training.settings import OptimizerSettings, Settings
+from jaxfid.training.task import Context, Task
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -63,10 +63,7 @@ class StepLoop:
 
   def __init__(self, *, total: int, start: int, desc: str, progress: bool,
                on_nan: str):
-    if on_nan not in ON_NAN_CHOICES:
-      raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
-                       f"{on_nan!r}")
-    self.on_nan = on_nan
+    self.on_nan = on_nan  # 'stop' or 'skip' (Settings.on_nan, checked)
     self.bar = tqdm(total=total, initial=start, desc=desc,
                     disable=not progress, file=sys.stderr)
     self._since, self._t_last = 0, time.time()
@@ -113,136 +110,140 @@ def _phase_of(phases, step: int) -> int:
                    f"beyond this run's {phases[-1].end} steps")
 
 
-def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
-          learning_rate: float = 1e-4, optimizer: str = "adam",
-          schedule: str = "constant", warmup_steps: int = 0,
-          weight_decay: float = 0.0, clip_norm: float | None = 1.0,
-          accumulation_steps: int = 1, eval_every: int = 500,
-          checkpoint_every: int = 500, log_every: int = 10,
-          keep_checkpoints: int = 2, seed: int = 0, mesh: str = "",
-          init_checkpoint: str | None = None, on_nan: str = "stop",
-          progress: bool = True) -> dict:
-  """Train ``task`` into ``model_dir``; returns the last record."""
-  settings = Settings(
-      model_dir=model_dir, train_steps=train_steps, batch_size=batch_size,
-      seed=seed, accumulation_steps=accumulation_steps, eval_every=eval_every,
-      checkpoint_every=checkpoint_every, log_every=log_every,
-      keep_checkpoints=keep_checkpoints, init_checkpoint=init_checkpoint,
-      progress=progress,
-      process_index=jax.process_index(), process_count=jax.process_count())
-  opt_settings = OptimizerSettings(
-      learning_rate=learning_rate, optimizer=optimizer, schedule=schedule,
-      warmup_steps=warmup_steps, weight_decay=weight_decay,
-      clip_norm=clip_norm)
-  if on_nan not in ON_NAN_CHOICES:
-    raise InputError("ON_NAN", f"must be one of {ON_NAN_CHOICES}, got "
-                     f"{on_nan!r}")
-  if train_steps < 1:
-    raise InputError("TRAIN_STEPS", f"must be at least 1, got {train_steps}")
+def train(*, task: Task, settings: Settings,
+          optimizer: OptimizerSettings = OptimizerSettings(),
+          progress: bool | None = None) -> dict:
+  """Train ``task`` into ``settings.model_dir``; returns the last record.
 
+  ``settings`` and ``optimizer`` have checked themselves (gin builds them
+  from the trainer's macros); ``progress`` (``loop.train.progress``), when
+  given, turns the progress bars on or off.
+  """
+  if progress is not None:
+    settings = settings.replace(progress=progress)
   # 1. Data and model: the task reads and checks everything before any work.
   task.prepare(settings)
-  device_mesh = state_lib.checked_mesh(mesh, batch_size, accumulation_steps)
+  device_mesh = state_lib.checked_mesh(settings.mesh, settings.batch_size,
+                                       settings.accumulation_steps)
   place = state_lib.placement(device_mesh, task.model.param_axes())
-  phases = task.phases(settings, opt_settings)
-  final_step = phases[-1].end
+  phases = task.phases(settings, optimizer)
   abstract_params = task.model.abstract_params()
   abstract_states = [jax.eval_shape(p.make_state, abstract_params, 0)
                      for p in phases]
-  state_shardings = [place.state(a, abstract_params) for a in abstract_states]
+  shardings = [place.state(a, abstract_params) for a in abstract_states]
 
   # 2. Run directory: lock, config, vocabulary (process 0), checkpoints (all).
-  with _run_directory(model_dir, task, keep_checkpoints) as ckpts:
+  with _run_directory(settings.model_dir, task,
+                      settings.keep_checkpoints) as ckpts:
     ctx = Context(settings=settings, placement=place, log=None,
                   checkpoints=ckpts,
                   save=lambda s, st: ckpts.save(s, st, force=True))
-    if ckpts.latest_step() == final_step:
-      done = task.completed(ctx, final_step)
+    if ckpts.latest_step() == phases[-1].end:
+      done = task.completed(ctx, phases[-1].end)
       if done is not None:
         task.close()
-        state_lib.say(f"{model_dir} is complete (step {final_step}); "
-                      "nothing to do")
+        state_lib.say(f"{settings.model_dir} is complete (step "
+                      f"{phases[-1].end}); nothing to do")
         return done
     with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
-      # 3. Init, or restore the newest readable checkpoint.
-      initial = None
-
-      def initial_params():
-        nonlocal initial
-        if initial is None:
-          if init_checkpoint:
-            initial = jax.device_put(task.initial_params(init_checkpoint),
-                                     place.params)
-          else:
-            initial = jax.jit(lambda: task.model.init_params(seed),
-                              out_shardings=place.params)()
-        return initial
-
+      # 3. Restore the newest readable checkpoint, or init. The initial
+      # parameters are made once, where a fresh start or a later phase
+      # (fresh_params='initial') needs them, and kept only for the latter.
       state, step, index = _restore_readable(ckpts, phases, abstract_states,
-                                             state_shardings)
+                                             shardings)
+      again = any(p.fresh_params == "initial" for p in phases[index + 1:])
+      initial = (_initial_params(task, settings, place)
+                 if state is None or again else None)
       if state is None:
-        state = state_lib.fresh_state(phases[0].make_state, initial_params(),
-                                      0, state_shardings[0])
-      ctx.log = log = MetricsLog(model_dir, resume_step=step)
+        state = state_lib.fresh_state(phases[0].make_state, initial, 0,
+                                      shardings[0])
+        initial = initial if again else None
+      ctx.log = MetricsLog(settings.model_dir, resume_step=step)
       task.start(ctx, step, state)
-      loop = StepLoop(total=final_step, start=step, desc=task.description,
-                      progress=progress, on_nan=on_nan)
-      rows = place.batch_rows(batch_size)
+      loop = StepLoop(total=phases[-1].end, start=step,
+                      desc=task.description, progress=settings.progress,
+                      on_nan=settings.on_nan)
       last: dict = {}
       t0 = time.time()
       try:
-        # 4. The phases and their steps.
+        # 4. The phases: a new one starts from fresh optimizer states.
         for i in range(index, len(phases)):
-          phase = phases[i]
-          if i != index:  # a new phase: fresh optimizer states
-            params = (initial_params() if phase.fresh_params == "initial"
+          if i != index:
+            params = (initial if phases[i].fresh_params == "initial"
                       else state["params"])
-            state = state_lib.fresh_state(phase.make_state, params, step,
-                                          state_shardings[i])
-          step_fn = jax.jit(
-              phase.step, in_shardings=(state_shardings[i], place.batch),
-              out_shardings=(state_shardings[i], place.replicated),
-              donate_argnums=0)
-          loop.restart_clock()
-          while step < phase.end:
-            host = task.batch(step, rows, state["params"])
-            state, metrics = step_fn(state, place.global_batch(
-                host, rows, batch_size))
-            step += 1
-            metrics = loop.finished_step(step, metrics)
-            stopping = preemption.agreed()
-            if step % log_every == 0 or step == phase.end or stopping:
-              last = _log_step(task, log, loop, phase, step, metrics,
-                               batch_size)
-            if task.evaluates() and (step % eval_every == 0
-                                     or step == phase.end):
-              last.update(_evaluate(task, ctx, step, state))
-              loop.show(**task.progress_fields(last))
-            if step % checkpoint_every == 0 or step == phase.end or stopping:
-              ckpts.save(step, state, force=step == phase.end or stopping)
-            if stopping:
-              state_lib.say(f"{preemption.signal_name}: saved step {step} to "
-                            f"{model_dir}; exiting")
-              last.update(step=step, preempted=True,
-                          signal=preemption.signal_name)
-              return last
-            task.after_step(ctx, step, state)
-          record = task.phase_end(ctx, phase, state)
-          if record:
-            log.write(step, record)
-            last.update(record)
+            state = state_lib.fresh_state(phases[i].make_state, params, step,
+                                          shardings[i])
+          state, step, stopped = _run_phase(task, ctx, loop, preemption,
+                                            phases[i], shardings[i], state,
+                                            step, last)
+          if stopped:
+            return last
+          _record(ctx, last, step, task.phase_end(ctx, phases[i], state))
         # 5. The end: the task's final evaluation (ReFusion's test set).
-        record = task.finish(ctx, step, state)
-        if record:
-          log.write(step, record)
-          last.update(record)
+        _record(ctx, last, step, task.finish(ctx, step, state))
       finally:
         loop.close()
         task.close()
-        log.close()
+        ctx.log.close()
   last["step"] = step
   last["train_time_s"] = time.time() - t0
   return last
+
+
+def _initial_params(task: Task, settings: Settings, place):
+  """The run's initial parameters, sharded: INIT_CHECKPOINT's, or SEED's."""
+  if settings.init_checkpoint:
+    return jax.device_put(task.initial_params(settings.init_checkpoint),
+                          place.params)
+  return jax.jit(lambda: task.model.init_params(settings.seed),
+                 out_shardings=place.params)()
+
+
+def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
+               shardings, state, step: int, last: dict):
+  """Steps ``[step, phase.end)`` of ``phase``: batch, step, log, evaluate,
+  checkpoint; ``last`` collects the latest record. Returns (state, step,
+  stopped): stopped by a signal after saving that step (``last`` says so).
+  """
+  settings, place = ctx.settings, ctx.placement
+  batch_size = settings.batch_size
+  rows = place.batch_rows(batch_size)
+  step_fn = jax.jit(phase.step, in_shardings=(shardings, place.batch),
+                    out_shardings=(shardings, place.replicated),
+                    donate_argnums=0)
+  loop.restart_clock()
+  while step < phase.end:
+    host = task.batch(step, rows, state["params"])
+    state, metrics = step_fn(state, place.global_batch(host, rows,
+                                                       batch_size))
+    step += 1
+    metrics = loop.finished_step(step, metrics)
+    stopping = preemption.agreed()
+    if step % settings.log_every == 0 or step == phase.end or stopping:
+      last.clear()  # the record is the latest log line and what follows it
+      last.update(_log_step(task, ctx.log, loop, phase, step, metrics,
+                            batch_size))
+    if task.evaluates() and (step % settings.eval_every == 0
+                             or step == phase.end):
+      last.update(_evaluate(task, ctx, step, state))
+      loop.show(**task.progress_fields(last))
+    if (step % settings.checkpoint_every == 0 or step == phase.end
+        or stopping):
+      ctx.checkpoints.save(step, state, force=step == phase.end or stopping)
+    if stopping:
+      state_lib.say(f"{preemption.signal_name}: saved step {step} to "
+                    f"{settings.model_dir}; exiting")
+      last.update(step=step, preempted=True, signal=preemption.signal_name)
+      return state, step, True
+    task.after_step(ctx, step, state)
+  return state, step, False
+
+
+def _record(ctx: Context, last: dict, step: int, record: dict) -> None:
+  """A phase's or the run's final record, logged and kept in ``last``."""
+  if record:
+    ctx.log.write(step, record)
+    last.update(record)
 
 
 @contextlib.contextmanager

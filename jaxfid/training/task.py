@@ -23,12 +23,12 @@ The order of calls::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax.numpy as jnp
 import optax
 
-from jaxfid.training import optim
+from jaxfid.training.settings import OptimizerSettings, Settings
 from jaxfid.training.step import ADDITIVE_METRICS, make_train_step
 
 State = dict  # {"step", "params", "opt_state", ...}
@@ -38,47 +38,6 @@ def train_state(params, step, **opt_states) -> State:
   """A train state: ``{"step": int32 step, "params": params, **opt_states}``."""
   return {"step": jnp.asarray(step, jnp.int32), "params": params,
           **opt_states}
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """The run settings every method shares (the trainer gin's macros)."""
-  model_dir: str
-  train_steps: int
-  batch_size: int
-  seed: int = 0
-  accumulation_steps: int = 1
-  eval_every: int = 500
-  checkpoint_every: int = 500
-  log_every: int = 10
-  keep_checkpoints: int = 2
-  init_checkpoint: str | None = None
-  progress: bool = True
-  process_index: int = 0
-  process_count: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerSettings:
-  """The optimizer macros (OPTIMIZER, SCHEDULE, LEARNING_RATE, ...)."""
-  learning_rate: float = 1e-4
-  optimizer: str = "adam"
-  schedule: str = "constant"
-  warmup_steps: int = 0
-  weight_decay: float = 0.0
-  clip_norm: float | None = 1.0
-
-  def schedule_fn(self, total_steps: int, restarts: Sequence[int] = (),
-                  warmup_fraction: float | None = None) -> optax.Schedule:
-    return optim.learning_rate_schedule(
-        self.learning_rate, schedule=self.schedule,
-        warmup_steps=self.warmup_steps, total_steps=total_steps,
-        restarts=restarts, warmup_fraction=warmup_fraction)
-
-  def make(self, schedule: optax.Schedule) -> optax.GradientTransformation:
-    return optim.make_optimizer(schedule, optimizer=self.optimizer,
-                                weight_decay=self.weight_decay,
-                                clip_norm=self.clip_norm)
 
 
 @dataclasses.dataclass(frozen=True)

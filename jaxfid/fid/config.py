@@ -1,0 +1,112 @@
+"""The FiD reader's options as one config value, and its lengths.
+
+``gin/fid/base.gin`` binds ``FidTask.reader = @FidReaderConfig()``, each
+field from its macro (``TRAIN_DATA``, ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
+...). The value checks itself once when gin builds it
+(:class:`~jaxfid.core.config.Config`): the field bounds and choices, and
+that exactly one of ``TRAIN_DATA`` and ``MIXTURE_OR_TASK_NAME`` is set.
+
+Lengths. ``TARGET_MAXLENGTH`` truncates training targets (None: no
+truncation, the original's ``answer_maxlength=-1``: targets are padded to
+the longest target the training data can draw, computed once, so batches
+keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
+(None: 50, the original's ``generate(max_length=50)``).
+``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at
+(:class:`Lengths`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxfid.core.config import Config, option
+from jaxfid.core.errors import InputError
+
+DEFAULT_DECODE_MAXLENGTH = 50  # FiD's evaluate(): generate(max_length=50)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+  """A reader's target and decoding lengths (module docstring)."""
+  target_maxlength: int | None   # None: no truncation
+  decode_maxlength: int
+
+  @classmethod
+  def resolve(cls, answer_maxlength: int | None = None,
+              target_maxlength: int | None = None,
+              decode_maxlength: int | None = None) -> "Lengths":
+    """``answer_maxlength`` stands for whichever of the two is not given."""
+    target = answer_maxlength if target_maxlength is None else target_maxlength
+    decode = next(v for v in (decode_maxlength, answer_maxlength,
+                              DEFAULT_DECODE_MAXLENGTH) if v is not None)
+    for macro, value in (("TARGET_MAXLENGTH", target),
+                         ("DECODE_MAXLENGTH", decode)):
+      if value is not None and int(value) < 1:
+        raise InputError(macro, f"must be at least 1 (or None), got {value}")
+    return cls(None if target is None else int(target), int(decode))
+
+  @classmethod
+  def of_run_config(cls, run: dict) -> "Lengths":
+    """A run config's lengths; runs written before the split recorded one
+    ``answer_maxlength`` for both."""
+    if "decode_maxlength" in run:
+      return cls.resolve(target_maxlength=run.get("target_maxlength"),
+                         decode_maxlength=run["decode_maxlength"])
+    return cls.resolve(answer_maxlength=run.get("answer_maxlength"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FidReaderConfig(Config):
+  """What a FiD reader trains and evaluates on, and how it reads.
+
+  Attributes:
+    train_data: FiD JSON/JSONL training examples (or MIXTURE_OR_TASK_NAME).
+    eval_data: FiD JSON/JSONL evaluation examples (EM every EVAL_EVERY
+      steps, the best checkpoint kept).
+    mixture_or_task_name: a seqio task or mixture instead of TRAIN_DATA: its
+      'train' split trains, its 'validation' split evaluates (`import tasks`
+      registers them).
+    dataset: answer casing of TRAIN_DATA ('trivia_qa' title-cases
+      all-uppercase answers).
+    n_context: passages per question.
+    text_maxlength: tokens per passage (question, title and text).
+    answer_maxlength: shorthand for TARGET_MAXLENGTH and DECODE_MAXLENGTH
+      where they are not given.
+    target_maxlength: tokens of a training target; None: no truncation
+      (padded to the longest target of the training data, FiD's -1).
+    decode_maxlength: tokens generated at evaluation; None: 50 (FiD's).
+    passage_eos: passages end with EOS (FiD's readers: no; T5 / seqio: yes).
+    eval_max_examples: evaluate on the first N examples; None: all.
+    eval_batch_size: questions per evaluation batch.
+    eval_beams: beam size of evaluation (1: greedy).
+    first_phase_n_context: two-phase training: passages per question before
+      the last FINAL_PHASE_STEPS steps; None: one phase.
+    final_phase_steps: steps of the second phase (with N_CONTEXT passages).
+  """
+  train_data: str | None = option(None)
+  eval_data: str | None = option(None)
+  mixture_or_task_name: str | None = option(None)
+  dataset: str = option("nq")
+  n_context: int = option(100, low=1)
+  text_maxlength: int = option(250, low=1)
+  answer_maxlength: int | None = option(None, low=1)
+  target_maxlength: int | None = option(None, low=1)
+  decode_maxlength: int | None = option(None, low=1)
+  passage_eos: bool = option(True)
+  eval_max_examples: int | None = option(None, low=1)
+  eval_batch_size: int = option(8, low=1)
+  eval_beams: int = option(1, low=1)
+  first_phase_n_context: int | None = option(None, low=1)
+  final_phase_steps: int = option(1000, low=0)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.train_data and self.mixture_or_task_name:
+      raise InputError("TRAIN_DATA", "set TRAIN_DATA or MIXTURE_OR_TASK_NAME, "
+                       "not both")
+    if not self.train_data and not self.mixture_or_task_name:
+      raise InputError("TRAIN_DATA", "required (or MIXTURE_OR_TASK_NAME)")
+
+  @property
+  def lengths(self) -> Lengths:
+    return Lengths.resolve(self.answer_maxlength, self.target_maxlength,
+                           self.decode_maxlength)
