@@ -1,11 +1,12 @@
 """What every gin-driven command reads, and what each value may be.
 
 :data:`TABLE` holds one row per parameter of each configurable the gin files
-bind (``loop.train``, ``FidTask``, ``ReAttTask``, ``ReFusionTask``,
-``DualEncoderTask``, ``T5Config``, ``seqio_eval.evaluate``, the checkpoint
-evaluators), in the order of the gin file that binds it; the macro a row
-checks is named in its comment. Choices come from the code that consumes
-them (``optim.OPTIMIZERS``, ``fusion.SCHEMES``, ...). :data:`COMMANDS` says
+bind (``loop.train``, ``FidTask``, ``DualEncoderTask``, ``T5Config``,
+``seqio_eval.evaluate``, the checkpoint evaluators), in the order of the gin
+file that binds it; the macro a row checks is named in its comment. Choices
+come from the code that consumes them (``optim.OPTIMIZERS``, ...). Config
+dataclasses (ReAtt's and ReFusion's) need no row: their fields carry their
+checks (:mod:`jaxfid.core.config`). :data:`COMMANDS` says
 which configurables each command calls and which macros it reads itself.
 
 :func:`check` validates a parsed run (see :mod:`jaxfid.core.gin_checks`):
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from jaxfid.commands import seqio_eval
 from jaxfid.core import sharding
-from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import (REFERENCE, Check, Reads, Table, flag,
                                     integer, number, text, validate)
 from jaxfid.core.gin_files import ParsedGin
@@ -29,10 +29,8 @@ from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.task import ReAttTask
-from jaxfid.refusion import fusion, lmbff
-from jaxfid.refusion import search as refusion_search
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
-from jaxfid.refusion.task import RETRIEVAL_MODES, ReFusionTask
+from jaxfid.refusion.task import ReFusionTask
 from jaxfid.t5 import config as t5_config
 from jaxfid.training import launch, loop, optim
 
@@ -91,36 +89,11 @@ def _batch_splits(values) -> tuple[str, str] | None:
   return None
 
 
-def _task_problem(name: str) -> str | None:
-  try:
-    lmbff.get_task(name)
-  except InputError as e:
-    return e.reason
-  return None
-
-
-def _fusion_problem(spec: str) -> str | None:
-  try:
-    fusion.parse_targets(spec)
-  except ValueError as e:
-    return str(e)
-  return None
-
-
 def _fid_data(values) -> tuple[str, str] | None:
   if values["train_data"] and values["mixture_or_task_name"]:
     return ("train_data", "set TRAIN_DATA or MIXTURE_OR_TASK_NAME, not both")
   if not values["train_data"] and not values["mixture_or_task_name"]:
     return ("train_data", "required (or MIXTURE_OR_TASK_NAME)")
-  return None
-
-
-def _refusion_db(values) -> tuple[str, str] | None:
-  if _fusion_problem(values["fusion_modules"]) is None and (
-      fusion.parse_targets(values["fusion_modules"])
-      or values["concat_neighbours"]) and not values["retrieval_db"]:
-    return ("retrieval_db", "required with fusion modules or "
-            "CONCAT_NEIGHBOURS (build one with `jaxfid index dense`)")
   return None
 
 
@@ -216,52 +189,13 @@ TABLE.add(
     first_phase_n_context=OPTIONAL_SIZE,                # FIRST_PHASE_N_CONTEXT
     final_phase_steps=STEPS)                            # FINAL_PHASE_STEPS
 
-# gin/reatt/base.gin
-TABLE.add(
-    ReAttTask,
-    reader=Check(REFERENCE),
-    bi_encoder_layers=SIZE,                             # BI_ENCODER_LAYERS
-    kl_weight=number(0),                                # KL_WEIGHT
-    head_temperature=number(above=0),                   # HEAD_TEMPERATURE
-    in_batch_negatives=flag(),                          # IN_BATCH_NEGATIVES
-    retrieval_warmup_steps=STEPS,                       # RETRIEVAL_WARMUP_STEPS
-    relevance_chunk=STEPS,                              # RELEVANCE_CHUNK (0: all)
-    query_maxlength=STEPS,                              # QUERY_MAXLENGTH (0: the row)
-    retrieval_corpus=OPTIONAL_PATH,                     # RETRIEVAL_CORPUS
-    iteration_steps=STEPS,                              # ITERATION_STEPS (0: no refresh)
-    token_top_k=SIZE,                                   # TOKEN_TOP_K
-    index_batch_size=SIZE,                              # INDEX_BATCH_SIZE
-    warmup_fraction=number(0, 1, optional=True),        # WARMUP_FRACTION
-    restart_schedule=flag())                            # RESTART_SCHEDULE
-
-# gin/refusion/t5_base.gin
-TABLE.add(
-    ReFusionTask, _refusion_db,
-    model_config=Check(REFERENCE),
-    task=text(test=_task_problem),                      # TASK
-    data_dir=PATH,                                      # DATA_DIR
-    retrieval_db=OPTIONAL_PATH,                         # RETRIEVAL_DB
-    top_k=SIZE,                                         # TOP_K
-    fusion_modules=text(test=_fusion_problem),          # FUSION_MODULES
-    search=flag(),                                      # SEARCH
-    fusion_scheme=text(fusion.SCHEMES[1:]),             # FUSION_SCHEME
-    retrain=flag(),                                     # RETRAIN
-    concat_neighbours=flag(),                           # CONCAT_NEIGHBOURS
-    neighbour_cache=OPTIONAL_PATH,                      # NEIGHBOUR_CACHE
-    retrieval_mode=text(RETRIEVAL_MODES),               # RETRIEVAL_MODE
-    mask_temperature=number(above=0),                   # MASK_TEMPERATURE
-    max_length=SIZE,                                    # MAX_LENGTH
-    arch_learning_rate=number(0),                       # ARCH_LEARNING_RATE
-    eval_batch_size=SIZE,                               # EVAL_BATCH_SIZE
-    fusion_init=text(fusion.INITS),                     # FUSION_INIT
-    mask_sampler=text(fusion.SAMPLERS),                 # MASK_SAMPLER
-    mask_eval_samples=SIZE,                             # MASK_EVAL_SAMPLES
-    fused_norm=text(fusion.FUSED_NORMS),                # FUSED_NORM
-    fusion_lr_scale=number(above=0),                    # FUSION_LR_SCALE
-    arch_optimizer=text(refusion_search.ARCH_OPTIMIZERS),  # ARCH_OPTIMIZER
-    arch_weight_decay=number(0),                        # ARCH_WEIGHT_DECAY
-    arch_warmup_steps=STEPS,                            # ARCH_WARMUP_STEPS
-    templates=text(lmbff.TEMPLATE_SETS))                # TEMPLATES
+# gin/reatt/base.gin and gin/refusion/t5_base.gin: the tasks take config
+# dataclasses (ReAttConfig, ReAttTraining; FusionConfig, ReFusionData,
+# SearchConfig), whose checks come from their fields (jaxfid.core.config).
+TABLE.add(ReAttTask, reader=Check(REFERENCE), reatt=Check(REFERENCE),
+          training=Check(REFERENCE))
+TABLE.add(ReFusionTask, model_config=Check(REFERENCE), data=Check(REFERENCE),
+          fusion=Check(REFERENCE), search=Check(REFERENCE))
 
 # gin/retrieval/dual_encoder_base.gin
 TABLE.add(
