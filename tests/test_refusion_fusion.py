@@ -7,6 +7,7 @@ the plain T5's logits exactly unchanged; gradients must reach beta.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -244,6 +245,23 @@ def test_projected_vector_does_not_depend_on_the_database_scale():
       np.testing.assert_allclose(large, 30 * small, rtol=1e-5, atol=1e-6)
   assert F.FusionConfig.from_dict(
       {"targets": ["encoder.key"], "top_k": K, "db_dim": R}).fused_norm == "none"
+
+
+def test_run_config_fusion_keeps_its_keys_and_round_trips():
+  fusion = F.FusionConfig(modules="key,decoder.ffn", top_k=K, db_dim=R,
+                          structure=("reranker", "original"))
+  fields = fusion.to_dict()
+  assert set(fields) == {
+      "targets", "top_k", "db_dim", "search", "scheme", "structure",
+      "mask_temperature", "mask_clip", "init", "mask_sampler",
+      "mask_eval_samples", "fused_norm"}
+  assert fields["targets"] == ["encoder.key", "decoder.ffn"]
+  assert fields["structure"] == ["reranker", "original"]
+  back = F.FusionConfig.from_dict(json.loads(json.dumps(fields)))
+  assert back.targets == fusion.targets and back.to_dict() == fields
+  assert F.FusionConfig.from_dict({**fields, "targets": []}).targets == ()
+  with pytest.raises(InputError, match="structure: entry 'best'"):
+    F.FusionConfig(structure=("best",))
 
 
 def test_projection_when_database_width_differs():
