@@ -62,16 +62,15 @@ def main() -> None:
   args = p.parse_args()
 
   cfg = dataclasses.replace(preset(args.size), dtype="bfloat16", dropout_rate=0.0)
-  targets = fusion_lib.parse_targets(args.modules)
   runs = {
-      "backbone": (fusion_lib.FusionConfig(targets=()), args.max_length),
-      "concatenation": (fusion_lib.FusionConfig(targets=()), args.concat_length),
+      "backbone": (fusion_lib.FusionConfig(modules="none"), args.max_length),
+      "concatenation": (fusion_lib.FusionConfig(modules="none"), args.concat_length),
   }
   for name, search, scheme in (("refusion_reranker", False, "reranker"),
                                ("refusion_ordered_mask", False, "ordered_mask"),
                                ("refusion_search", True, "reranker")):
     runs[name] = (fusion_lib.FusionConfig(
-        targets=targets, top_k=args.top_k, db_dim=args.db_dim, search=search,
+        modules=args.modules, top_k=args.top_k, db_dim=args.db_dim, search=search,
         scheme=scheme), args.max_length)
   results = {}
   for name, (fusion, length) in runs.items():

@@ -132,7 +132,7 @@ def test_full_size_presets_have_published_parameter_counts(name):
 
 
 def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
-  from jaxfid.refusion.fusion import FusionConfig, parse_targets
+  from jaxfid.refusion.fusion import FusionConfig
   from jaxfid.refusion.model import ReFusionModel
   sst2 = os.path.join(ROOT, "tests", "data", "lmbff", "SST-2", "16-13")
   required = ["MODEL_DIR = 'x'", "TASK = 'sst-2'", f"DATA_DIR = '{sst2}'"]
@@ -155,7 +155,7 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
   assert count_params(abstract_t5(cfg)) == count_params(
       abstract_t5(config_lib.preset("t5_base")))
   # Full size, abstractly: 12 layers x (key, value), each k + k*768 + 3.
-  model = ReFusionModel(cfg, FusionConfig(targets=parse_targets("key,value"),
+  model = ReFusionModel(cfg, FusionConfig(modules="key,value",
                                           top_k=64, db_dim=768, search=True))
   import jax
   n = sum(x.size for x in jax.tree.leaves(model.abstract_params()))

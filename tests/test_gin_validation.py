@@ -178,6 +178,13 @@ def test_bad_choices(tmp_path, capsys, method, extra, needle):
     (REFUSION, "MAX_LENGTH=0", "MAX_LENGTH: must be an int >= 1"),
     (REFUSION, "SEARCH=1", "SEARCH: must be True or False, got 1 (int)"),
     (DUAL, "QUERY_MAXLENGTH=1", "QUERY_MAXLENGTH: must be an int >= 2"),
+    (REFUSION, "MASK_EVAL_SAMPLES=0", "MASK_EVAL_SAMPLES: must be an int >= 1"),
+    (REFUSION, "FUSED_NORM='l2'", "FUSED_NORM: must be one of 'auto', 'rms', "
+     "'none', got 'l2'"),
+    (REFUSION, "FUSION_LR_SCALE=0.0", "FUSION_LR_SCALE: must be a number > 0"),
+    (REFUSION, "RETRIEVAL_DB=None", "RETRIEVAL_DB: required with fusion "
+     "modules or CONCAT_NEIGHBOURS"),
+    (REATT, "TOKEN_TOP_K=0", "TOKEN_TOP_K: must be an int >= 1, got 0"),
     (DUAL, "HARD_NEGATIVES=-1", "HARD_NEGATIVES: must be an int >= 0"),
     (DUAL, "TEMPERATURE=0.0", "TEMPERATURE: must be a number > 0"),
     (DUAL, "PROJECTION_DIM=0", "PROJECTION_DIM: must be None or an int >= 1"),
@@ -249,6 +256,8 @@ def test_refusion_seeds_refuses_bad_gin_before_any_seed(tmp_path, capsys):
   _fails(capsys, argv + ["--gin.TOP_K='many'"],
          "TOP_K: must be an int >= 1, got 'many'")
   _fails(capsys, argv + ["--gin.TOPK=3"], "unknown macro TOPK")
+  _fails(capsys, argv + ["--gin.RETRIEVAL_DB=None"],
+         "RETRIEVAL_DB: required with fusion modules")
   assert not runs.exists()
 
 

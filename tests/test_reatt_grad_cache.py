@@ -162,7 +162,7 @@ def test_the_task_uses_grad_cache_when_accumulating_in_batch(full, tmp_path):
   reader = FidReaderConfig(train_data="unread.json", n_context=P,
                            text_maxlength=L, answer_maxlength=4)
   task = ReAttTask(reader=FidTask(reader=reader, model_config=model.config),
-                   bi_encoder_layers=1)
+                   reatt=model.reatt)
   task.model = model  # prepare() would read data; the phases need the model
   settings = Settings(model_dir=str(tmp_path / "run"), train_steps=2,
                       batch_size=B, accumulation_steps=A, progress=False)

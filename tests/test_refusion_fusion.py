@@ -7,6 +7,7 @@ the plain T5's logits exactly unchanged; gradients must reach beta.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxfid.core.errors import InputError
 from jaxfid.t5 import layers
 from jaxfid.t5.config import preset
 from jaxfid.t5.model import EncoderDecoderModel
@@ -81,7 +83,7 @@ def test_evaluation_mask_weighs_what_training_masks_weigh(sampler):
   """Issue #17 item 1: at several beta, the total weight of the mask a
   module applies at evaluation is within 5% of its training average."""
   k, r = 16, 8
-  module = _module(F.FusionConfig(targets=("encoder.key",), top_k=k,
+  module = _module(F.FusionConfig(modules="encoder.key", top_k=k,
                                   db_dim=r, mask_sampler=sampler), r)
   ones = jnp.ones((4000, 1, k, r), jnp.float32)    # fused = total weight / K
   rng = np.random.default_rng(4)
@@ -119,7 +121,7 @@ def test_straight_through_masks_are_exact_samples_with_relaxed_gradients():
 
 def test_xavier_initialisation_is_the_originals():
   k, r = 8, 24
-  fusion = F.FusionConfig(targets=("encoder.key",), top_k=k, db_dim=r,
+  fusion = F.FusionConfig(modules="encoder.key", top_k=k, db_dim=r,
                           init="xavier")
   module = _module(fusion, 6)
   for param, fans in ((module.fusion_rerank, k + 1),
@@ -133,7 +135,7 @@ def test_xavier_initialisation_is_the_originals():
   # The projection is drawn first, so it does not depend on the choice.
   np.testing.assert_array_equal(np.asarray(zeros.fusion_proj[...]),
                                 np.asarray(module.fusion_proj[...]))
-  with pytest.raises(ValueError, match="init"):
+  with pytest.raises(InputError, match="FUSION_INIT: must be one of"):
     dataclasses.replace(fusion, init="normal")
 
 
@@ -178,7 +180,7 @@ ALL = "query,key,value,output,ffn,decoder.query,decoder.key,decoder.value,decode
 def test_no_neighbours_or_original_choice_equals_plain_t5(structure):
   targets = F.parse_targets(ALL)
   n = len(F.wrapped_paths(CFG.num_layers, CFG.num_decoder_layers, targets))
-  fusion = F.FusionConfig(targets=targets, top_k=K, db_dim=R, search=True,
+  fusion = F.FusionConfig(modules=ALL, top_k=K, db_dim=R, search=True,
                           structure=None if structure is None else (structure,) * n)
   model = ReFusionModel(CFG, fusion)
   params = model.init_params(0)
@@ -200,7 +202,7 @@ def test_no_neighbours_or_original_choice_equals_plain_t5(structure):
 
 
 def test_fusion_changes_only_through_position_zero_and_label_scores():
-  fusion = F.FusionConfig(targets=F.parse_targets("key,value"), top_k=K,
+  fusion = F.FusionConfig(modules="key,value", top_k=K,
                           db_dim=R, scheme="reranker")
   model = ReFusionModel(CFG, fusion)
   params = model.init_params(0)
@@ -231,7 +233,7 @@ def test_projected_vector_does_not_depend_on_the_database_scale():
   h = jnp.asarray(rng.normal(size=(3, 2, K, R)) * 0.05, jnp.float32)
   for norm, out, invariant in (("auto", 7, True), ("none", 7, False),
                                ("auto", R, False), ("rms", R, True)):
-    module = _module(F.FusionConfig(targets=("encoder.key",), top_k=K,
+    module = _module(F.FusionConfig(modules="encoder.key", top_k=K,
                                     db_dim=R, fused_norm=norm), out)
     small = module._delta("reranker", h, None)                  # [3, out]
     large = module._delta("reranker", 30 * h, None)
@@ -245,11 +247,28 @@ def test_projected_vector_does_not_depend_on_the_database_scale():
       {"targets": ["encoder.key"], "top_k": K, "db_dim": R}).fused_norm == "none"
 
 
+def test_run_config_fusion_keeps_its_keys_and_round_trips():
+  fusion = F.FusionConfig(modules="key,decoder.ffn", top_k=K, db_dim=R,
+                          structure=("reranker", "original"))
+  fields = fusion.to_dict()
+  assert set(fields) == {
+      "targets", "top_k", "db_dim", "search", "scheme", "structure",
+      "mask_temperature", "mask_clip", "init", "mask_sampler",
+      "mask_eval_samples", "fused_norm"}
+  assert fields["targets"] == ["encoder.key", "decoder.ffn"]
+  assert fields["structure"] == ["reranker", "original"]
+  back = F.FusionConfig.from_dict(json.loads(json.dumps(fields)))
+  assert back.targets == fusion.targets and back.to_dict() == fields
+  assert F.FusionConfig.from_dict({**fields, "targets": []}).targets == ()
+  with pytest.raises(InputError, match="structure: entry 'best'"):
+    F.FusionConfig(structure=("best",))
+
+
 def test_projection_when_database_width_differs():
-  fusion = F.FusionConfig(targets=("encoder.key",), top_k=K, db_dim=R)
+  fusion = F.FusionConfig(modules="encoder.key", top_k=K, db_dim=R)
   params = ReFusionModel(CFG, fusion).init_params(0)
   key = params["encoder"]["layers_0"]["attention"]["key"]
   assert key["fusion_proj"].shape == (R, CFG.num_heads * CFG.d_kv)
-  same = F.FusionConfig(targets=("encoder.ffn",), top_k=K, db_dim=CFG.d_model)
+  same = F.FusionConfig(modules="encoder.ffn", top_k=K, db_dim=CFG.d_model)
   wo = ReFusionModel(CFG, same).init_params(0)["encoder"]["layers_0"]["mlp"]["wo"]
   assert "fusion_proj" not in wo

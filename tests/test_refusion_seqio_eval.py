@@ -62,7 +62,7 @@ def _model_dir(path, *, fusion_modules="none", db=None, concat=False,
   """A ReFusion MODEL_DIR as the trainer leaves it (random weights)."""
   targets = fusion_lib.parse_targets(fusion_modules)
   fusion = fusion_lib.FusionConfig(
-      targets=targets, top_k=TOP_K,
+      modules=fusion_modules, top_k=TOP_K,
       db_dim=nb.db_width(db) if targets else 1, search=False)
   model = ReFusionModel(CONFIG, fusion)
   params = model.init_params(seed)

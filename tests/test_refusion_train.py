@@ -199,14 +199,15 @@ def test_retrain_resumes_in_its_phase_and_logs_the_structure_once(
 def test_init_checkpoint_backbone_goes_into_fresh_fusion_params(db, tmp_path):
   from jaxfid.checkpoints.load import load_checkpoint
   from jaxfid.core.errors import InputError
-  from jaxfid.refusion.task import ReFusionTask
+  from jaxfid.refusion.task import ReFusionData, ReFusionTask
   from jaxfid.training.task import Settings
   sizes = dict(vocab_size=32128, d_model=16, d_kv=4, d_ff=32, num_heads=2,
                num_layers=2, num_decoder_layers=2)
   cfg = dataclasses.replace(preset("tiny"), **{
       k: v for k, v in sizes.items() if k != "vocab_size"})
-  task = ReFusionTask(task="sst-2", data_dir=str(SST2), retrieval_db=str(db),
-                      top_k=4, max_length=40, model_config=cfg)
+  task = ReFusionTask(data=ReFusionData(
+      task="sst-2", data_dir=str(SST2), retrieval_db=str(db), top_k=4,
+      max_length=40), model_config=cfg)
   task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
                         batch_size=8, seed=3, progress=False))
   ckpt = make_tiny_hf_checkpoint(tmp_path / "hf", **sizes)
@@ -258,7 +259,7 @@ def test_bad_settings_are_one_line_errors(db, tmp_path, capsys, extra, needle):
 def test_bilevel_step_updates_each_group_only_in_its_half():
   cfg = dataclasses.replace(preset("tiny"), d_model=16, d_kv=4, d_ff=32,
                             num_heads=2, vocab_size=64, dropout_rate=0.0)
-  fusion = F.FusionConfig(targets=F.parse_targets("key,value"), top_k=3,
+  fusion = F.FusionConfig(modules="key,value", top_k=3,
                           db_dim=5, search=True)
   model = ReFusionModel(cfg, fusion)
   params = model.init_params(0)
@@ -309,7 +310,7 @@ def test_fusion_lr_scale_and_the_originals_arch_optimizer():
   cfg = dataclasses.replace(preset("tiny"), d_model=16, d_kv=4, d_ff=32,
                             num_heads=2, vocab_size=64)
   params = ReFusionModel(cfg, F.FusionConfig(
-      targets=F.parse_targets("key"), top_k=3, db_dim=5,
+      modules="key", top_k=3, db_dim=5,
       search=True)).init_params(0)
   ones = jax.tree.map(jnp.ones_like, params)
   model_opt, arch_opt = search.group_optimizers(

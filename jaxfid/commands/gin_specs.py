@@ -1,13 +1,13 @@
 """What every gin-driven command reads, and what each value may be.
 
 :data:`TABLE` holds one row per parameter of each configurable the gin files
-bind (``loop.train``, ``FidTask``, ``ReAttTask``, ``ReFusionTask``,
-``DualEncoderTask``, ``T5Config``, ``seqio_eval.evaluate``, the checkpoint
-evaluators), in the order of the gin file that binds it; the macro a row
-checks is named in its comment. Choices come from the code that consumes
-them (``optim.OPTIMIZERS``, ``fusion.SCHEMES``, ...). :data:`COMMANDS` says
-which configurables each command calls and which macros it reads itself, as
-the commands registered them (:mod:`jaxfid.commands.registry`).
+bind that are neither config dataclasses (whose fields carry their checks:
+:mod:`jaxfid.core.config`) nor annotated with a jaxfid class (a gin
+reference: ``ReAttTask.reader``, ``ReFusionTask.fusion``): the run's launch
+and ``jaxfid eval``'s options; the macro a row checks is named in its
+comment. :data:`COMMANDS` says which configurables each command calls and
+which macros it reads itself, as the commands registered them
+(:mod:`jaxfid.commands.registry`).
 
 :func:`check` validates a parsed run (see :mod:`jaxfid.core.gin_checks`):
 unknown or unread bindings, wrong types, out-of-range values, bad choices and
@@ -22,44 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from jaxfid.commands import registry, seqio_eval
-from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import (REFERENCE, Check, Reads, Table, flag,
                                     integer, number, text, validate)
 from jaxfid.core.gin_files import ParsedGin
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.reatt.task import ReAttTask
-from jaxfid.refusion import fusion, lmbff
-from jaxfid.refusion import search as refusion_search
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
-from jaxfid.refusion.task import RETRIEVAL_MODES, ReFusionTask
 from jaxfid.t5 import config as t5_config
 from jaxfid.training import launch
-
-
-def _task_problem(name: str) -> str | None:
-  try:
-    lmbff.get_task(name)
-  except InputError as e:
-    return e.reason
-  return None
-
-
-def _fusion_problem(spec: str) -> str | None:
-  try:
-    fusion.parse_targets(spec)
-  except ValueError as e:
-    return str(e)
-  return None
-
-
-def _refusion_db(values) -> tuple[str, str] | None:
-  if _fusion_problem(values["fusion_modules"]) is None and (
-      fusion.parse_targets(values["fusion_modules"])
-      or values["concat_neighbours"]) and not values["retrieval_db"]:
-    return ("retrieval_db", "required with fusion modules or "
-            "CONCAT_NEIGHBOURS (build one with `jaxfid index dense`)")
-  return None
-
 
 SIZE = integer(1)
 OPTIONAL_SIZE = integer(1, optional=True)
@@ -93,53 +62,6 @@ TABLE.add(
     alpha=number(0), dtype=text(t5_config.DTYPES, optional=True))
 TABLE.add(ReFusionCheckpointEvaluator, neighbour_cache=OPTIONAL_PATH,
           progress=flag())
-
-# gin/reatt/base.gin
-TABLE.add(
-    ReAttTask,
-    reader=Check(REFERENCE),
-    bi_encoder_layers=SIZE,                             # BI_ENCODER_LAYERS
-    kl_weight=number(0),                                # KL_WEIGHT
-    head_temperature=number(above=0),                   # HEAD_TEMPERATURE
-    in_batch_negatives=flag(),                          # IN_BATCH_NEGATIVES
-    retrieval_warmup_steps=STEPS,                       # RETRIEVAL_WARMUP_STEPS
-    relevance_chunk=STEPS,                              # RELEVANCE_CHUNK (0: all)
-    query_maxlength=STEPS,                              # QUERY_MAXLENGTH (0: the row)
-    retrieval_corpus=OPTIONAL_PATH,                     # RETRIEVAL_CORPUS
-    iteration_steps=STEPS,                              # ITERATION_STEPS (0: no refresh)
-    token_top_k=SIZE,                                   # TOKEN_TOP_K
-    index_batch_size=SIZE,                              # INDEX_BATCH_SIZE
-    warmup_fraction=number(0, 1, optional=True),        # WARMUP_FRACTION
-    restart_schedule=flag())                            # RESTART_SCHEDULE
-
-# gin/refusion/t5_base.gin
-TABLE.add(
-    ReFusionTask, _refusion_db,
-    model_config=Check(REFERENCE),
-    task=text(test=_task_problem),                      # TASK
-    data_dir=PATH,                                      # DATA_DIR
-    retrieval_db=OPTIONAL_PATH,                         # RETRIEVAL_DB
-    top_k=SIZE,                                         # TOP_K
-    fusion_modules=text(test=_fusion_problem),          # FUSION_MODULES
-    search=flag(),                                      # SEARCH
-    fusion_scheme=text(fusion.SCHEMES[1:]),             # FUSION_SCHEME
-    retrain=flag(),                                     # RETRAIN
-    concat_neighbours=flag(),                           # CONCAT_NEIGHBOURS
-    neighbour_cache=OPTIONAL_PATH,                      # NEIGHBOUR_CACHE
-    retrieval_mode=text(RETRIEVAL_MODES),               # RETRIEVAL_MODE
-    mask_temperature=number(above=0),                   # MASK_TEMPERATURE
-    max_length=SIZE,                                    # MAX_LENGTH
-    arch_learning_rate=number(0),                       # ARCH_LEARNING_RATE
-    eval_batch_size=SIZE,                               # EVAL_BATCH_SIZE
-    fusion_init=text(fusion.INITS),                     # FUSION_INIT
-    mask_sampler=text(fusion.SAMPLERS),                 # MASK_SAMPLER
-    mask_eval_samples=SIZE,                             # MASK_EVAL_SAMPLES
-    fused_norm=text(fusion.FUSED_NORMS),                # FUSED_NORM
-    fusion_lr_scale=number(above=0),                    # FUSION_LR_SCALE
-    arch_optimizer=text(refusion_search.ARCH_OPTIMIZERS),  # ARCH_OPTIMIZER
-    arch_weight_decay=number(0),                        # ARCH_WEIGHT_DECAY
-    arch_warmup_steps=STEPS,                            # ARCH_WARMUP_STEPS
-    templates=text(lmbff.TEMPLATE_SETS))                # TEMPLATES
 
 # What the shared gin commands read; a method's commands register their own
 # (jaxfid.commands.registry.Command.gin), and COMMANDS collects them all.

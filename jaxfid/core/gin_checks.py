@@ -15,8 +15,9 @@ problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
    ``%gin.REQUIRED`` (``MODEL_DIR: required: ...``); then each config
    dataclass (:class:`jaxfid.core.config.Config`) is built from its values,
    so its own ``__post_init__`` rules run (``ACCUMULATION_STEPS`` divides
-   ``BATCH_SIZE``), and the table's rules of other configurables; then the
-   macros the command reads itself.
+   ``BATCH_SIZE``), then the rules of a configurable across the configs it
+   takes (its ``check_configs``), and the table's rules of other
+   configurables; then the macros the command reads itself.
 
 A config dataclass's parameters need no table row: their checks come from
 the fields (:func:`jaxfid.core.config.field_checks`). Another configurable's
@@ -241,6 +242,29 @@ def _construct(obj, walk: Walk, values: dict, built: dict):
   return built[obj]
 
 
+def _check_together(obj, values: dict, built: dict) -> None:
+  """Runs ``obj.check_configs(**configs)`` where configurable ``obj`` (a
+  task) takes several config dataclasses and defines it: the rules across
+  them (ReFusion's ``RETRIEVAL_DB`` is required with fusion modules), given
+  the built configs of its parameters (bound, else their defaults; other
+  references are left out). Skipped where one of them was not built."""
+  rule = getattr(obj, "check_configs", None)
+  if rule is None:
+    return
+  configs = {p: v for p, v in _defaults(obj).items() if isinstance(v, Config)}
+  for param, value in values.get(obj, {}).items():
+    if not isinstance(value, gin.config.ConfigurableReference):
+      continue
+    wrapped = value.configurable.wrapped
+    if isinstance(wrapped, type) and issubclass(wrapped, Config):
+      if built.get(wrapped) is None:
+        return
+      configs[param] = built[wrapped]
+    else:
+      configs.pop(param, None)
+  rule(**configs)
+
+
 def validate(parsed: ParsedGin, reads: Reads, table: Table,
              command: str) -> None:
   """Raises InputError for the first problem (module docstring); else None.
@@ -277,6 +301,9 @@ def validate(parsed: ParsedGin, reads: Reads, table: Table,
   for obj in walk.configurables:
     if obj not in broken:
       _construct(obj, walk, values, built)
+  for obj in walk.configurables:
+    if obj not in broken:
+      _check_together(obj, values, built)
     rules = table.rules.get(obj, ())
     if not rules or obj in broken:
       continue

@@ -119,7 +119,9 @@ def plan_iterations(train_data: str, work_dir: str, iterations: int,
 
 
 def check_settings(settings: dict, steps_per_iteration: int) -> None:
-  """Refuses gin configs whose own iteration or schedule would fight the rounds."""
+  """Refuses gin configs whose own iteration or schedule would fight the
+  rounds (each value's own range is checked with the gin run:
+  :class:`jaxfid.reatt.task.ReAttTraining`)."""
   if settings["retrieval_corpus"]:
     raise InputError("RETRIEVAL_CORPUS", "drives the trainer's own refresh; "
                      "`reatt iterate` re-indexes --corpus itself: leave "
@@ -139,8 +141,6 @@ def check_settings(settings: dict, steps_per_iteration: int) -> None:
       raise InputError("WARMUP_FRACTION", "is a share of the whole run, which "
                        "one round does not know: use RESTART_SCHEDULE=True "
                        "or WARMUP_STEPS")
-  if settings["retrieval_warmup_steps"] < 0:
-    raise InputError("RETRIEVAL_WARMUP_STEPS", "must not be negative")
 
 
 def check_queries(path: str) -> int:

@@ -48,6 +48,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxfid.core.config import Config, option
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
@@ -66,46 +67,34 @@ HEAD_AXIS = "reatt_heads"       # not in the sharding rules: replicated
 
 
 @dataclasses.dataclass(frozen=True)
-class ReAttConfig:
-  """ReAtt's switches on top of the T5 config.
+class ReAttConfig(Config):
+  """ReAtt's switches on top of the T5 config (gin: ``ReAttTask.reatt =
+  @ReAttConfig()``, the macros of ``gin/reatt/base.gin``).
 
   Attributes:
     bi_encoder_layers: encoder layers run as a bi-encoder (B in the paper;
       12 for T5-large); retrieval attention uses layer ``bi_encoder_layers``.
+      ReAtt trains a bi-encoder, so at least 1 (the model's split at 0 is
+      FiD's encoder).
     head_temperature: tau of the head selector ``softmax(w / tau)``.
     in_batch_negatives: score every question against every document of the
       batch (other questions' documents get target 0); otherwise only its
       own close documents.
     separator_ids: token ids of ``title:``, used to find the question prefix
-      when a batch carries no ``question_length`` (prediction on FiD inputs).
+      when a batch carries no ``question_length`` (prediction on FiD inputs);
+      the task fills them in from its tokenizer.
     relevance_chunk: documents per chunk when scoring in-batch relevance
       (bounds memory at scale: [B, H, Q, chunk, S] at a time); 0 = one go.
     query_maxlength: question tokens that take part in retrieval (the
       first ones of the row; the index truncates queries alike); 0 = the
       whole row.
   """
-  bi_encoder_layers: int = 12
-  head_temperature: float = 0.001
+  bi_encoder_layers: int = option(12, low=1)
+  head_temperature: float = option(0.001, above=0)
   in_batch_negatives: bool = True
   separator_ids: tuple[int, ...] = (2233, 10)
-  relevance_chunk: int = 0
-  query_maxlength: int = 0
-
-  def to_dict(self) -> dict:
-    d = dataclasses.asdict(self)
-    d["separator_ids"] = list(self.separator_ids)
-    return d
-
-  @classmethod
-  def from_dict(cls, fields: dict) -> "ReAttConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    kw = {k: v for k, v in fields.items() if k in names}
-    if "separator_ids" in kw:
-      kw["separator_ids"] = tuple(int(i) for i in kw["separator_ids"])
-    return cls(**kw)
-
-  def replace(self, **changes) -> "ReAttConfig":
-    return dataclasses.replace(self, **changes)
+  relevance_chunk: int = option(0, low=0)
+  query_maxlength: int = option(0, low=0)
 
 
 @dataclasses.dataclass
@@ -147,8 +136,6 @@ class ReAttModel(EncoderDecoderModel):
       raise ValueError(f"bi_encoder_layers must be in [0, {config.num_layers})"
                        f" for a {config.num_layers}-layer encoder, got "
                        f"{reatt.bi_encoder_layers}")
-    if reatt.head_temperature <= 0:
-      raise ValueError("head_temperature must be positive")
     super().__init__(config)
     self.reatt = reatt
 

@@ -2,10 +2,11 @@
 with the split encoder, the KL loss and iterative refresh.
 
 gin: ``gin/reatt/*.gin`` include the FiD gin (whose ``FidTask`` becomes this
-task's ``reader``: data, batches, QA evaluation) and bind ReAtt's macros
-(``BI_ENCODER_LAYERS``, ``KL_WEIGHT``, ``HEAD_TEMPERATURE``,
-``IN_BATCH_NEGATIVES``, ``RETRIEVAL_WARMUP_STEPS``, ``RETRIEVAL_CORPUS``,
-``ITERATION_STEPS``, ...). It differs from FiD in:
+task's ``reader``: data, batches, QA evaluation) and bind ReAtt's configs
+whole: ``reatt = @ReAttConfig()`` (the model's ``BI_ENCODER_LAYERS``,
+``HEAD_TEMPERATURE``, ``IN_BATCH_NEGATIVES``, ...) and ``training =
+@ReAttTraining()`` (``KL_WEIGHT``, ``RETRIEVAL_WARMUP_STEPS``,
+``RETRIEVAL_CORPUS``, ``ITERATION_STEPS``, ...). It differs from FiD in:
 
 * the model: :class:`~jaxfid.reatt.model.ReAttModel` (T5 + head weights);
   ``INIT_CHECKPOINT`` may be any T5 checkpoint (head weights start at 0) or
@@ -23,11 +24,13 @@ task's ``reader``: data, batches, QA evaluation) and bind ReAtt's macros
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.core import paths
+from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
@@ -59,44 +62,67 @@ def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
   return params
 
 
+@dataclasses.dataclass(frozen=True)
+class ReAttTraining(Config):
+  """How a ReAtt run trains and refreshes its close documents (gin:
+  ``ReAttTask.training = @ReAttTraining()``, the macros of
+  ``gin/reatt/base.gin``; ``jaxfid reatt iterate`` reads some of the same
+  macros, :data:`jaxfid.reatt.iterate.SETTINGS`).
+
+  Attributes:
+    kl_weight: ``KL_WEIGHT``, alpha of ``QA + alpha * KL``.
+    retrieval_warmup_steps: ``RETRIEVAL_WARMUP_STEPS``, QA-loss-only steps
+      before the KL term.
+    retrieval_corpus: ``RETRIEVAL_CORPUS``, the corpus re-indexed for
+      iterative training (None: no refresh).
+    iteration_steps: ``ITERATION_STEPS``, steps per iteration (0: no
+      refresh).
+    token_top_k: ``TOKEN_TOP_K``, tokens fetched per query token.
+    index_batch_size: ``INDEX_BATCH_SIZE``, passages per encoder call when
+      indexing.
+    warmup_fraction: ``WARMUP_FRACTION``, warm-up as a share of each phase
+      (None: ``WARMUP_STEPS``).
+    restart_schedule: ``RESTART_SCHEDULE``, a fresh warm-up and decay per
+      phase (the QA-only warm-up, then every iteration).
+  """
+  kl_weight: float = option(8.0, low=0)
+  retrieval_warmup_steps: int = option(0, low=0)
+  retrieval_corpus: str | None = None
+  iteration_steps: int = option(0, low=0)
+  token_top_k: int = option(2048, low=1)
+  index_batch_size: int = option(64, low=1)
+  warmup_fraction: float | None = option(None, low=0, high=1)
+  restart_schedule: bool = False
+
+
 class ReAttTask(Task):
-  """Train ReAtt (see the module docstring)."""
+  """Train ReAtt (see the module docstring).
+
+  Args:
+    reader: FiD's task: data, batches, QA evaluation (its ``model_config``
+      is the T5).
+    reatt: the model's switches (``separator_ids`` come from the reader's
+      tokenizer).
+    training: the loss weight, schedule and iterative refresh.
+  """
   name = "reatt"
   description = "train reatt"
   best_metric = "eval_em"
 
-  def __init__(self, *, reader: FidTask, bi_encoder_layers: int = 12,
-               kl_weight: float = 8.0, head_temperature: float = 0.001,
-               in_batch_negatives: bool = True,
-               retrieval_warmup_steps: int = 0, relevance_chunk: int = 0,
-               query_maxlength: int = 0, retrieval_corpus: str | None = None,
-               iteration_steps: int = 0, token_top_k: int = 2048,
-               index_batch_size: int = 64,
-               warmup_fraction: float | None = None,
-               restart_schedule: bool = False):
-    self.reader = reader
-    self.bi_encoder_layers = bi_encoder_layers
-    self.kl_weight = kl_weight
-    self.head_temperature = head_temperature
-    self.in_batch_negatives = in_batch_negatives
-    self.retrieval_warmup_steps = retrieval_warmup_steps
-    self.relevance_chunk = relevance_chunk
-    self.query_maxlength = query_maxlength
-    self.retrieval_corpus = retrieval_corpus
-    self.iteration_steps = iteration_steps
-    self.token_top_k = token_top_k
-    self.index_batch_size = index_batch_size
-    self.warmup_fraction = warmup_fraction
-    self.restart_schedule = restart_schedule
+  def __init__(self, *, reader: FidTask,
+               reatt: reatt.ReAttConfig = reatt.ReAttConfig(),
+               training: ReAttTraining = ReAttTraining()):
+    self.reader, self.config, self.training = reader, reatt, training
     self._batcher: ReAttBatcher | None = None
 
   # ---- data and model ---------------------------------------------------------
 
   def prepare(self, settings: Settings) -> None:
-    if self.retrieval_corpus and settings.process_count > 1:
+    corpus = self.training.retrieval_corpus
+    if corpus and settings.process_count > 1:
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one "
                        "host; use `jaxfid reatt iterate` for multi-host runs")
-    if self.retrieval_corpus and paths.is_url(settings.model_dir):
+    if corpus and paths.is_url(settings.model_dir):
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh keeps its index "
                        "in MODEL_DIR/index and needs a local MODEL_DIR")
     reader = self.reader
@@ -106,12 +132,7 @@ class ReAttTask(Task):
                        ": set PASSAGE_EOS = True")
     reader.prepare_data(settings)
     self.settings = settings
-    self.config = reatt.ReAttConfig(
-        bi_encoder_layers=self.bi_encoder_layers,
-        head_temperature=self.head_temperature,
-        in_batch_negatives=self.in_batch_negatives,
-        relevance_chunk=self.relevance_chunk,
-        query_maxlength=self.query_maxlength,
+    self.config = self.config.replace(
         separator_ids=tuple(reader.tokenizer.encode(TITLE_PREFIX)))
     try:
       self.model = reatt.ReAttModel(reader.model_config, self.config)
@@ -121,13 +142,13 @@ class ReAttTask(Task):
     self.vocabulary = reader.vocabulary
     self.examples = reader.train_examples()
     self.refresh_at = (phase_boundaries(
-        settings.train_steps, self.retrieval_warmup_steps,
-        self.iteration_steps) if self.retrieval_corpus else [])
+        settings.train_steps, self.training.retrieval_warmup_steps,
+        self.training.iteration_steps) if corpus else [])
 
   def run_config(self) -> dict:
     return {**self.reader.run_config(), **reatt.run_config_fields(self.config),
-            "kl_weight": self.kl_weight,
-            "retrieval_warmup_steps": self.retrieval_warmup_steps}
+            "kl_weight": self.training.kl_weight,
+            "retrieval_warmup_steps": self.training.retrieval_warmup_steps}
 
   def initial_params(self, path: str) -> dict:
     return initial_reatt_params(path, self.model)
@@ -140,8 +161,9 @@ class ReAttTask(Task):
     self._batcher = ReAttBatcher(
         examples, reader.tokenizer, batch_size=self.settings.batch_size,
         n_context=reader.n_context, text_maxlength=reader.text_maxlength,
-        target_maxlength=reader.target_length, kl_weight=self.kl_weight,
-        retrieval_warmup_steps=self.retrieval_warmup_steps,
+        target_maxlength=reader.target_length,
+        kl_weight=self.training.kl_weight,
+        retrieval_warmup_steps=self.training.retrieval_warmup_steps,
         seed=self.settings.seed, dataset=reader.dataset,
         passage_eos=reader.passage_eos)
 
@@ -152,16 +174,17 @@ class ReAttTask(Task):
 
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
-    restarts = []
-    if self.restart_schedule:
-      if 0 < self.retrieval_warmup_steps < settings.train_steps:
-        restarts.append(self.retrieval_warmup_steps)
-      restarts.extend(phase_boundaries(settings.train_steps,
-                                       self.retrieval_warmup_steps,
-                                       self.iteration_steps))
-    schedule = optimizer.schedule_fn(settings.train_steps, restarts=restarts,
-                                     warmup_fraction=self.warmup_fraction)
-    if settings.accumulation_steps > 1 and self.in_batch_negatives:
+    training, restarts = self.training, []
+    if training.restart_schedule:
+      warmup = training.retrieval_warmup_steps
+      if 0 < warmup < settings.train_steps:
+        restarts.append(warmup)
+      restarts.extend(phase_boundaries(settings.train_steps, warmup,
+                                       training.iteration_steps))
+    schedule = optimizer.schedule_fn(
+        settings.train_steps, restarts=restarts,
+        warmup_fraction=training.warmup_fraction)
+    if settings.accumulation_steps > 1 and self.config.in_batch_negatives:
       tx = optimizer.make(schedule)
       return [Phase("train", settings.train_steps,
                     make_state=lambda p, s: train_state(
@@ -194,10 +217,11 @@ class ReAttTask(Task):
     reader, model_dir = self.reader, ctx.settings.model_dir
     examples = refresh_close_documents(
         self.model, params, reader.tokenizer, reader.train_examples(),
-        self.retrieval_corpus, os.path.join(model_dir, "index"),
+        self.training.retrieval_corpus, os.path.join(model_dir, "index"),
         n_context=reader.n_context, doc_maxlength=reader.text_maxlength,
-        query_maxlength=self.query_maxlength or reader.text_maxlength,
-        token_top_k=self.token_top_k, batch_size=self.index_batch_size,
+        query_maxlength=self.config.query_maxlength or reader.text_maxlength,
+        token_top_k=self.training.token_top_k,
+        batch_size=self.training.index_batch_size,
         progress=ctx.settings.progress)
     path = iteration_file(model_dir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -226,8 +250,9 @@ class ReAttTask(Task):
       self.use_examples(self.refresh(ctx, step, state["params"]))
 
   def log_record(self, step: int) -> dict:
-    return {"kl_weight": (self.kl_weight if step > self.retrieval_warmup_steps
-                          else 0.0)}
+    training = self.training
+    return {"kl_weight": (training.kl_weight
+                          if step > training.retrieval_warmup_steps else 0.0)}
 
   def close(self) -> None:
     if self._batcher is not None:

@@ -61,6 +61,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxfid.core import sharding as ax
+from jaxfid.core.config import Config, option
+from jaxfid.core.errors import InputError
 from jaxfid.t5 import layers
 
 Array = jax.Array
@@ -81,13 +83,27 @@ _DECODER_PATHS = {"query": ("self_attention", "query"),
                   "output": ("self_attention", "out"), "ffn": ("mlp", "wo")}
 
 
+def _modules_problem(spec: str) -> str | None:
+  """Why FUSION_MODULES cannot be parsed (:func:`parse_targets`), or None."""
+  try:
+    parse_targets(spec)
+  except ValueError as e:
+    return str(e)
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
-class FusionConfig:
+class FusionConfig(Config):
   """What is fused where, and how; passed whole to the model.
 
+  gin binds it whole (``ReFusionTask.fusion = @FusionConfig()``, the macros
+  of ``gin/refusion/t5_base.gin``); ``top_k``, ``db_dim`` and ``search`` are
+  the run's (``TOP_K``, the retrieval database's width, ``SEARCH`` with
+  fusion modules), filled in by the task with :meth:`replace`.
+
   Attributes:
-    targets: ``'stack.module'`` names (``encoder.key``...); every layer of
-      that stack gets the module wrapped. Empty: the plain backbone.
+    modules: ``FUSION_MODULES``, the wrapped projections (:func:`
+      parse_targets`: ``'key,value'``, ``'decoder.ffn'``, ``'none'``).
     top_k: neighbours per segment (K).
     db_dim: width of the retrieval database's vectors (R).
     search: the adaptive integrator (mixture over the schemes); otherwise
@@ -105,61 +121,55 @@ class FusionConfig:
     mask_eval_samples: draws averaged for the ``'soft'`` evaluation mask.
     fused_norm: ``'auto'`` (divide the fused vector by its root mean square
       before a projection), ``'rms'`` (always) or ``'none'`` (never).
+
+  A run config's ``fusion`` holds these fields with ``targets`` (the parsed
+  modules, a list) in place of ``modules``.
   """
-  targets: tuple[str, ...] = ("encoder.key", "encoder.value")
-  top_k: int = 64
-  db_dim: int = 768
+  modules: str = option("key,value", test=_modules_problem,
+                        macro="FUSION_MODULES")
+  top_k: int = option(64, low=1, macro="TOP_K")
+  db_dim: int = option(768, low=1)
   search: bool = False
-  scheme: str = "reranker"
+  scheme: str = option("reranker", choices=SCHEMES[1:],
+                       macro="FUSION_SCHEME")
   structure: tuple[str, ...] | None = None
-  mask_temperature: float = 5.0
-  mask_clip: float = 5.0
-  init: str = "zeros"
-  mask_sampler: str = "soft"
-  mask_eval_samples: int = 64
-  fused_norm: str = "auto"
+  mask_temperature: float = option(5.0, above=0)
+  mask_clip: float = option(5.0, above=0)
+  init: str = option("zeros", choices=INITS, macro="FUSION_INIT")
+  mask_sampler: str = option("soft", choices=SAMPLERS)
+  mask_eval_samples: int = option(64, low=1)
+  fused_norm: str = option("auto", choices=FUSED_NORMS)
 
   def __post_init__(self):
-    for name, value, allowed in (("init", self.init, INITS),
-                                 ("mask_sampler", self.mask_sampler, SAMPLERS),
-                                 ("fused_norm", self.fused_norm, FUSED_NORMS)):
-      if value not in allowed:
-        raise ValueError(f"{name} {value!r}: one of {allowed}")
-    if self.mask_eval_samples < 1:
-      raise ValueError(f"mask_eval_samples must be at least 1, got "
-                       f"{self.mask_eval_samples}")
-    for t in self.targets:
-      stack, _, module = t.partition(".")
-      if stack not in STACKS or module not in MODULES:
-        raise ValueError(f"fusion target {t!r}: expected STACK.MODULE with "
-                         f"STACK in {STACKS} and MODULE in {MODULES}")
-    if self.scheme not in SCHEMES[1:]:
-      raise ValueError(f"fusion scheme {self.scheme!r}: one of {SCHEMES[1:]}")
+    super().__post_init__()
     for s in self.structure or ():
       if s not in SCHEMES:
-        raise ValueError(f"structure entry {s!r}: one of {SCHEMES}")
-    if self.targets and self.top_k < 1:
-      raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+        raise InputError("structure", f"entry {s!r}: one of {SCHEMES}")
+
+  @property
+  def targets(self) -> tuple[str, ...]:
+    """``'stack.module'`` names (``encoder.key``...); every layer of that
+    stack gets the module wrapped. Empty: the plain backbone."""
+    return parse_targets(self.modules)
 
   @property
   def enabled(self) -> bool:
     return bool(self.targets)
 
   def to_dict(self) -> dict:
-    d = dataclasses.asdict(self)
-    d["targets"] = list(self.targets)
-    d["structure"] = list(self.structure) if self.structure else None
-    return d
+    fields = super().to_dict()
+    del fields["modules"]
+    return {"targets": list(self.targets), **fields}
 
   @classmethod
-  def from_dict(cls, d: dict) -> "FusionConfig":
-    d = dict(d)
+  def from_dict(cls, fields: dict) -> "FusionConfig":
+    fields = dict(fields)
     # Runs written before the option existed added the projected vector
     # without normalising it.
-    d.setdefault("fused_norm", "none")
-    d["targets"] = tuple(d["targets"])
-    d["structure"] = tuple(d["structure"]) if d.get("structure") else None
-    return cls(**d)
+    fields.setdefault("fused_norm", "none")
+    if "modules" not in fields and "targets" in fields:
+      fields["modules"] = ",".join(fields["targets"]) or "none"
+    return super().from_dict(fields)
 
 
 def parse_targets(spec: str) -> tuple[str, ...]:

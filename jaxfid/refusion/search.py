@@ -12,6 +12,7 @@ module takes its argmax scheme; the structure is written atomically to
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfid.core import paths
+from jaxfid.core.config import Config, option
 from jaxfid.core.files import atomic_write
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
 from jaxfid.training.step import make_train_step
@@ -28,6 +30,31 @@ ARCH_SEED_OFFSET = 7919  # the architecture step's own dropout stream
 
 
 ARCH_OPTIMIZERS = ("adam", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig(Config):
+  """How a ReFusion run searches and trains its fusion (gin:
+  ``ReFusionTask.search = @SearchConfig()``, ``gin/refusion/t5_base.gin``).
+
+  Attributes:
+    search: ``SEARCH``, the bi-level search of the adaptive integrator
+      (with fusion modules; without, there is nothing to search).
+    retrain: ``RETRAIN``, after the search train the argmax structure again
+      from the initial weights (fresh optimizer), as DARTS does.
+    arch_learning_rate, arch_optimizer, arch_weight_decay,
+      arch_warmup_steps: the architecture weights' optimizer
+      (:func:`arch_optimizer`; ``ARCH_*``).
+    fusion_lr_scale: ``FUSION_LR_SCALE``, the fusion parameters' learning
+      rate relative to the backbone's (:func:`group_optimizers`).
+  """
+  search: bool = True
+  retrain: bool = False
+  arch_learning_rate: float = option(1e-4, low=0)
+  arch_optimizer: str = option("adam", choices=ARCH_OPTIMIZERS)
+  arch_weight_decay: float = option(0.0, low=0)
+  arch_warmup_steps: int = option(0, low=0)
+  fusion_lr_scale: float = option(1.0, above=0)
 
 
 def arch_optimizer(learning_rate: float, *, kind: str = "adam",

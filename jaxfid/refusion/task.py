@@ -1,10 +1,13 @@
 """ReFusion's training task (Wu et al., ICLR 2024) for the one loop.
 
-gin: ``gin/refusion/*.gin`` bind ``METHOD = @ReFusionTask()`` and its macros
-(``TASK``, ``DATA_DIR``, ``RETRIEVAL_DB``, ``TOP_K``, ``FUSION_MODULES``,
-``SEARCH``, ``FUSION_SCHEME``, ``RETRAIN``, ``CONCAT_NEIGHBOURS``,
-``RETRIEVAL_MODE``, ...); the run's macros are the trainer's
-(``gin/training.gin``).
+gin: ``gin/refusion/*.gin`` bind ``METHOD = @ReFusionTask()`` and its
+configs whole: ``data = @ReFusionData()`` (``TASK``, ``DATA_DIR``,
+``RETRIEVAL_DB``, ``TOP_K``, ``CONCAT_NEIGHBOURS``, ``RETRIEVAL_MODE``, ...),
+``fusion = @FusionConfig()`` (``FUSION_MODULES``, ``FUSION_SCHEME``,
+``FUSED_NORM``, ...) and ``search = @SearchConfig()`` (``SEARCH``,
+``RETRAIN``, ``ARCH_*``, ``FUSION_LR_SCALE``); each checks its own fields,
+and :meth:`ReFusionTask.check_configs` the rule across them. The run's
+macros are the trainer's (``gin/training.gin``).
 
 Phases:
   * with ``search`` (and fusion modules), steps ``[0, TRAIN_STEPS)`` are the
@@ -35,6 +38,7 @@ import jax
 import numpy as np
 
 from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.refusion import batches as batch_lib
@@ -71,137 +75,131 @@ def merge_backbone(params: dict, backbone: dict, source: str) -> dict:
   return merge(params, jax.device_get(backbone), "")
 
 
+def _task_problem(name: str) -> str | None:
+  """Why TASK names no LM-BFF task (:func:`lmbff.get_task`), or None."""
+  try:
+    lmbff.get_task(name)
+  except InputError as e:
+    return e.reason
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReFusionData(Config):
+  """What a ReFusion run reads: the task's examples and their neighbours
+  (gin: ``ReFusionTask.data = @ReFusionData()``, the macros of
+  ``gin/refusion/t5_base.gin``).
+
+  Attributes:
+    task: ``TASK``, one of :data:`jaxfid.refusion.lmbff.TASK_NAMES`.
+    data_dir: ``DATA_DIR``, LM-BFF's ``k-shot/<TASK>/16-<seed>``.
+    templates: ``TEMPLATES``, ``'paper'`` (Table 5) or ``'original'``.
+    max_length: ``MAX_LENGTH``, tokens of an input.
+    eval_batch_size: ``EVAL_BATCH_SIZE``, examples per scoring batch.
+    retrieval_db: ``RETRIEVAL_DB``, the ``jaxfid index dense`` output (needed
+      with fusion modules or ``concat_neighbours``).
+    top_k: ``TOP_K``, neighbours per input sentence.
+    concat_neighbours: ``CONCAT_NEIGHBOURS``, the baseline that appends the
+      neighbour sentences to the input.
+    neighbour_cache: ``NEIGHBOUR_CACHE``, the offline retrieval cache
+      (default: in the database's directory).
+    retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (once, offline, from the
+      text) or ``'hidden'`` (on-line, from the encoder states).
+  """
+  task: str = option(test=_task_problem)
+  data_dir: str = option()
+  templates: str = option("paper", choices=lmbff.TEMPLATE_SETS)
+  max_length: int = option(128, low=1)
+  eval_batch_size: int = option(32, low=1)
+  retrieval_db: str | None = None
+  top_k: int = option(64, low=1)
+  concat_neighbours: bool = False
+  neighbour_cache: str | None = None
+  retrieval_mode: str = option("input", choices=RETRIEVAL_MODES)
+
+
 class ReFusionTask(Task):
-  """Train (and search) ReFusion on one few-shot task (module docstring)."""
+  """Train (and search) ReFusion on one few-shot task (module docstring).
+
+  Args:
+    data: the task's examples and their neighbours.
+    model_config: the T5 backbone.
+    fusion: the fusion modules (``top_k``, ``db_dim`` and ``search`` are
+      filled in from ``data``, the database and ``search``).
+    search: the search and the optimizers' split.
+  """
   name = "refusion"
 
-  def __init__(self, *, task: str, data_dir: str,
+  def __init__(self, *, data: ReFusionData,
                model_config: T5Config = T5Config(),
-               retrieval_db: str | None = None, top_k: int = 64,
-               fusion_modules: str = "key,value", search: bool = True,
-               fusion_scheme: str = "reranker", retrain: bool = False,
-               concat_neighbours: bool = False,
-               neighbour_cache: str | None = None,
-               retrieval_mode: str = "input", mask_temperature: float = 5.0,
-               max_length: int = 128, arch_learning_rate: float = 1e-4,
-               eval_batch_size: int = 32, fusion_init: str = "zeros",
-               mask_sampler: str = "soft", mask_eval_samples: int = 64,
-               fused_norm: str = "auto", fusion_lr_scale: float = 1.0,
-               arch_optimizer: str = "adam", arch_weight_decay: float = 0.0,
-               arch_warmup_steps: int = 0, templates: str = "paper"):
-    self.task, self.data_dir = task, data_dir
-    self.model_config = model_config
-    self.retrieval_db, self.top_k = retrieval_db, top_k
-    self.fusion_modules = fusion_modules
-    self.search, self.fusion_scheme = search, fusion_scheme
-    self.retrain = retrain
-    self.concat_neighbours = concat_neighbours
-    self.neighbour_cache = neighbour_cache
-    self.retrieval_mode = retrieval_mode
-    self.mask_temperature = mask_temperature
-    self.max_length = max_length
-    self.arch_learning_rate = arch_learning_rate
-    self.eval_batch_size = eval_batch_size
-    self.fusion_init = fusion_init
-    self.mask_sampler = mask_sampler
-    self.mask_eval_samples = mask_eval_samples
-    self.fused_norm = fused_norm
-    self.fusion_lr_scale = fusion_lr_scale
-    self.arch_optimizer = arch_optimizer
-    self.arch_weight_decay = arch_weight_decay
-    self.arch_warmup_steps = arch_warmup_steps
-    self.templates = templates
+               fusion: fusion_lib.FusionConfig = fusion_lib.FusionConfig(),
+               search: search_lib.SearchConfig = search_lib.SearchConfig()):
+    self.check_configs(data=data, fusion=fusion)
+    self.data, self.model_config = data, model_config
+    self.fusion, self.search_config = fusion, search
+    self.search = search.search and fusion.enabled
+    self.hidden = data.retrieval_mode == "hidden" and fusion.enabled
     self._structure_model: ReFusionModel | None = None
     self._start_step = 0
     self._replicate = None
 
-  # ---- data and model -------------------------------------------------------
-
-  def _check(self, settings: Settings) -> tuple[str, ...]:
-    """The fusion targets; InputError for any bad setting."""
-    try:
-      targets = fusion_lib.parse_targets(self.fusion_modules)
-    except ValueError as e:
-      raise InputError("FUSION_MODULES", str(e)) from None
-    if (targets or self.concat_neighbours) and not self.retrieval_db:
+  @staticmethod
+  def check_configs(*, data: ReFusionData, fusion: fusion_lib.FusionConfig,
+                    **_) -> None:
+    """The rule across the task's configs (gin validation runs it too)."""
+    if (fusion.enabled or data.concat_neighbours) and not data.retrieval_db:
       raise InputError("RETRIEVAL_DB", "required with fusion modules or "
                        "CONCAT_NEIGHBOURS (build one with `jaxfid index "
                        "dense`)")
-    if self.top_k < 1 and (targets or self.concat_neighbours):
-      raise InputError("TOP_K", f"must be at least 1, got {self.top_k}")
-    if self.retrieval_mode not in RETRIEVAL_MODES:
-      raise InputError("RETRIEVAL_MODE", f"'input' or 'hidden', got "
-                       f"{self.retrieval_mode!r}")
-    if self.fusion_scheme not in fusion_lib.SCHEMES[1:]:
-      raise InputError("FUSION_SCHEME", f"one of {fusion_lib.SCHEMES[1:]}, "
-                       f"got {self.fusion_scheme!r}")
-    for macro, value, allowed in (
-        ("FUSION_INIT", self.fusion_init, fusion_lib.INITS),
-        ("MASK_SAMPLER", self.mask_sampler, fusion_lib.SAMPLERS),
-        ("FUSED_NORM", self.fused_norm, fusion_lib.FUSED_NORMS),
-        ("ARCH_OPTIMIZER", self.arch_optimizer, search_lib.ARCH_OPTIMIZERS)):
-      if value not in allowed:
-        raise InputError(macro, f"one of {allowed}, got {value!r}")
-    if self.mask_eval_samples < 1:
-      raise InputError("MASK_EVAL_SAMPLES", f"must be at least 1, got "
-                       f"{self.mask_eval_samples}")
-    if not self.fusion_lr_scale > 0:
-      raise InputError("FUSION_LR_SCALE", f"must be positive, got "
-                       f"{self.fusion_lr_scale}")
-    if (self.retrieval_mode == "hidden" and targets
-        and settings.process_count > 1):
-      raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
-    return targets
+
+  # ---- data and model -------------------------------------------------------
 
   def prepare(self, settings: Settings) -> None:
     self.settings = settings
-    targets = self._check(settings)
-    self.search = self.search and bool(targets)
-    self.hidden = self.retrieval_mode == "hidden" and bool(targets)
-    self.spec = lmbff.get_task(self.task, self.templates)
-    splits = read_splits(self.spec, self.data_dir)
+    data, fused = self.data, self.fusion.enabled
+    if self.hidden and settings.process_count > 1:
+      raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
+    self.spec = lmbff.get_task(data.task, data.templates)
+    splits = read_splits(self.spec, data.data_dir)
     self.test_examples = len(splits["test"])
     tokenizer = load_tokenizer(settings.init_checkpoint)
     self.vocabulary = tokenizer.path
     label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
                                                 tokenizer)   # [C, T]
     db_dim = 0
-    if targets or self.concat_neighbours:
-      db_dim = nb_lib.db_width(self.retrieval_db)
+    if fused or data.concat_neighbours:
+      db_dim = nb_lib.db_width(data.retrieval_db)
     if self.hidden and db_dim != self.model_config.d_model:
-      raise InputError(self.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
+      raise InputError(data.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
                        f"the database with the model's "
                        f"{self.model_config.d_model}-d hidden states, but it "
                        f"holds {db_dim}-d vectors: build it with `jaxfid index "
                        "dense --checkpoint` of this backbone")
     self.arrays = encode_splits(
-        self.spec, splits, tokenizer, label_tokens, max_length=self.max_length,
-        retrieval_db=self.retrieval_db, top_k=self.top_k, fused=bool(targets),
-        hidden=self.hidden, concat_neighbours=self.concat_neighbours,
-        neighbour_cache=self.neighbour_cache, progress=settings.progress)
-    self.fusion = fusion_lib.FusionConfig(
-        targets=targets, top_k=max(self.top_k, 1), db_dim=max(db_dim, 1),
-        search=self.search, scheme=self.fusion_scheme,
-        mask_temperature=self.mask_temperature, init=self.fusion_init,
-        mask_sampler=self.mask_sampler,
-        mask_eval_samples=self.mask_eval_samples, fused_norm=self.fused_norm)
+        self.spec, splits, tokenizer, label_tokens, max_length=data.max_length,
+        retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
+        hidden=self.hidden, concat_neighbours=data.concat_neighbours,
+        neighbour_cache=data.neighbour_cache, progress=settings.progress)
+    self.fusion = self.fusion.replace(top_k=data.top_k,
+                                      db_dim=max(db_dim, 1),
+                                      search=self.search)
     self.model = ReFusionModel(self.model_config, self.fusion)
-    self.neighbours = NeighbourVectors(self.model, self.retrieval_db,
-                                       top_k=self.top_k, hidden=self.hidden)
+    self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
+                                       top_k=data.top_k, hidden=self.hidden)
     self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
-                              self.neighbours, self.eval_batch_size)
+                              self.neighbours, data.eval_batch_size)
 
   def run_config(self) -> dict:
     return {"method": self.name, "model": self.model_config.to_dict(),
             "fusion": self.fusion.to_dict(), "task": self.spec.name,
-            "max_length": self.max_length,
+            "max_length": self.data.max_length,
             "label_words": list(self.spec.label_words),
-            "templates": self.templates, "template": self.spec.template,
-            "retrieval_db": self.retrieval_db,
-            "concat_neighbours": self.concat_neighbours,
+            "templates": self.data.templates, "template": self.spec.template,
+            "retrieval_db": self.data.retrieval_db,
+            "concat_neighbours": self.data.concat_neighbours,
             "search": self.search,
             "retrieval_mode": "hidden" if self.hidden else "input",
-            "retrain": self.retrain,
+            "retrain": self.search_config.retrain,
             "train_steps": self.settings.train_steps}
 
   def initial_params(self, path: str) -> dict:
@@ -233,13 +231,14 @@ class ReFusionTask(Task):
              ) -> list[Phase]:
     steps = settings.train_steps
     schedule = optimizer.schedule_fn(steps)
+    options = self.search_config
     model_opt, arch_opt = search_lib.group_optimizers(
         self.model.abstract_params(), optimizer.make(schedule),
         search_lib.arch_optimizer(
-            self.arch_learning_rate, kind=self.arch_optimizer,
-            weight_decay=self.arch_weight_decay,
-            warmup_steps=self.arch_warmup_steps, total_steps=steps),
-        fusion_lr_scale=self.fusion_lr_scale)
+            options.arch_learning_rate, kind=options.arch_optimizer,
+            weight_decay=options.arch_weight_decay,
+            warmup_steps=options.arch_warmup_steps, total_steps=steps),
+        fusion_lr_scale=options.fusion_lr_scale)
 
     def make_state(with_arch: bool):
       def make(params, step):
@@ -257,7 +256,7 @@ class ReFusionTask(Task):
                     make_state=make_state(self.search),
                     step=make_step(self.model, self.search),
                     learning_rate=schedule)]
-    if self.search and self.retrain:
+    if self.search and self.search_config.retrain:
       # Traced when the retrain phase starts, after the search's phase_end
       # (or start(), on a resume) has fixed the structure.
       retrain_step = lambda state, batch: make_step(
