@@ -215,13 +215,15 @@ class EncoderDecoderModel:
 
   def predict(self, params, encoder_input_tokens: Array, *,
               max_decode_len: int, num_beams: int = 1, alpha: float = 0.6,
-              length_penalty_style: str = "t5x", early_stopping: Any = True,
+              length_penalty_style: str = "t5x",
+              early_stopping: decoding.EarlyStopping = decoding.EARLY_STOPPING,
               passage_mask: Array | None = None, extras: Any = None) -> Array:
     """Greedy (``num_beams=1``) or beam search; int32 [B, max_decode_len].
 
     At most ``max_decode_len`` new tokens; generation stops at EOS (kept in
     the output) and pads with 0 after it. Cross-attention keys/values are
     computed once per input; the self-attention keys/values are cached.
+    Beam search's options are ``decoding.beam_search``'s (its defaults).
     """
     b = encoder_input_tokens.shape[0]
     net, cache = self._encode_and_cache(params, encoder_input_tokens,
