@@ -29,6 +29,7 @@ batch's passages), ``mean_rank``, ``grad_norm``; with eval data,
 """
 from __future__ import annotations
 
+from jaxfid.checkpoints import matching
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.checkpoint import (
@@ -39,7 +40,6 @@ from jaxfid.dual_encoder.model import (
     QUERY_TOWER, T5_KEYS, DualEncoder, DualEncoderConfig)
 from jaxfid.dual_encoder.step import make_contrastive_step
 from jaxfid.t5.config import T5Config
-from jaxfid.training import state as state_lib
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
 
@@ -56,7 +56,7 @@ def initial_dual_encoder_params(path: str, encoder: DualEncoder) -> dict:
   Raises InputError naming the encoder fields or the projection that differ.
   """
   loaded = load_dual_encoder(path)
-  state_lib.check_init_config(path, encoder.config, loaded.encoder.config,
+  matching.check_init_config(path, encoder.config, loaded.encoder.config,
                               fields=ENCODER_FIELDS)
   got, want = loaded.encoder.settings, encoder.settings
   if (got.projection_dim, got.projection_bias) != (want.projection_dim,

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
                                          write_run_config)
+from jaxfid.core import console
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import remove_stale_temporaries
@@ -160,7 +161,7 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
       done = task.completed(ctx, final_step)
       if done is not None:
         task.close()
-        state_lib.say(f"{model_dir} is complete (step {final_step}); "
+        console.say(f"{model_dir} is complete (step {final_step}); "
                       "nothing to do")
         return done
     with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
@@ -221,7 +222,7 @@ def train(*, task: Task, model_dir: str, train_steps: int, batch_size: int,
             if step % checkpoint_every == 0 or step == phase.end or stopping:
               ckpts.save(step, state, force=step == phase.end or stopping)
             if stopping:
-              state_lib.say(f"{preemption.signal_name}: saved step {step} to "
+              console.say(f"{preemption.signal_name}: saved step {step} to "
                             f"{model_dir}; exiting")
               last.update(step=step, preempted=True,
                           signal=preemption.signal_name)
@@ -284,11 +285,11 @@ def _restore_readable(ckpts: RunCheckpoints, phases, abstract_states,
       raise
     except Exception as e:  # pylint: disable=broad-except
       kept = ckpts.set_aside(step)
-      state_lib.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
+      console.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
                     f"unreadable ({brief(e)}); kept as {kept}, resuming "
                     "from the one before")
       continue
-    state_lib.say(f"resumed from step {step} in {ckpts.model_dir}")
+    console.say(f"resumed from step {step} in {ckpts.model_dir}")
     return state, step, index
   return None, 0, 0
 
