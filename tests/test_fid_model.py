@@ -101,6 +101,32 @@ def test_passage_scores_match_manual_computation(model_params):
   assert logit_scores.shape == (2, 3) and np.isfinite(logit_scores).all()
 
 
+def test_score_is_the_masked_sum_of_target_log_probabilities(model_params):
+  model, params = model_params
+  tokens, targets = _passages(p=3), _targets()
+  passage_mask = np.array([[True, True, False], [True, True, True]])
+  batch = {"encoder_input_tokens": tokens, "decoder_target_tokens": targets,
+           "passage_mask": passage_mask}
+  got = np.asarray(jax.jit(model.score)(params, batch))
+  # Direct: log-softmax (float64) of the teacher-forced logits, the target
+  # tokens' entries summed where the target is not padding.
+  logits = np.asarray(model.logits(params, tokens, shift_right(targets),
+                                   passage_mask=passage_mask), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+  token = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  want = np.where(targets > 0, token, 0.0).sum(-1)
+  assert got.shape == (2,) and got.dtype == np.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  # The loss is the same quantity, negated and averaged over target tokens.
+  loss, aux = model.loss(params, batch)
+  np.testing.assert_allclose(-got.sum() / float(aux["num_target_tokens"]),
+                             float(loss), rtol=1e-5)
+  # Given decoder inputs are used as they are (t5x's decoder_input_tokens).
+  other = dict(batch, decoder_input_tokens=np.ones_like(targets))
+  assert not np.allclose(np.asarray(model.score(params, other)), got)
+
+
 def test_cached_greedy_decoding_matches_teacher_forcing(model_params):
   model, params = model_params
   tokens = _passages(p=3)

@@ -21,7 +21,8 @@ from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.examples import FidExample, Passage
 from jaxfid.fid.config import FidReaderConfig
-from jaxfid.fid.task import FidTask, Lengths
+from jaxfid.fid.config import Lengths
+from jaxfid.fid.task import FidTask
 from jaxfid.training.task import Settings, train_state
 
 TOK = Tokenizer()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxfid.checkpoints import matching
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
@@ -45,7 +46,6 @@ from jaxfid.dual_encoder.model import (
     QUERY_TOWER, T5_KEYS, DualEncoder, DualEncoderConfig)
 from jaxfid.dual_encoder.step import make_contrastive_step
 from jaxfid.t5.config import T5Config
-from jaxfid.training import state as state_lib
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
 
@@ -62,7 +62,7 @@ def initial_dual_encoder_params(path: str, encoder: DualEncoder) -> dict:
   Raises InputError naming the encoder fields or the projection that differ.
   """
   loaded = load_dual_encoder(path)
-  state_lib.check_init_config(path, encoder.config, loaded.encoder.config,
+  matching.check_init_config(path, encoder.config, loaded.encoder.config,
                               fields=ENCODER_FIELDS)
   got, want = loaded.encoder.settings, encoder.settings
   if (got.projection_dim, got.projection_bias) != (want.projection_dim,

@@ -12,7 +12,8 @@ fixed-size batches of NumPy model features (the FiD feature converter's
   decode_maxlength] (greedy or beam search, 0 after EOS: one length for
   every row, as NumPy 2 needs), exactly ``jaxfid predict``'s decoding;
 * :meth:`~FidCheckpointEvaluator.score`: each example's target
-  log-likelihood (teacher forcing, padding excluded).
+  log-likelihood (teacher forcing, padding excluded:
+  :meth:`~jaxfid.t5.model.EncoderDecoderModel.score`).
 
 The FiD settings (``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``DECODE_MAXLENGTH``,
 ``TARGET_MAXLENGTH``, ``EVAL_BEAMS``) come from gin (``gin/fid/base.gin``
@@ -42,7 +43,6 @@ from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid.predict import make_predict_fn
 from jaxfid.fid.config import Lengths
-from jaxfid.t5.model import shift_right
 
 _T5X_STEP = re.compile(r"^checkpoint_(\d+)$")
 # restore_params' choices: which -> the MODEL_DIR subdirectories tried, in order
@@ -82,14 +82,6 @@ def checkpoint_step(path: str, which: str = "auto") -> int:
       if match:
         return int(match.group(1))
   return 0
-
-
-def target_log_likelihood(logits, targets) -> jax.Array:
-  """float32 [B]: the sum of ``log p(target token)`` over non-padding
-  targets (EOS included)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
-  token = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)
 
 
 class FidCheckpointEvaluator:
@@ -151,12 +143,7 @@ class FidCheckpointEvaluator:
     self._predict = make_predict_fn(self.model,
                                     max_decode_len=self.decode_maxlength,
                                     num_beams=int(num_beams), alpha=alpha)
-    model = self.model
-    self._score = jax.jit(lambda p, b: target_log_likelihood(
-        model.logits(p, b["encoder_input_tokens"],
-                     shift_right(b["decoder_target_tokens"]),
-                     passage_mask=b["passage_mask"]),
-        b["decoder_target_tokens"]))
+    self._score = jax.jit(self.model.score)
 
   def sequence_length(self, task_spec=None) -> dict:
     """seqio's task feature lengths for this evaluation."""

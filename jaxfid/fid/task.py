@@ -21,20 +21,20 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core import console
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import fido_uptrain
 from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.config import (  # the lengths: also imported from here
-    DEFAULT_DECODE_MAXLENGTH, FidReaderConfig, Lengths)
+from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.examples import FidExample, read_fid_examples
 from jaxfid.fid.inputs import longest_target_length
 from jaxfid.fid.predict import QaEvaluator
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
-from jaxfid.training import state as state_lib
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, loss_phase)
 
@@ -77,7 +77,7 @@ def initial_fid_params(path: str, config: T5Config) -> dict:
   if fido_uptrain.can_uptrain(other.config, config):
     params = fido_uptrain.fido_params_from_dense(params, other.config, config,
                                                  source=path)
-    state_lib.say(f"INIT_CHECKPOINT {path}: dense T5 converted to FiDO "
+    console.say(f"INIT_CHECKPOINT {path}: dense T5 converted to FiDO "
                   f"({fido_uptrain.describe(config)})")
     return params
   diff = config.architecture_differences(other.config)
@@ -89,7 +89,7 @@ def initial_fid_params(path: str, config: T5Config) -> dict:
     hint = "a FiDO checkpoint cannot start a dense run"
   else:
     hint = "only a dense T5 checkpoint is converted to FiDO"
-  state_lib.check_init_config(path, config, other.config, fields=diff,
+  matching.check_init_config(path, config, other.config, fields=diff,
                               hint=hint)
   return params
 
@@ -150,7 +150,7 @@ class FidTask(Task):
       self.target_length = max(
           longest_target_length(self.tokenizer, c.examples, c.dataset)
           for c in self.components)
-      state_lib.say(f"TARGET_MAXLENGTH None: targets padded to "
+      console.say(f"TARGET_MAXLENGTH None: targets padded to "
                     f"{self.target_length} tokens, the longest target of the "
                     "training data (EOS included); none is truncated")
 

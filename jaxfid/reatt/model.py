@@ -51,9 +51,9 @@ import jax.numpy as jnp
 from jaxfid.core.config import Config, option
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
-from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, shift_right
+from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, decoder_inputs
 from jaxfid.t5.network import T5, StackOutput
-from jaxfid.t5.passages import scores_from_attention
+from jaxfid.t5.passages import as_passages
 from jaxfid.reatt.loss import (in_batch_targets, kl_to_target,
                                target_distribution)
 from jaxfid.reatt.retrieval_attention import (
@@ -124,8 +124,10 @@ class ReAttModel(EncoderDecoderModel):
 
   ``params`` is the T5 parameter dict plus ``{"reatt": {"head_weights": [H]}}``;
   the T5 part keeps T5X names, so any T5 checkpoint initialises it.
-  Prediction (``predict``, ``logits``, ``passage_scores``) takes FiD inputs:
-  the question prefix of each row is found from the ``title:`` tokens.
+  The split encoder is the base's encode hook (:meth:`encode`), so the
+  base's ``logits``, ``score``, ``predict`` and ``passage_scores`` run it;
+  they take FiD inputs: the question prefix of each row is found from the
+  ``title:`` tokens (``logits`` also takes ``question_length``).
   """
 
   # under accumulation these add up over microbatches (see training/step.py)
@@ -178,12 +180,12 @@ class ReAttModel(EncoderDecoderModel):
              with_retrieval: bool = False) -> SplitEncoding:
     """Encode [B, P, L] rows: bi-encoder, then cross-encoder (FiD layout).
 
-    Dropout keys follow ``T5.encode`` (embedding ``fold(rng, 0)``, layers
+    The base model's encode hook. Dropout keys follow ``T5.encode`` (embedding ``fold(rng, 0)``, layers
     ``fold(fold(rng, 1), i)``); with ``with_retrieval`` also returns layer
     ``n``'s question queries (from each question's first row) and every
     row's document keys.
     """
-    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
+    tokens = as_passages(tokens)
     b, p, l = tokens.shape
     n = self.reatt.bi_encoder_layers
     valid = tokens != 0                                           # [B, P, L]
@@ -247,11 +249,8 @@ class ReAttModel(EncoderDecoderModel):
     each question over its own rows, under a stop-gradient. Dropout keys:
     encoder ``fold(rng, 0)``, decoder ``fold(rng, 1)``.
     """
-    targets = batch["decoder_target_tokens"]
-    inputs = batch.get("decoder_input_tokens")
-    inputs = shift_right(targets) if inputs is None else inputs
-    tokens = batch["encoder_input_tokens"]
-    tokens = tokens[:, None, :] if tokens.ndim == 2 else tokens
+    inputs = decoder_inputs(batch)
+    tokens = as_passages(batch["encoder_input_tokens"])
     p = tokens.shape[1]
     net = self.network(params)
     enc = self.encode(net, tokens, batch.get("passage_mask"),
@@ -324,48 +323,17 @@ class ReAttModel(EncoderDecoderModel):
 
   # ---- inference --------------------------------------------------------
 
-  def logits(self, params, encoder_input_tokens: Array,
-             decoder_input_tokens: Array, *, passage_mask: Array | None = None,
-             dropout_rng: Array | None = None, extras: Any = None,
-             question_length: Array | None = None) -> Array:
-    net = self.network(params)
-    enc = self.encode(net, encoder_input_tokens, passage_mask, question_length,
-                      dropout_rng=fold(dropout_rng, 0), extras=extras)
-    logits, _ = net.decode(enc.hidden, enc.mask, decoder_input_tokens,
-                           dropout_rng=fold(dropout_rng, 1), extras=extras)
-    return logits
-
-  def _encode_and_cache(self, params, encoder_input_tokens, passage_mask,
-                        max_decode_len, extras):
-    net = self.network(params)
-    enc = self.encode(net, encoder_input_tokens, passage_mask, extras=extras)
-    return net, net.init_cache(enc.hidden, enc.mask, max_decode_len, extras)
-
   def relevance(self, params, encoder_input_tokens: Array, *,
                 passage_mask: Array | None = None,
                 question_length: Array | None = None) -> Array:
     """Retrieval relevance r(q, d) of each question's own rows [B, P]."""
-    tokens = (encoder_input_tokens[:, None, :]
-              if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
+    tokens = as_passages(encoder_input_tokens)
     enc = self.encode(self.network(params), tokens, passage_mask,
                       question_length, with_retrieval=True)
     scores, valid = self.retrieval_scores(params, enc.queries, enc.query_mask,
                                           enc.keys, enc.key_mask,
                                           tokens.shape[1], False)
     return jnp.where(valid, scores, -jnp.inf)
-
-  def passage_scores(self, params, encoder_input_tokens: Array, *,
-                     passage_mask: Array | None = None,
-                     mode: str = "probs") -> Array:
-    """Cross-attention passage scores [B, P], as ``fid.passage_scores``."""
-    tokens = (encoder_input_tokens[:, None, :]
-              if encoder_input_tokens.ndim == 2 else encoder_input_tokens)
-    b, p, _ = tokens.shape
-    net = self.network(params)
-    enc = self.encode(net, tokens, passage_mask)
-    _, dec = net.decode(enc.hidden, enc.mask, jnp.zeros((b, 1), jnp.int32),
-                        output_attention_logits=True)
-    return scores_from_attention(dec.cross_attention_logits, enc.mask, p, mode)
 
 
 # ------------------------------------------------------------ run configs

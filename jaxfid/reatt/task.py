@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.core import paths
@@ -41,7 +42,6 @@ from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
 from jaxfid.reatt.step import make_grad_cache_step
-from jaxfid.training import state as state_lib
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, loss_phase, train_state)
 
@@ -58,7 +58,7 @@ def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
   else:
     other, params, _ = load_checkpoint(path)
     params = reatt.add_head_weights(params, other.config.num_heads)
-  state_lib.check_init_config(path, model.config, other.config)
+  matching.check_init_config(path, model.config, other.config)
   return params
 
 

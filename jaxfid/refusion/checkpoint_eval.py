@@ -34,12 +34,11 @@ import numpy as np
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import encode_padded, load_tokenizer
-from jaxfid.fid.checkpoint_eval import checkpoint_step, target_log_likelihood
+from jaxfid.fid.checkpoint_eval import checkpoint_step
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib
 from jaxfid.refusion.checkpoint import load_refusion
-from jaxfid.t5.model import shift_right
 
 
 def _text(value) -> str:
@@ -94,11 +93,7 @@ class ReFusionCheckpointEvaluator:
     model = self.model
     self._label_scores = jax.jit(model.label_scores)
     self._pooled = jax.jit(model.pooled_hidden)
-    self._score = jax.jit(lambda p, b: target_log_likelihood(
-        model.logits(p, b["encoder_input_tokens"],
-                     shift_right(b["decoder_target_tokens"]),
-                     extras=model.make_extras(b)),
-        b["decoder_target_tokens"]))
+    self._score = jax.jit(model.score)
     self.spec: lmbff.TaskSpec | None = None
     self.label_tokens: np.ndarray | None = None
     self._rows: np.ndarray | None = None

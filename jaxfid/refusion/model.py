@@ -26,10 +26,10 @@ from flax import nnx
 
 from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion.fusion import FusionConfig
-from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import fold
-from jaxfid.t5.model import EncoderDecoderModel, shift_right
+from jaxfid.t5.model import (EncoderDecoderModel, sequence_log_likelihood,
+                             shift_right)
 from jaxfid.t5.network import T5
 
 Array = jax.Array
@@ -93,6 +93,13 @@ class ReFusionModel(EncoderDecoderModel):
                                   "decoder_target_tokens")}
     return super().loss(params, core, dropout_rng, extras, normalizer)
 
+  def score(self, params, batch: dict, extras: Any = None) -> Array:
+    """The target log-likelihood float32 [B] (``EncoderDecoderModel.score``)
+    with the batch's neighbours fused under the evaluation mask."""
+    if extras is None:
+      extras = self.make_extras(batch)
+    return super().score(params, batch, extras)
+
   def pooled_hidden(self, params, tokens: Array) -> Array:
     """float32 [B, D]: the backbone encoder's mean-pooled output (padding
     excluded), without fusion — the query of on-line ('Hidden') retrieval."""
@@ -111,18 +118,15 @@ class ReFusionModel(EncoderDecoderModel):
     net = self.network(params)
     extras = self.make_extras(batch)
     tokens = batch["encoder_input_tokens"]                       # [B, L]
-    enc = fid.encode_passages(net, tokens, extras=extras)        # hidden [B, L, D]
+    enc = self.encode(net, tokens, extras=extras)                # hidden [B, L, D]
     b, c = tokens.shape[0], label_tokens.shape[0]
     hidden = jnp.repeat(enc.hidden, c, axis=0)                   # [B*C, L, D]
     mask = jnp.repeat(enc.mask, c, axis=0)                       # [B*C, L]
     targets = jnp.tile(label_tokens, (b, 1))                     # [B*C, T]
     rep = None if extras is None else jax.tree.map(
         lambda x: jnp.repeat(x, c, axis=0), extras)
-    logits, _ = net.decode(hidden, mask, shift_right(targets), extras=rep)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B*C, T, V]
-    token_logp = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-    token_logp = jnp.where(targets > 0, token_logp, 0.0)          # [B*C, T]
-    return jnp.sum(token_logp, axis=-1).reshape(b, c)             # [B, C]
+    logits, _ = net.decode(hidden, mask, shift_right(targets), extras=rep)  # [B*C, T, V]
+    return sequence_log_likelihood(logits, targets).reshape(b, c)  # [B, C]
 
   def classify(self, params, batch: dict, label_tokens: Array) -> Array:
     """int32 [B]: the best-scoring class."""

@@ -37,7 +37,9 @@ import os
 import jax
 import numpy as np
 
+from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
+from jaxfid.core import console
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
@@ -50,7 +52,6 @@ from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
 from jaxfid.refusion.model import ReFusionModel
 from jaxfid.refusion.scoring import SplitScorer
 from jaxfid.t5.config import T5Config
-from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import read_records
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
@@ -205,7 +206,7 @@ class ReFusionTask(Task):
   def initial_params(self, path: str) -> dict:
     """INIT_CHECKPOINT's T5 backbone in fresh fusion parameters."""
     other, backbone, _ = load_checkpoint(path)
-    state_lib.check_init_config(path, self.model_config, other.config)
+    matching.check_init_config(path, self.model_config, other.config)
     return merge_backbone(self.model.init_params(self.settings.seed), backbone,
                           path)
 
@@ -328,7 +329,7 @@ class ReFusionTask(Task):
       return {}  # written (and logged) by the run that searched
     if ctx.settings.process_index == 0:
       search_lib.write_structure(model_dir, record)
-    state_lib.say("searched structure: " + ", ".join(
+    console.say("searched structure: " + ", ".join(
         f"{p}={s}" for p, s in zip(record["paths"], record["structure"])))
     return {"structure": search_lib.describe(record)}
 

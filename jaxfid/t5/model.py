@@ -3,7 +3,11 @@
 ``EncoderDecoderModel`` holds the static half of the network (its NNX graph definition
 and config); every method is a pure function of ``params`` (an ``nnx.State``)
 and arrays, so the trainer can ``jax.jit`` it with shardings. Plain T5 is the
-P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``.
+P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``. The network
+(:mod:`jaxfid.t5.network`) stays pure; the model adds the loss, decoding,
+scoring (:meth:`EncoderDecoderModel.score`, t5x's ``score_batch``) and
+passage scores, and encodes through one hook (:meth:`EncoderDecoderModel.encode`)
+that a method with another encoder overrides (ReAtt's split encoder).
 
 Letters: B batch, P passages, L passage length, T target length, V vocabulary.
 
@@ -24,7 +28,8 @@ from flax import nnx
 from jaxfid.t5 import decoding
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.network import T5
+from jaxfid.t5.layers import fold
+from jaxfid.t5.network import T5, StackOutput
 
 Array = jax.Array
 EOS_ID = 1
@@ -34,6 +39,21 @@ START_ID = 0
 def shift_right(targets: Array) -> Array:
   """Decoder inputs from targets: prepend the start id 0, drop the last."""
   return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
+
+
+def decoder_inputs(batch: dict) -> Array:
+  """int32 [B, T]: the batch's ``decoder_input_tokens``, else its targets
+  shifted right (t5x's feature converters may leave them out)."""
+  inputs = batch.get("decoder_input_tokens")
+  return shift_right(batch["decoder_target_tokens"]) if inputs is None else inputs
+
+
+def sequence_log_likelihood(logits: Array, targets: Array) -> Array:
+  """float32 [B]: the sum of ``log p(target token)`` over non-padding targets
+  (EOS included), from teacher-forced logits [B, T, V]."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [B, T, V]
+  token = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]  # [B, T]
+  return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)        # [B]
 
 
 @jax.custom_vjp
@@ -89,7 +109,7 @@ def cross_entropy(logits: Array, targets: Array,
 
 
 class EncoderDecoderModel:
-  """Loss, decoding and passage scoring over a T5 network's parameters.
+  """Loss, decoding, target scores and passage scores over a T5 network's parameters.
 
   ``params`` everywhere is a nested dict of float32 arrays keyed by the T5X
   parameter names (``nnx.to_pure_dict`` of the network's state), so it
@@ -125,15 +145,39 @@ class EncoderDecoderModel:
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(self.graphdef, state)
 
+  # ---- the encode hook ----------------------------------------------------
+
+  def encode(self, net: T5, tokens: Array, passage_mask: Array | None = None,
+             *, dropout_rng: Array | None = None, extras: Any = None
+             ) -> StackOutput:
+    """Encode [B, P, L] (or [B, L]) passages: ``hidden`` [B, P*L, D], ``mask`` [B, P*L].
+
+    FiD's encoder (:func:`~jaxfid.t5.passages.encode_passages`). The one hook
+    through which ``logits``, ``loss``, ``score``, decoding and
+    ``passage_scores`` encode: a method with another encoder overrides only
+    this (its result needs ``hidden`` and ``mask``; keyword arguments it adds
+    reach it from ``logits``).
+    """
+    return fid.encode_passages(net, tokens, passage_mask=passage_mask,
+                               dropout_rng=dropout_rng, extras=extras)
+
   # ---- training ---------------------------------------------------------
 
   def logits(self, params, encoder_input_tokens: Array,
              decoder_input_tokens: Array, *, passage_mask: Array | None = None,
-             dropout_rng: Array | None = None, extras: Any = None) -> Array:
-    """float32 [B, T, V]; deterministic unless ``dropout_rng`` is given."""
-    logits, _ = fid.fid_forward(self.network(params), encoder_input_tokens,
-                                decoder_input_tokens, passage_mask=passage_mask,
-                                dropout_rng=dropout_rng, extras=extras)
+             dropout_rng: Array | None = None, extras: Any = None,
+             **encoder_features) -> Array:
+    """float32 [B, T, V]; deterministic unless ``dropout_rng`` is given.
+
+    Dropout keys: encoder ``fold(rng, 0)``, decoder ``fold(rng, 1)``.
+    ``encoder_features`` go to :meth:`encode` (ReAtt: ``question_length``).
+    """
+    net = self.network(params)
+    enc = self.encode(net, encoder_input_tokens, passage_mask,
+                      dropout_rng=fold(dropout_rng, 0), extras=extras,
+                      **encoder_features)
+    logits, _ = net.decode(enc.hidden, enc.mask, decoder_input_tokens,
+                           dropout_rng=fold(dropout_rng, 1), extras=extras)
     return logits
 
   def loss(self, params, batch: dict, dropout_rng: Array | None = None,
@@ -141,33 +185,45 @@ class EncoderDecoderModel:
            ) -> tuple[Array, dict]:
     """Mean cross-entropy per target token (see ``cross_entropy``); metrics as aux."""
     targets = batch["decoder_target_tokens"]
-    inputs = batch.get("decoder_input_tokens")
-    inputs = shift_right(targets) if inputs is None else inputs
-    logits = self.logits(params, batch["encoder_input_tokens"], inputs,
+    logits = self.logits(params, batch["encoder_input_tokens"],
+                         decoder_inputs(batch),
                          passage_mask=batch.get("passage_mask"),
                          dropout_rng=dropout_rng, extras=extras)
     loss, n, acc = cross_entropy(logits, targets, normalizer)
     return loss, {"loss": loss, "num_target_tokens": n, "token_accuracy": acc}
+
+  def score(self, params, batch: dict, extras: Any = None) -> Array:
+    """float32 [B]: each example's target log-likelihood (t5x ``score_batch``).
+
+    Teacher forcing without dropout; the sum of ``log p(target token)`` over
+    the non-padding ``decoder_target_tokens`` (EOS included,
+    :func:`sequence_log_likelihood`). Reads the loss's batch keys.
+    """
+    logits = self.logits(params, batch["encoder_input_tokens"],
+                         decoder_inputs(batch),
+                         passage_mask=batch.get("passage_mask"), extras=extras)
+    return sequence_log_likelihood(logits, batch["decoder_target_tokens"])
 
   # ---- inference --------------------------------------------------------
 
   def _encode_and_cache(self, params, encoder_input_tokens, passage_mask,
                         max_decode_len, extras):
     net = self.network(params)
-    enc = fid.encode_passages(net, encoder_input_tokens,
-                              passage_mask=passage_mask, extras=extras)
+    enc = self.encode(net, encoder_input_tokens, passage_mask, extras=extras)
     cache = net.init_cache(enc.hidden, enc.mask, max_decode_len, extras)
     return net, cache
 
   def predict(self, params, encoder_input_tokens: Array, *,
               max_decode_len: int, num_beams: int = 1, alpha: float = 0.6,
-              length_penalty_style: str = "t5x", early_stopping: Any = True,
+              length_penalty_style: str = "t5x",
+              early_stopping: decoding.EarlyStopping = decoding.EARLY_STOPPING,
               passage_mask: Array | None = None, extras: Any = None) -> Array:
     """Greedy (``num_beams=1``) or beam search; int32 [B, max_decode_len].
 
     At most ``max_decode_len`` new tokens; generation stops at EOS (kept in
     the output) and pads with 0 after it. Cross-attention keys/values are
     computed once per input; the self-attention keys/values are cached.
+    Beam search's options are ``decoding.beam_search``'s (its defaults).
     """
     b = encoder_input_tokens.shape[0]
     net, cache = self._encode_and_cache(params, encoder_input_tokens,
@@ -192,9 +248,17 @@ class EncoderDecoderModel:
   def passage_scores(self, params, encoder_input_tokens: Array, *,
                      passage_mask: Array | None = None,
                      mode: str = "probs") -> Array:
-    """Cross-attention passage scores float32 [B, P] (see ``fid.passage_scores``)."""
-    return fid.passage_scores(self.network(params), encoder_input_tokens,
-                              passage_mask=passage_mask, mode=mode)
+    """Cross-attention passage relevance float32 [B, P] (FiD-KD / Atlas / ReAtt).
+
+    At the first decoder position (input = the start token), from every
+    decoder layer's cross-attention over the :meth:`encode` output (see
+    :func:`~jaxfid.t5.passages.first_position_scores`).
+    """
+    tokens = fid.as_passages(encoder_input_tokens)
+    net = self.network(params)
+    enc = self.encode(net, tokens, passage_mask)
+    return fid.first_position_scores(net, enc.hidden, enc.mask,
+                                     tokens.shape[1], mode)
 
   @functools.cached_property
   def jit_logits(self):

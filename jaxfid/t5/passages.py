@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfid.core import sharding as ax
-from jaxfid.t5.layers import ACT_RESIDUAL, fold
+from jaxfid.t5.layers import ACT_RESIDUAL
 from jaxfid.t5.network import T5, StackOutput
 
 Array = jax.Array
@@ -52,35 +52,20 @@ def encode_passages(net: T5, tokens: Array, *, passage_mask: Array | None = None
   return out.replace(hidden=hidden, mask=mask.reshape(b, p * l))  # mask [B, P*L]
 
 
-def fid_forward(net: T5, encoder_input_tokens: Array, decoder_input_tokens: Array,
-                *, passage_mask: Array | None = None,
-                dropout_rng: Array | None = None, extras: Any = None,
-                output_attention_logits: bool = False):
-  """Teacher-forced FiD: -> (logits float32 [B, T, V], decoder StackOutput)."""
-  enc = encode_passages(net, encoder_input_tokens, passage_mask=passage_mask,
-                        dropout_rng=fold(dropout_rng, 0), extras=extras)
-  return net.decode(enc.hidden, enc.mask, decoder_input_tokens,
-                    dropout_rng=fold(dropout_rng, 1), extras=extras,
-                    output_attention_logits=output_attention_logits)
-
-
-def passage_scores(net: T5, encoder_input_tokens: Array, *,
-                   passage_mask: Array | None = None,
-                   mode: str = "probs") -> Array:
+def first_position_scores(net: T5, hidden: Array, mask: Array,
+                          num_passages: int, mode: str = "probs") -> Array:
   """Cross-attention passage relevance, float32 [B, P] (FiD-KD / Atlas / ReAtt).
 
-  Computed at the first decoder position (input = the start token): for each
-  decoder layer with cross-attention and each head, the attention over all
-  P*L encoder tokens; padding tokens excluded; summed over each passage's
-  tokens; averaged over heads and layers (:func:`scores_from_attention`).
+  Computed at the first decoder position (input = the start token) over an
+  encoding (``hidden`` [B, P*L, D], ``mask`` bool [B, P*L]): for each decoder
+  layer with cross-attention and each head, the attention over all P*L
+  encoder tokens; padding tokens excluded; summed over each passage's tokens;
+  averaged over heads and layers (:func:`scores_from_attention`).
   """
-  tokens = as_passages(encoder_input_tokens)
-  b, p, l = tokens.shape
-  start = jnp.zeros((b, 1), jnp.int32)
-  enc = encode_passages(net, tokens, passage_mask=passage_mask)
-  _, dec = net.decode(enc.hidden, enc.mask, start,
-                      output_attention_logits=True)
-  return scores_from_attention(dec.cross_attention_logits, enc.mask, p, mode)
+  start = jnp.zeros((hidden.shape[0], 1), jnp.int32)                # [B, 1]
+  _, dec = net.decode(hidden, mask, start, output_attention_logits=True)
+  return scores_from_attention(dec.cross_attention_logits, mask,
+                               num_passages, mode)
 
 
 def scores_from_attention(cross_attention_logits, encoder_mask: Array,

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
                                          write_run_config)
-from jaxfid.core import paths
+from jaxfid.core import console, paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import remove_stale_temporaries
 from jaxfid.core.locks import DirectoryLock
@@ -142,8 +142,8 @@ def train(*, task: Task, settings: Settings,
       done = task.completed(ctx, phases[-1].end)
       if done is not None:
         task.close()
-        state_lib.say(f"{settings.model_dir} is complete (step "
-                      f"{phases[-1].end}); nothing to do")
+        console.say(f"{settings.model_dir} is complete (step "
+                    f"{phases[-1].end}); nothing to do")
         return done
     with jax.set_mesh(device_mesh), state_lib.Preemption() as preemption:
       # 3. Restore the newest readable checkpoint, or init. The initial
@@ -231,8 +231,8 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
         or stopping):
       ctx.checkpoints.save(step, state, force=step == phase.end or stopping)
     if stopping:
-      state_lib.say(f"{preemption.signal_name}: saved step {step} to "
-                    f"{settings.model_dir}; exiting")
+      console.say(f"{preemption.signal_name}: saved step {step} to "
+                  f"{settings.model_dir}; exiting")
       last.update(step=step, preempted=True, signal=preemption.signal_name)
       return state, step, True
     task.after_step(ctx, step, state)
@@ -285,11 +285,11 @@ def _restore_readable(ckpts: RunCheckpoints, phases, abstract_states,
       raise
     except Exception as e:  # pylint: disable=broad-except
       kept = ckpts.set_aside(step)
-      state_lib.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
+      console.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
                     f"unreadable ({brief(e)}); kept as {kept}, resuming "
                     "from the one before")
       continue
-    state_lib.say(f"resumed from step {step} in {ckpts.model_dir}")
+    console.say(f"resumed from step {step} in {ckpts.model_dir}")
     return state, step, index
   return None, 0, 0
 

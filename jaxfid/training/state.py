@@ -215,26 +215,3 @@ class Preemption:
   def __exit__(self, *exc):
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
-
-
-def check_init_config(path: str, run_config, other_config, *, fields=None,
-                      hint: str = "list the matching gin/models file") -> None:
-  """INIT_CHECKPOINT's model must be the run's: one line naming what differs.
-
-  ``fields``: only these T5Config fields count (e.g. a dual encoder's
-  encoder fields); run-only fields (dropout, dtype, remat) never do.
-  """
-  diff = run_config.architecture_differences(other_config)
-  if fields is not None:
-    diff = [n for n in diff if n in fields]
-  if diff:
-    values = ", ".join(f"{n} (checkpoint {getattr(other_config, n)}, run "
-                       f"{getattr(run_config, n)})" for n in diff)
-    raise InputError(path, f"INIT_CHECKPOINT's model differs from the run's "
-                     f"in {values}; {hint}")
-
-
-def say(message: str) -> None:
-  """One line on stderr from process 0."""
-  if jax.process_index() == 0:
-    print(message, file=sys.stderr)

@@ -26,7 +26,7 @@ from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads, flag, integer
 from jaxfid.fid import bench
-from jaxfid.fid import task as fid_task
+from jaxfid.fid import config as fid_config
 from jaxfid.t5 import config as config_lib
 from jaxfid.training import launch
 
@@ -71,7 +71,7 @@ def _answer_length(mode: str) -> int:
     value = _macro_or(name, None)
     if value is not None:
       return value
-  return fid_task.DEFAULT_DECODE_MAXLENGTH
+  return fid_config.DEFAULT_DECODE_MAXLENGTH
 
 
 def _macro_or(name, default):
