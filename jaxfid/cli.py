@@ -22,6 +22,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              evaluate, index, plot, predict, reatt, refusion,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
+from jaxfid.core import background_errors
 from jaxfid.core.errors import InputError, PeerError
 from jaxfid.core.host_memory import tune_cpu_malloc
 from jaxfid.core.runtime import apply_runtime_defaults
@@ -50,6 +51,9 @@ def main(argv=None) -> int:
   # orbax and absl log every checkpoint operation; a command says what
   # matters itself (errors stay visible).
   logging.getLogger("absl").setLevel(logging.ERROR)
+  # a failed checkpoint read or write leaves orbax/tensorstore background
+  # work that reports its end with tracebacks; the command says the error
+  background_errors.install()
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
