@@ -22,7 +22,7 @@ from jaxfid.commands import (bench, convert, corpus, demo, eval_retrieval,
                              evaluate, index, plot, predict, reatt, refusion,
                              retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
-from jaxfid.core import background_errors
+from jaxfid.core import background_errors, peer_watch
 from jaxfid.core.errors import InputError, PeerError
 from jaxfid.core.host_memory import tune_cpu_malloc
 from jaxfid.core.runtime import apply_runtime_defaults
@@ -80,7 +80,10 @@ def main(argv=None) -> int:
   except Exception as e:  # pylint: disable=broad-except
     fault = storage_fault(e)
     if fault is None:
-      raise
+      lost = peer_watch.lost_peer(e)  # a killed process of a multi-host run
+      if lost is None:
+        raise
+      peer_watch.stop(args.command, lost)  # one line, then SIGABRT
     print(f"jaxfid {args.command}: error: {fault.message}", file=sys.stderr)
     return 1
   return int(result or 0)
