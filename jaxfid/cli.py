@@ -28,6 +28,7 @@ import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
 from jaxfid.commands import (convert, corpus, eval_retrieval, evaluate, index,
                              registry, retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
+from jaxfid.core import background_errors, peer_watch
 from jaxfid.core.errors import InputError, PeerError
 from jaxfid.core.host_memory import tune_cpu_malloc
 from jaxfid.core.runtime import apply_runtime_defaults
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
   # orbax and absl log every checkpoint operation; a command says what
   # matters itself (errors stay visible).
   logging.getLogger("absl").setLevel(logging.ERROR)
+  # a failed checkpoint read or write leaves orbax/tensorstore background
+  # work that reports its end with tracebacks; the command says the error
+  background_errors.install()
   parser = build_parser()
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
@@ -84,7 +88,10 @@ def main(argv=None) -> int:
   except Exception as e:  # pylint: disable=broad-except
     fault = storage_fault(e)
     if fault is None:
-      raise
+      lost = peer_watch.lost_peer(e)  # a killed process of a multi-host run
+      if lost is None:
+        raise
+      peer_watch.stop(args.command, lost)  # one line, then SIGABRT
     print(f"jaxfid {args.command}: error: {fault.message}", file=sys.stderr)
     return 1
   return int(result or 0)

@@ -24,7 +24,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxfid.core import paths
-from jaxfid.core.errors import InputError
+from jaxfid.core.background_errors import held_logs, settled_on_failure
+from jaxfid.core.errors import InputError, StorageError
 from jaxfid.core.files import atomic_write
 from jaxfid.core.storage import remove_path, storage_fault
 
@@ -49,6 +50,36 @@ def abstract_like(tree: Any) -> Any:
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                      sharding=getattr(x, "sharding", None)),
       tree)
+
+
+def _save(manager: ocp.CheckpointManager, step: int, tree: Any, force: bool,
+          directory: str) -> None:
+  """``manager.save`` of ``step`` into ``directory``, waited for; a full disk
+  is one :class:`StorageError` naming the checkpoint, its temporaries
+  removed."""
+  # orbax's writer threads log the fault with their tracebacks before the
+  # save raises it, and its other parts go on until they fail too: the one
+  # line is the StorageError's, raised once they have ended
+  with held_logs(handled=(StorageError,)):
+    try:
+      with settled_on_failure():
+        manager.save(step, args=ocp.args.StandardSave(tree), force=force)
+        manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      fault = storage_fault(e, paths.join(directory, str(step)))
+      if fault is None:
+        raise
+      _remove_temporaries(directory)
+      raise fault from None
+
+
+def _remove_temporaries(directory: str) -> None:
+  """Orbax's temporary directories of a save that failed (process 0)."""
+  if jax.process_index() != 0 or not paths.isdir(directory):
+    return
+  for entry in paths.as_path(directory).iterdir():
+    if TMP_MARK in entry.name:
+      remove_path(entry) if not paths.is_url(directory) else entry.rmtree()
 
 
 class RunCheckpoints:
@@ -78,25 +109,8 @@ class RunCheckpoints:
     :class:`StorageError` naming the checkpoint, its temporaries removed."""
     if self.latest.latest_step() == step:
       return
-    directory = paths.join(self.model_dir, "checkpoints")
-    try:
-      self.latest.save(step, args=ocp.args.StandardSave(state), force=force)
-      self.latest.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except
-      fault = storage_fault(e, self.step_dir(step))
-      if fault is None:
-        raise
-      self._remove_temporaries(directory)
-      raise fault from None
-
-  @staticmethod
-  def _remove_temporaries(directory: str) -> None:
-    """Orbax's temporary directories of a save that failed (process 0)."""
-    if jax.process_index() != 0 or not paths.isdir(directory):
-      return
-    for entry in paths.as_path(directory).iterdir():
-      if TMP_MARK in entry.name:
-        remove_path(entry) if not paths.is_url(directory) else entry.rmtree()
+    _save(self.latest, step, state, force,
+          paths.join(self.model_dir, "checkpoints"))
 
   def set_aside(self, step: int) -> str:
     """Renames checkpoint ``step`` (unreadable) to ``<step>.unreadable``, so
@@ -127,11 +141,11 @@ class RunCheckpoints:
 
   def maybe_save_best(self, step: int, params: Any, value: float,
                       name: str = "eval_em") -> bool:
-    """Save params as the best checkpoint if ``value`` beats the best so far."""
+    """Save params as the best checkpoint if ``value`` beats the best so far
+    (a full disk: as :meth:`save`)."""
     if self._best is not None and value <= self._best:
       return False
-    self.best.save(step, args=ocp.args.StandardSave(params), force=True)
-    self.best.wait_until_finished()
+    _save(self.best, step, params, True, paths.join(self.model_dir, "best"))
     self._best = value
     if jax.process_index() == 0:
       with atomic_write(self._best_file) as f:

@@ -22,6 +22,7 @@ import os
 
 import jax
 
+from jaxfid.core import peer_watch
 from jaxfid.core.errors import InputError
 from jaxfid.core.runtime import apply_runtime_defaults
 
@@ -83,6 +84,8 @@ def initialize(args: argparse.Namespace) -> None:
   # CPU devices talk over gloo; GPU/TPU collectives are unaffected.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**values)
+  # a process killed (or its host lost): the others stop at once, one line
+  peer_watch.start(getattr(args, "command", "run"))
   # A multi-process run: the persistent compilation cache the CLI turned on
   # for one process goes off (see jaxfid.core.runtime).
   apply_runtime_defaults()

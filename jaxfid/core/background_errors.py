@@ -1,0 +1,174 @@
+"""Reports of abandoned background work (orbax, tensorstore), kept quiet.
+
+orbax runs each checkpoint read and write as asyncio coroutines over
+tensorstore futures, in a fresh event loop per call (its
+``asyncio_utils.run_sync``), and the parts that write metadata and
+shardings in threads of their own. When one part fails (a truncated file, a
+full disk) the call raises that error at once and closes its event loop
+without cancelling or awaiting the other parts. Then:
+
+* every tensorstore operation still in flight completes on a tensorstore
+  thread and calls ``loop.call_soon_threadsafe`` on the closed loop:
+  ``RuntimeError: Event loop is closed``, one traceback each through
+  ``sys.unraisablehook`` (hundreds for one checkpoint);
+* every abandoned coroutine is closed when it is garbage-collected, and
+  orbax's reader turns that ``GeneratorExit`` into a new exception carrying
+  the full TensorStore spec: ``Exception ignored in: <coroutine ...>`` and
+  about 60 lines each;
+* every task or future of those parts that ended with its own error is
+  reported by asyncio when it is garbage-collected (``Task exception was
+  never retrieved`` and its traceback, logged to ``asyncio``);
+* each of orbax's threads logs its own error with its traceback
+  (``ERROR:absl:... _SignalingThread.run() raised an exception``) before
+  the call re-raises the same error;
+* the other parts go on writing after the call has raised, into the
+  temporary directory its caller is about to remove.
+
+The error itself still reaches the caller, which falls back (an unreadable
+checkpoint is set aside) or says it in one line (a full disk); these
+reports say nothing more. :func:`install` (the CLI does it) drops the
+first three kinds for the rest of the process and passes every other
+report on; :func:`held_logs` keeps a checkpoint call's absl records back
+and drops them when the call's failure is handled; :func:`settled_on_failure`
+waits for the parts still running before the caller cleans up.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import types
+from typing import Iterator
+
+_CLOSED_LOOP = "Event loop is closed"
+# packages whose coroutines are run, and abandoned, by orbax's event loops
+_PACKAGES = ("orbax", "tensorstore")
+
+
+def _in_packages(filename: str) -> bool:
+  parts = os.path.normpath(filename).split(os.sep)
+  return any(package in parts for package in _PACKAGES)
+
+
+def is_abandoned_work(unraisable) -> bool:
+  """Whether an unraisable exception (``sys.unraisablehook``'s argument)
+  reports work whose caller has already had its error: a callback for an
+  event loop that was closed, or an orbax/tensorstore coroutine that failed
+  while being garbage-collected."""
+  exc = unraisable.exc_value
+  if isinstance(exc, RuntimeError) and str(exc) == _CLOSED_LOOP:
+    return True
+  obj = unraisable.object
+  if isinstance(obj, (types.CoroutineType, types.AsyncGeneratorType)):
+    code = getattr(obj, "cr_code", None) or getattr(obj, "ag_code", None)
+    return code is not None and _in_packages(code.co_filename)
+  return False
+
+
+# how asyncio names a task's coroutine in its report ("coro=<f() done,
+# defined at /.../orbax/checkpoint/...>")
+_DEFINED_AT = re.compile(r"defined at (\S+?):\d+>")
+
+
+class _AbandonedTaskReports(logging.Filter):
+  """Drops asyncio's reports of orbax/tensorstore tasks and futures that
+  nobody awaited (their caller had the first error already)."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and _traceback_in_packages(exc.__traceback__):
+      return False
+    found = _DEFINED_AT.search(record.getMessage())
+    return not (found and _in_packages(found.group(1)))
+
+
+def _traceback_in_packages(tb) -> bool:
+  while tb is not None:
+    if _in_packages(tb.tb_frame.f_code.co_filename):
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def install() -> None:
+  """Drops the reports of abandoned orbax/tensorstore work for the rest of
+  the process (they come from tensorstore's threads, or from garbage
+  collection, any time after the failed call): unraisable exceptions
+  (:func:`is_abandoned_work`) and asyncio's logged reports; every other
+  report goes on as before. Idempotent."""
+  previous = sys.unraisablehook
+  if not getattr(previous, "_jaxfid_quiet", False):
+    def hook(unraisable):
+      if not is_abandoned_work(unraisable):
+        previous(unraisable)
+    hook._jaxfid_quiet = True  # pylint: disable=protected-access
+    sys.unraisablehook = hook
+  logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _AbandonedTaskReports) for f in logger.filters):
+    logger.addFilter(_AbandonedTaskReports())
+
+
+@contextlib.contextmanager
+def settled_on_failure(timeout_s: float = 10.0) -> Iterator[None]:
+  """When the block raises, first waits (at most ``timeout_s``) for the
+  threads it started to end: the rest of a failed orbax call goes on
+  writing or reading until its own parts fail or finish, and must not find
+  the block's temporaries removed under it (nor write them anew). The
+  threads of an abandoned event loop's executor end when the loop is
+  garbage-collected, hence the collections."""
+  before = set(threading.enumerate())
+  try:
+    yield
+  except BaseException:
+    deadline = time.monotonic() + timeout_s
+    while True:
+      gc.collect()
+      started = [t for t in threading.enumerate()
+                 if t not in before and t.is_alive()]
+      if not started or time.monotonic() > deadline:
+        break
+      started[0].join(min(0.1, max(0.0, deadline - time.monotonic())))
+    raise
+
+
+class _Held(logging.Filter):
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def filter(self, record):
+    self.records.append(record)
+    return False
+
+
+@contextlib.contextmanager
+def held_logs(handled: tuple[type[BaseException], ...],
+              names: tuple[str, ...] = ("absl",)) -> Iterator[None]:
+  """Holds back the records logged to the loggers ``names`` (orbax logs
+  through absl) inside the block, from any thread: passed on when the block
+  ends or raises something else, dropped when it raises one of ``handled``
+  (an error the caller reports in its own words, e.g. a full disk)."""
+  held = {name: _Held() for name in names}
+  for name, records in held.items():
+    logging.getLogger(name).addFilter(records)
+  drop = False
+  try:
+    yield
+  except BaseException as e:
+    drop = isinstance(e, handled)
+    raise
+  finally:
+    for name, records in held.items():
+      logger = logging.getLogger(name)
+      logger.removeFilter(records)
+      for record in [] if drop else records.records:
+        logger.handle(record)
+
+
+__all__ = ["held_logs", "install", "is_abandoned_work", "settled_on_failure"]
