@@ -289,11 +289,7 @@ def test_imports_at_module_top():
 # (the command line included) find what the methods offer in registries.
 # ``tasks/`` (the seqio tasks of the methods' data) is not a shared layer.
 # Left, with the reason, until it is gone (a stale entry fails):
-METHOD_IMPORT_EXCEPTIONS = {
-    "jaxfid.commands.gin_specs": "TABLE's rows check the methods' gin "
-                                 "configurables (issue #23 item 1 derives "
-                                 "them from the methods' dataclasses)",
-}
+METHOD_IMPORT_EXCEPTIONS: dict[str, str] = {}
 
 
 def method_packages(modules) -> set[str]:

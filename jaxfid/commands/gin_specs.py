@@ -4,7 +4,8 @@
 bind that are neither config dataclasses (whose fields carry their checks:
 :mod:`jaxfid.core.config`) nor annotated with a jaxfid class (a gin
 reference: ``ReAttTask.reader``, ``ReFusionTask.fusion``): the run's launch
-and ``jaxfid eval``'s options; the macro a row checks is named in its
+and ``jaxfid eval``'s options (a method's ``jaxfid eval`` evaluator adds
+its rows from the method's plug-in); the macro a row checks is named in its
 comment. :data:`COMMANDS` says which configurables each command calls and
 which macros it reads itself, as the commands registered them
 (:mod:`jaxfid.commands.registry`).
@@ -23,11 +24,8 @@ from collections.abc import Mapping
 
 from jaxfid.commands import registry, seqio_eval
 from jaxfid.core.gin_checks import (REFERENCE, Check, Reads, Table, flag,
-                                    integer, number, text, validate)
+                                    integer, text, validate)
 from jaxfid.core.gin_files import ParsedGin
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
-from jaxfid.t5 import config as t5_config
 from jaxfid.training import launch
 
 SIZE = integer(1)
@@ -51,17 +49,6 @@ TABLE.add(
     batch_size=SIZE,                                    # EVAL_BATCH_SIZE
     max_examples=OPTIONAL_SIZE,                         # EVAL_MAX_EXAMPLES
     progress=flag())
-TABLE.add(
-    FidCheckpointEvaluator,
-    n_context=OPTIONAL_SIZE,                            # N_CONTEXT
-    text_maxlength=OPTIONAL_SIZE,                       # TEXT_MAXLENGTH
-    answer_maxlength=OPTIONAL_SIZE,                     # ANSWER_MAXLENGTH
-    target_maxlength=OPTIONAL_SIZE,                     # TARGET_MAXLENGTH
-    decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
-    num_beams=SIZE,                                     # EVAL_BEAMS
-    alpha=number(0), dtype=text(t5_config.DTYPES, optional=True))
-TABLE.add(ReFusionCheckpointEvaluator, neighbour_cache=OPTIONAL_PATH,
-          progress=flag())
 
 # What the shared gin commands read; a method's commands register their own
 # (jaxfid.commands.registry.Command.gin), and COMMANDS collects them all.

@@ -11,7 +11,8 @@
 * its ``jaxfid eval`` evaluator ``"fid"``
   (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`; also the
   evaluator of checkpoints without a run config,
-  :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`);
+  :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), with the gin checks
+  of its parameters;
 * its commands ``jaxfid predict``, ``plot``, ``bench`` and ``demo``
   (:mod:`jaxfid.fid.commands`), with the gin reads of ``bench`` and
   ``demo``.
@@ -19,12 +20,24 @@
 from __future__ import annotations
 
 from jaxfid.commands import seqio_eval
+from jaxfid.commands.gin_specs import OPTIONAL_SIZE, SIZE, TABLE
 from jaxfid.commands.registry import register_command
+from jaxfid.core.gin_checks import number, text
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.fid.commands import bench, demo, plot, predict
+from jaxfid.t5.config import DTYPES
 
 METHOD = "fid"
 
 seqio_eval.METHODS.register(METHOD, FidCheckpointEvaluator)
+TABLE.add(  # gin/fid/base.gin's bindings for `jaxfid eval`
+    FidCheckpointEvaluator,
+    n_context=OPTIONAL_SIZE,                            # N_CONTEXT
+    text_maxlength=OPTIONAL_SIZE,                       # TEXT_MAXLENGTH
+    answer_maxlength=OPTIONAL_SIZE,                     # ANSWER_MAXLENGTH
+    target_maxlength=OPTIONAL_SIZE,                     # TARGET_MAXLENGTH
+    decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
+    num_beams=SIZE,                                     # EVAL_BEAMS
+    alpha=number(0), dtype=text(DTYPES, optional=True))
 for _command in (predict.COMMAND, plot.COMMAND, bench.COMMAND, demo.COMMAND):
   register_command(_command)

@@ -11,18 +11,23 @@
   :func:`~jaxfid.refusion.checkpoint.load_refusion`);
 * its ``jaxfid eval`` evaluator ``"refusion"``
   (:class:`~jaxfid.refusion.checkpoint_eval.ReFusionCheckpointEvaluator`:
-  rank classification of the LM-BFF / GLUE prompt tasks);
+  rank classification of the LM-BFF / GLUE prompt tasks), with the gin
+  checks of its parameters;
 * its command ``jaxfid refusion seeds``, with its gin reads
   (:mod:`jaxfid.refusion.commands`).
 """
 from __future__ import annotations
 
 from jaxfid.commands import seqio_eval
+from jaxfid.commands.gin_specs import OPTIONAL_PATH, TABLE
 from jaxfid.commands.registry import register_command
+from jaxfid.core.gin_checks import flag
 from jaxfid.refusion import checkpoint, commands
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 
 METHOD = checkpoint.METHOD
 
 seqio_eval.METHODS.register(METHOD, ReFusionCheckpointEvaluator)
+TABLE.add(ReFusionCheckpointEvaluator, neighbour_cache=OPTIONAL_PATH,
+          progress=flag())
 register_command(commands.COMMAND)
