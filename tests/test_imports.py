@@ -28,7 +28,9 @@ PACKAGES = ("jaxfid", "tasks")
 # package, so "jaxfid.*.plugin" is every method's plug-in module). A
 # method's plug-in module and its commands are its face on the command
 # line: they sit above the shared commands they use, inside the method's
-# package.
+# package. A method package the table does not name (a new method: a
+# package with a plugin.py) sits on NEW_METHODS' row, a group of its own.
+NEW_METHODS = "jaxfid.reatt"
 LAYERS = (
     "jaxfid  jaxfid.__main__  jaxfid.cli  jaxfid.methods",
     "jaxfid.*.plugin  jaxfid.*.commands",
@@ -157,6 +159,9 @@ def layer_of(module: str) -> tuple[int, str]:
     for group in groups.split("|"):
       if any(_within(module, name) for name in group.split()):
         return row, group.split()[0]
+  package = ".".join(module.split(".")[:2])
+  if os.path.exists(os.path.join(ROOT, *package.split("."), "plugin.py")):
+    return layer_of(NEW_METHODS)[0], package  # a method the table lacks
   raise KeyError(module)
 
 
