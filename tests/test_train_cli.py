@@ -101,6 +101,7 @@ def test_hardware_rng_run_resumes_identically(data, trained, tmp_path):
   assert len(differ) >= len(want) - 1, (want, threefry)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_resumes(data, trained, tmp_path):
   train, dev = data
   model_dir = tmp_path / "out"
