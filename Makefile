@@ -1,4 +1,10 @@
-# jaxfid: `make demo` runs the end-to-end demo, `make test` the test suite.
+# jaxfid: `make demo` runs the end-to-end demo, `make test` the test suite's
+# fast tier (every module and every guarantee, minutes on 2 CPU cores),
+# `make test-all` the fast tier and then the slow one (the tests marked
+# `slow`: multi-host runs, the demo's signals, learning tests, minute-long CLI
+# runs; what .ci/run runs). Both tiers run on two pytest-xdist workers, each
+# test file on one of them, all sharing one compilation cache
+# (tests/conftest.py).
 # Both create a virtual environment in .venv (once, CPython 3.11) and install
 # the package into it with the exact versions of requirements-lock.txt (pip
 # constraints); stamp files keep later runs from reinstalling unless setup.py
@@ -32,14 +38,22 @@ LOCK_VENV := .venv-lock
 # Reinstall when the packaging changes (or a new top-level package appears).
 INSTALL_DEPS := setup.py $(LOCK) $(wildcard tasks/__init__.py)
 
-.PHONY: demo test test-latest lock clean-venv
+.PHONY: demo test test-all test-latest lock clean-venv
 
 demo: $(VENV)/.stamp-base
 	$(VENV)/bin/jaxfid demo
 
 # JAXFID_LOCK: tests/test_packaging.py checks the environment against it.
+# --durations=15: the slowest tests, so that a slow run shows where its time
+# went.
+PYTEST := JAXFID_LOCK=$(LOCK) $(VENV)/bin/python -m pytest tests -q \
+	-n 2 --dist loadfile --durations=15
+
 test: $(VENV)/.stamp-test
-	JAXFID_LOCK=$(LOCK) $(VENV)/bin/python -m pytest tests -q --durations=15
+	$(PYTEST) -m "not slow"
+
+test-all: test
+	$(PYTEST) -m slow
 
 $(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "error: no CPython 3.11 found (the lock is for 3.11); run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }

@@ -70,9 +70,11 @@ BENCH_REQUIRES = [
 ]
 
 # The suite's own needs; its seqio tests need SEQIO_REQUIRES, its BM25
-# comparisons bm25s, and transformers writes the tiny HF checkpoints.
+# comparisons bm25s, and transformers writes the tiny HF checkpoints;
+# pytest-xdist runs `make test` on two workers.
 TEST_REQUIRES = [
     "pytest>=9.2.0",
+    "pytest-xdist>=3.8.0",
     "scipy>=1.17.1",
     "transformers>=5.24.0,<6",
 ] + SEQIO_REQUIRES + BENCH_REQUIRES

@@ -1,6 +1,20 @@
 """Test set-up: 8 simulated CPU devices, float32 matmuls, quiet TensorFlow,
-glibc malloc as it is."""
+glibc malloc as it is, and one persistent compilation cache for the run.
+
+The cache: one temporary directory for the whole pytest run (made by the
+first process, removed at its end), exported as ``$JAXFID_COMPILATION_CACHE``
+so that the in-process tests, the ``jaxfid`` commands they start as
+subprocesses and pytest-xdist's workers all load a program any of them
+compiled (the CLI turns the cache on from that variable, core/runtime.py;
+tests/multihost.py turns it off for multi-process runs). A variable the user
+set is left alone (``JAXFID_COMPILATION_CACHE=0`` runs the suite without).
+
+The ``slow`` marker (pytest.ini) puts a test in the long tier: ``make test``
+runs ``-m "not slow"``, ``make test-all`` both tiers.
+"""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,6 +27,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # tests/test_host_memory.py and test_bench_scripts.py run them explicitly.
 os.environ.setdefault("JAXFID_CPU_MALLOC", "0")
 
+CACHE_VAR = "JAXFID_COMPILATION_CACHE"
+_made_cache: str | None = None  # the directory this process made, if any
+if CACHE_VAR not in os.environ:
+  # Set before pytest-xdist starts its workers, which inherit it.
+  _made_cache = tempfile.mkdtemp(prefix="jaxfid-test-xla-")
+  os.environ[CACHE_VAR] = _made_cache
+
 import jax  # noqa: E402
 
+from jaxfid.core import runtime  # noqa: E402
+
 jax.config.update("jax_default_matmul_precision", "highest")
+# The in-process tests use the cache from their first compilation on.
+runtime.apply_runtime_defaults()
+
+
+def pytest_unconfigure(config):
+  del config
+  if _made_cache:
+    shutil.rmtree(_made_cache, ignore_errors=True)

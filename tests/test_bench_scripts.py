@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--size", "tiny", "--batch-size", "2", "--n-context", "2",
         "--text-maxlength", "16", "--answer-maxlength", "4"]
@@ -41,6 +43,7 @@ def test_compile_time_times_both_layouts_and_compiles_only_at_zero_steps(
   assert result["hardware"]["cpu_malloc"] == "imported, not run as a script"
 
 
+@pytest.mark.slow
 def test_cpu_malloc_runs_each_setting_in_its_own_process(capsys):
   script = _load("cpu_malloc")
   assert script.main(TINY + ["--warmup", "1", "--steps", "2",

@@ -128,6 +128,7 @@ def test_script_torch_only_trains(capsys):
   assert result["ratios"] == {}
 
 
+@pytest.mark.slow
 def test_script_times_each_remat_policy(capsys):
   assert script.main(TINY_ARGS + ["--skip-torch", "--remat", "full,dots,full",
                                   "--decode-batch-sizes", "1",

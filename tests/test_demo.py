@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from jaxfid.fid.commands import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,7 @@ def _env(tmp_path):
               JAXFID_COMPILATION_CACHE=str(tmp_path / "xla"))
 
 
+@pytest.mark.slow
 def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
   out = tmp_path / "demo"
   proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(tmp_path),
@@ -64,6 +67,47 @@ def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
   assert f"resumed from step {stopped}" in again.stderr
   summary = json.loads(again.stdout.strip().splitlines()[-1])
   assert summary["steps"] == STEPS and summary["test_questions"] == 40
+  assert os.path.exists(out / "test_predictions.jsonl")
+
+
+def test_a_signal_in_training_stops_the_demo_and_it_resumes_in_process(
+    tmp_path, monkeypatch, capsys):
+  """The fast tier's variant of the test above: a 4-step demo in this
+  process, SIGTERM raised right after the checkpoint of step 2 (so it lands
+  in training on any machine), then the same command resumes and finishes."""
+  from jaxfid.checkpoints import model_dir as model_dir_lib
+  from jaxfid.cli import main
+  out = tmp_path / "demo"
+  argv = ["demo", "--output", str(out), "--steps", "4", "--batch-size", "8",
+          "--train-entities", "20", "--test-questions", "40"]
+  real_save = model_dir_lib.RunCheckpoints.save
+  saves = []
+
+  def save_then_sigterm(self, step, *args, **kwargs):
+    real_save(self, step, *args, **kwargs)
+    saves.append(step)
+    if len(saves) == 1:
+      # The loop's handler turns it into a flag (never pytest's death).
+      assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+      signal.raise_signal(signal.SIGTERM)
+
+  monkeypatch.setattr(model_dir_lib.RunCheckpoints, "save", save_then_sigterm)
+  assert main(argv) == demo.INTERRUPTED_EXIT
+  stdout, err = capsys.readouterr()
+  lines = [l for l in err.splitlines() if "interrupted (SIGTERM)" in l]
+  assert len(lines) == 1, err[-3000:]
+  stopped = int(re.search(r"at step (\d+) of", lines[0]).group(1))
+  assert 2 <= stopped < 4
+  assert "EM on" not in err and "[3/3]" not in err
+  assert stdout.strip() == ""
+  assert not os.path.exists(out / "test_predictions.jsonl")
+
+  monkeypatch.undo()
+  assert main(argv) == 0
+  stdout, err = capsys.readouterr()
+  assert f"resumed from step {stopped}" in err
+  summary = json.loads(stdout.strip().splitlines()[-1])
+  assert summary["steps"] == 4 and summary["test_questions"] == 40
   assert os.path.exists(out / "test_predictions.jsonl")
 
 

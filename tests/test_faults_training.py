@@ -21,45 +21,30 @@ import time
 import pytest
 
 import fault_tools
+import tiny_fid
 from jaxfid.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = "red green blue paris london dog cat bread rice golf".split()
+# The sizes of every run here (the task: tests/tiny_fid.py).
+SIZES = ("BATCH_SIZE=4", "N_CONTEXT=1", "TEXT_MAXLENGTH=12",
+         "ANSWER_MAXLENGTH=3", "CHECKPOINT_EVERY=2", "LOG_EVERY=1",
+         "MESH='data=1'", "config.T5Config.d_model=32",
+         "config.T5Config.d_ff=64", "loop.train.progress=False")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
   d = tmp_path_factory.mktemp("fault_data")
-  examples = []
-  for i in range(16):
-    answer = WORDS[i % len(WORDS)]
-    examples.append({"question": f"what is thing {i}?", "answers": [answer],
-                     "ctxs": [{"title": "doc", "text": f"thing {i} is {answer}",
-                               "score": 1.0}]})
-  (d / "train.json").write_text(json.dumps(examples))
-  return d / "train.json"
+  return tiny_fid.write_json(d / "train.json",
+                             tiny_fid.examples(16, passages=1))
 
 
 def _args(model_dir, data, steps, extra=()):
-  return ["train", "--gin_file=gin/fid/tiny.gin",
-          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_DATA='{data}'",
-          f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4",
-          "--gin.N_CONTEXT=1", "--gin.TEXT_MAXLENGTH=12",
-          "--gin.ANSWER_MAXLENGTH=3", "--gin.CHECKPOINT_EVERY=2",
-          "--gin.LOG_EVERY=1", "--gin.MESH='data=1'",
-          "--gin.config.T5Config.d_model=32", "--gin.config.T5Config.d_ff=64",
-          "--gin.loop.train.progress=False", *extra]
+  return tiny_fid.train_argv(model_dir, data, steps, gin=SIZES, extra=extra)
 
 
-def _losses(model_dir):
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
-
-
-def _steps(model_dir):
-  return sorted(int(s) for s in os.listdir(os.path.join(model_dir,
-                                                        "checkpoints"))
-                if s.isdigit())
+_losses = tiny_fid.losses
+_steps = tiny_fid.checkpoint_steps
 
 
 def _one_line_error(capsys) -> str:
@@ -198,8 +183,10 @@ def test_a_second_run_refuses_and_a_killed_runs_lock_does_not_block(
 
 # kill -9 at step 4 before its checkpoint, and in the middle of that
 # checkpoint (every file written, not yet committed by orbax's rename)
+# (the fast tier keeps the kill in the middle of the checkpoint)
 @pytest.mark.parametrize("target", [
-    "jaxfid.checkpoints.model_dir:RunCheckpoints.save",
+    pytest.param("jaxfid.checkpoints.model_dir:RunCheckpoints.save",
+                 marks=pytest.mark.slow),
     "orbax.checkpoint._src.path.atomicity:on_commit_callback"])
 def test_kill_9_before_a_checkpoint_loses_only_the_steps_since(
     target, data, whole, tmp_path):

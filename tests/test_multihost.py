@@ -13,47 +13,32 @@ import os
 import pytest
 
 import multihost
+import tiny_fid
 
-WORDS = "red green blue paris london dog cat bread rice golf".split()
+# The sizes of every run here (the task: tests/tiny_fid.py).
+SIZES = ("BATCH_SIZE=8", "N_CONTEXT=2", "TEXT_MAXLENGTH=16",
+         "ANSWER_MAXLENGTH=3", "EVAL_EVERY=4", "CHECKPOINT_EVERY=2",
+         "LOG_EVERY=1", "EVAL_BATCH_SIZE=4", "DROPOUT_RATE=0.1",
+         "config.T5Config.d_model=32", "config.T5Config.d_ff=64")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
   d = tmp_path_factory.mktemp("multihost_data")
-  examples = []
-  for i in range(16):
-    answer = WORDS[i % len(WORDS)]
-    ctxs = [{"title": f"doc {j}", "text": f"the thing {i} is "
-             f"{answer if j == 0 else WORDS[(i + j) % len(WORDS)]}",
-             "score": 1.0 - j / 10} for j in range(2)]
-    examples.append({"question": f"what is thing {i}?", "answers": [answer],
-                     "ctxs": ctxs})
-  (d / "train.json").write_text(json.dumps(examples))
-  (d / "dev.json").write_text(json.dumps(examples[:5]))
+  examples = tiny_fid.examples(16, passages=2)
+  tiny_fid.write_json(d / "train.json", examples)
+  tiny_fid.write_json(d / "dev.json", examples[:5])
   return d
 
 
 def _train_argv(model_dir, data, steps, mesh="data=4", extra=()):
-  return ["train", "--gin_file=gin/fid/tiny.gin",
-          f"--gin.MODEL_DIR='{model_dir}'",
-          f"--gin.TRAIN_DATA='{data / 'train.json'}'",
-          f"--gin.EVAL_DATA='{data / 'dev.json'}'",
-          f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8",
-          "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=16",
-          "--gin.ANSWER_MAXLENGTH=3", "--gin.EVAL_EVERY=4",
-          "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1",
-          "--gin.EVAL_BATCH_SIZE=4", "--gin.DROPOUT_RATE=0.1",
-          "--gin.config.T5Config.d_model=32", "--gin.config.T5Config.d_ff=64",
-          f"--gin.MESH='{mesh}'", "--gin.loop.train.progress=False", *extra]
+  return tiny_fid.train_argv(
+      model_dir, data / "train.json", steps, data / "dev.json",
+      SIZES + (f"MESH='{mesh}'", "loop.train.progress=False"), extra)
 
 
-def _records(model_dir):
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def _losses(model_dir):
-  return {r["step"]: r["loss"] for r in _records(model_dir) if "loss" in r}
+_records = tiny_fid.records
+_losses = tiny_fid.losses
 
 
 def _ok(results):
@@ -69,6 +54,7 @@ def one_process(data, tmp_path_factory):
   return model_dir
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_evaluate_as_one(data, one_process, tmp_path):
   model_dir = tmp_path / "two"
   results = _ok(multihost.run(_train_argv(model_dir, data, 4), 2, 2))
@@ -85,6 +71,7 @@ def test_two_processes_train_and_evaluate_as_one(data, one_process, tmp_path):
               if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_saves_the_same_step_on_both(
     data, one_process, tmp_path):
   model_dir = tmp_path / "term"
@@ -104,6 +91,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(
   assert _losses(model_dir) == pytest.approx(_losses(one_process), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_model_axis_across_processes_trains(data, tmp_path):
   one, two = tmp_path / "one", tmp_path / "two"
   _ok(multihost.run(_train_argv(one, data, 2, mesh="model=4"), 1, 4))

@@ -83,6 +83,7 @@ def _same_dense_index(one, two) -> None:
   assert _meta(one) == _meta(two)
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_one_process_dense_index(dense):
   two = dense["dir"] / "two"
   results = _ok(multihost.run(dense["argv"](two), 2, 2))
@@ -98,6 +99,7 @@ def test_two_processes_write_the_one_process_dense_index(dense):
   _same_dense_index(dense["one"], two)
 
 
+@pytest.mark.slow
 def test_a_failure_on_process_0_stops_both_in_one_line(dense):
   out = dense["dir"] / "not_an_index"
   out.mkdir()
@@ -143,6 +145,7 @@ def _reatt_model_dir(path, text_maxlength=16):
   return path
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_one_process_token_index(tmp_path):
   docs, _ = make_world(num_keys=20, n_context=3)
   write_corpus(tmp_path / "corpus.jsonl", docs)
@@ -164,6 +167,7 @@ def test_two_processes_write_the_one_process_token_index(tmp_path):
   assert _no_summary(results[1][1])
 
 
+@pytest.mark.slow
 def test_reatt_iterate_runs_a_round_on_two_processes(tmp_path):
   docs, examples = make_world(num_keys=8, n_context=2)
   write_corpus(tmp_path / "corpus.jsonl", docs)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxfid.reatt import token_index
 from jaxfid.core.tokenization import Tokenizer
@@ -42,6 +43,7 @@ def _recall(model, params, corpus, examples, directory) -> tuple[float, float]:
   return float(r1), float(r5)
 
 
+@pytest.mark.slow
 def test_retrieval_accuracy_rises_with_qa_training(tmp_path):
   docs, examples = make_world(num_keys=NUM_KEYS, n_context=4)
   corpus = tmp_path / "corpus.jsonl"

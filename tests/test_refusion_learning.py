@@ -95,6 +95,7 @@ def test_the_database_encoder_finds_each_items_own_sentences(world):
   assert rates["label_precision"] >= rates["precision"]
 
 
+@pytest.mark.slow
 def test_fusion_beats_the_backbone_where_only_neighbours_know(world):
   runs = {
       "plain": ["FUSION_MODULES='none'", "RETRIEVAL_DB=None"],

@@ -337,6 +337,7 @@ def test_cli_run_logs_the_metrics_and_keeps_the_best(uninterrupted):
   assert config["hard_negatives"] == 1 and config["temperature"] == 1.0
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_a_rerun_resumes_step_for_step(world, uninterrupted,
                                                          tmp_path):
   model_dir = tmp_path / "cut"

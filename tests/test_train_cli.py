@@ -10,46 +10,29 @@ import time
 
 import pytest
 
+import tiny_fid
 from jaxfid.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = "red green blue paris london dog cat bread rice golf".split()
+# The sizes of every run here (the task: tests/tiny_fid.py).
+SIZES = ("BATCH_SIZE=8", "N_CONTEXT=2", "TEXT_MAXLENGTH=24",
+         "ANSWER_MAXLENGTH=4", "LEARNING_RATE=1e-3", "EVAL_EVERY=3",
+         "CHECKPOINT_EVERY=2", "LOG_EVERY=1", "SEED=0", "DROPOUT_RATE=0.1",
+         "MESH='data=1'")
 
 
 def _write_data(directory):
-  examples = []
-  for i in range(24):
-    answer = WORDS[i % len(WORDS)]
-    ctxs = [{"title": f"doc {j}", "text": f"the thing {i} is "
-             f"{answer if j == 0 else WORDS[(i + j) % len(WORDS)]}",
-             "score": 1.0 - j / 10} for j in range(3)]
-    examples.append({"question": f"what is thing {i}?", "answers": [answer],
-                     "ctxs": ctxs})
-  (directory / "train.json").write_text(json.dumps(examples))
-  with open(directory / "dev.jsonl", "w") as f:
-    for ex in examples[:6]:
-      f.write(json.dumps(ex) + "\n")
-  return directory / "train.json", directory / "dev.jsonl"
+  examples = tiny_fid.examples(24, passages=3)
+  return (tiny_fid.write_json(directory / "train.json", examples),
+          tiny_fid.write_jsonl(directory / "dev.jsonl", examples[:6]))
 
 
 def _train_args(model_dir, train, dev, steps, extra=()):
-  return ["train", "--gin_file=gin/fid/tiny.gin",
-          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_DATA='{train}'",
-          f"--gin.EVAL_DATA='{dev}'", f"--gin.TRAIN_STEPS={steps}",
-          "--gin.BATCH_SIZE=8", "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=24",
-          "--gin.ANSWER_MAXLENGTH=4", "--gin.LEARNING_RATE=1e-3",
-          "--gin.EVAL_EVERY=3", "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1",
-          "--gin.SEED=0", "--gin.DROPOUT_RATE=0.1", "--gin.MESH='data=1'",
-          *extra]
+  return tiny_fid.train_argv(model_dir, train, steps, dev, SIZES, extra)
 
 
-def _metrics(model_dir):
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def _losses(model_dir):
-  return {m["step"]: m["loss"] for m in _metrics(model_dir) if "loss" in m}
+_metrics = tiny_fid.records
+_losses = tiny_fid.losses
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +101,7 @@ def test_hardware_rng_run_resumes_identically(data, trained, tmp_path):
   assert len(differ) >= len(want) - 1, (want, threefry)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_resumes(data, trained, tmp_path):
   train, dev = data
   model_dir = tmp_path / "out"
