@@ -159,6 +159,7 @@ def test_fido_gin_files_set_the_documented_options():
   assert (swapped.d_model, swapped.cross_attention_period) == (1024, 4)
 
 
+@pytest.mark.slow  # fido_tiny.gin also trains a step in test_gin_configs
 def test_fido_tiny_gin_trains_and_restores(tmp_path):
   """One step of fido_tiny.gin (shrunk); its checkpoint reloads as FiDO."""
   examples = [{"question": f"what is {i}?", "answers": [str(i)],
@@ -316,6 +317,7 @@ def test_init_checkpoint_mismatches_are_refused(source, run, needles, tmp_path,
   assert "converted" not in capsys.readouterr().err
 
 
+@pytest.mark.slow  # uptraining from a MODEL_DIR runs in test_init_checkpoint_dense_model_dir_is_uptrained_for_a_fido_run
 def test_jaxfid_train_uptrains_a_dense_hf_checkpoint(tmp_path, capsys):
   """``jaxfid train`` with fido_tiny.gin (shrunk) and a dense HF INIT_CHECKPOINT."""
   from hf_reference import make_tiny_hf_checkpoint

@@ -25,6 +25,18 @@ RUN_FILES = sorted(os.path.relpath(p, ROOT)
                    for p in glob.glob(os.path.join(ROOT, "gin", "fid", "*.gin")))
 MODEL_FILES = sorted(os.path.relpath(p, ROOT)
                      for p in glob.glob(os.path.join(ROOT, "gin", "models", "*.gin")))
+# 24-layer presets: tracing them takes tens of seconds each, so their
+# gin-file and parameter-count checks run in the slow tier (the 6- to
+# 12-layer presets check the same code in the fast tier).
+LARGE = ("large", "xl", "xxl", "3b", "11b")
+
+
+def _tiered(names):
+  return [pytest.param(n, marks=pytest.mark.slow)
+          if os.path.basename(n).removesuffix(".gin").split("_")[-1] in LARGE
+          else n for n in names]
+
+
 TINY = ["config.T5Config.d_model = 16", "config.T5Config.d_kv = 4",
         "config.T5Config.d_ff = 32", "config.T5Config.num_heads = 2",
         "config.T5Config.num_layers = 1", "config.T5Config.num_decoder_layers = 1"]
@@ -71,7 +83,7 @@ def test_run_file_trains_one_step(run_file, data, tmp_path):
   _train_one_step([run_file], TINY + _run_bindings(data, tmp_path) + extra)
 
 
-@pytest.mark.parametrize("model_file", MODEL_FILES)
+@pytest.mark.parametrize("model_file", _tiered(MODEL_FILES))
 def test_model_file_switches_the_model(model_file):
   gin_flags.parse_gin(["gin/fid/base.gin", model_file],
                       ["MODEL_DIR = 'x'", "TRAIN_DATA = 'x'"])
@@ -104,7 +116,9 @@ DUAL_ENCODER_FILES = sorted(
         os.path.join(ROOT, "gin", "retrieval", "dual_encoder_*.gin")))
 
 
-@pytest.mark.parametrize("run_file", DUAL_ENCODER_FILES)
+@pytest.mark.parametrize("run_file", [  # the base file's T5 size: slow tier
+    pytest.param(f, marks=pytest.mark.slow) if f.endswith("_base.gin") else f
+    for f in DUAL_ENCODER_FILES])
 def test_dual_encoder_file_trains_one_step(run_file, data, tmp_path):
   # The one trainer's macros (MESH, ACCUMULATION_STEPS) reach the dual encoder.
   bindings = TINY + [
@@ -125,12 +139,13 @@ PUBLISHED = {"t5_base": 223e6, "t5_large": 738e6, "t5_1_1_xl": 2.85e9,
              "t5_small": 60.5e6, "t5_3b": 2.85e9, "t5_11b": 11.3e9}
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", _tiered(sorted(PUBLISHED)))
 def test_full_size_presets_have_published_parameter_counts(name):
   n = count_params(abstract_t5(config_lib.preset(name)))
   assert abs(n - PUBLISHED[name]) / PUBLISHED[name] < 0.01, n
 
 
+@pytest.mark.slow  # ReFusion training: test_refusion_train; this gin file is validated in the fast tier (test_gin_validation)
 def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
   from jaxfid.refusion.fusion import FusionConfig
   from jaxfid.refusion.model import ReFusionModel

@@ -155,6 +155,7 @@ def test_crash_then_rerun_matches_uninterrupted(searched, db, tmp_path,
           == json.loads((searched / search.STRUCTURE_FILE).read_text())["structure"])
 
 
+@pytest.mark.slow  # the loop's phase resume with fresh initial parameters is also checked by test_training_loop_guarantees
 def test_retrain_resumes_in_its_phase_and_logs_the_structure_once(
     db, tmp_path, monkeypatch):
   """Search 3 steps, then retrain the argmax structure 3 more from the
@@ -227,6 +228,7 @@ def test_init_checkpoint_backbone_goes_into_fresh_fusion_params(db, tmp_path):
     task.initial_params(str(wider))
 
 
+@pytest.mark.slow  # the plain baseline also runs in test_refusion_seqio_eval
 def test_baselines_plain_and_concatenation(db, tmp_path):
   plain, concat = tmp_path / "plain", tmp_path / "concat"
   assert main(_args(plain, db, steps=2, extra=[
@@ -341,6 +343,7 @@ def test_fusion_lr_scale_and_the_originals_arch_optimizer():
     search.arch_optimizer(0.5, kind="sgd")
 
 
+@pytest.mark.slow  # online hidden-mode retrieval; its database check stays fast
 def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):
   d = tmp_path
   (d / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")

@@ -35,7 +35,7 @@ def _loss_and_grads(config, params, batch, rng):
       lambda p: model.loss(p, batch, rng)[0]))(params)
 
 
-@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("remat", [pytest.param("none", marks=pytest.mark.slow), "full"])
 def test_scan_equals_loop_with_dropout(remat):
   params = EncoderDecoderModel(CONFIG).init_params(0)
   batch, rng = _batch(), jax.random.key(3)

@@ -19,8 +19,10 @@ CONFIG = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_heads=4,
                   num_layers=2, num_decoder_layers=2,
                   feed_forward_proj="gated-gelu", tie_word_embeddings=False,
                   dropout_rate=0.1)
-MESHES = ["data=8", "data=4,model=2", "data=2,model=4", "fsdp=8",
-          "data=2,fsdp=2,model=2"]
+# The mesh with every axis runs in the fast tier; the others in the slow one.
+MESHES = [pytest.param(m, marks=pytest.mark.slow) for m in (
+    "data=8", "data=4,model=2", "data=2,model=4", "fsdp=8")] + [
+        "data=2,fsdp=2,model=2"]
 
 
 def _batches(n=3, b=8, p=2, l=8, t=4):

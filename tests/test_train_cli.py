@@ -83,6 +83,7 @@ def test_prng_context_is_scoped_to_the_run():
   assert launch.run(impl) == impl() == "threefry2x32"
 
 
+@pytest.mark.slow  # exact resume is test_faults_training's; the hardware RNG runs in test_bench_cli
 def test_hardware_rng_run_resumes_identically(data, trained, tmp_path):
   train, dev = data
   hw = ["--gin.USE_HARDWARE_RNG=True", "--gin.EVAL_EVERY=100"]
