@@ -63,7 +63,7 @@ def initial_dual_encoder_params(path: str, encoder: DualEncoder) -> dict:
   """
   loaded = load_dual_encoder(path)
   matching.check_init_config(path, encoder.config, loaded.encoder.config,
-                              fields=ENCODER_FIELDS)
+                             fields=ENCODER_FIELDS)
   got, want = loaded.encoder.settings, encoder.settings
   if (got.projection_dim, got.projection_bias) != (want.projection_dim,
                                                    want.projection_bias):

@@ -78,7 +78,7 @@ def initial_fid_params(path: str, config: T5Config) -> dict:
     params = fido_uptrain.fido_params_from_dense(params, other.config, config,
                                                  source=path)
     console.say(f"INIT_CHECKPOINT {path}: dense T5 converted to FiDO "
-                  f"({fido_uptrain.describe(config)})")
+                f"({fido_uptrain.describe(config)})")
     return params
   diff = config.architecture_differences(other.config)
   if fido_uptrain.is_dense(other.config):  # FiDO switches alone would convert
@@ -90,7 +90,7 @@ def initial_fid_params(path: str, config: T5Config) -> dict:
   else:
     hint = "only a dense T5 checkpoint is converted to FiDO"
   matching.check_init_config(path, config, other.config, fields=diff,
-                              hint=hint)
+                             hint=hint)
   return params
 
 
@@ -151,8 +151,8 @@ class FidTask(Task):
           longest_target_length(self.tokenizer, c.examples, c.dataset)
           for c in self.components)
       console.say(f"TARGET_MAXLENGTH None: targets padded to "
-                    f"{self.target_length} tokens, the longest target of the "
-                    "training data (EOS included); none is truncated")
+                  f"{self.target_length} tokens, the longest target of the "
+                  "training data (EOS included); none is truncated")
 
   def use_model(self, model) -> None:
     """Train and evaluate ``model`` (ReAtt gives its own)."""

@@ -286,8 +286,8 @@ def _restore_readable(ckpts: RunCheckpoints, phases, abstract_states,
     except Exception as e:  # pylint: disable=broad-except
       kept = ckpts.set_aside(step)
       console.say(f"warning: checkpoint {ckpts.step_dir(step)} is "
-                    f"unreadable ({brief(e)}); kept as {kept}, resuming "
-                    "from the one before")
+                  f"unreadable ({brief(e)}); kept as {kept}, resuming "
+                  "from the one before")
       continue
     console.say(f"resumed from step {step} in {ckpts.model_dir}")
     return state, step, index
