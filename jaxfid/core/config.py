@@ -116,13 +116,19 @@ def integer(low: int | None = None, high: int | None = None, *,
   return Check(int, low, high, optional=optional)
 
 
+def _range(low, high, above, below) -> dict:
+  """Check's bounds from inclusive ``low``/``high`` or exclusive
+  ``above``/``below``."""
+  return {"low": above if above is not None else low,
+          "high": below if below is not None else high,
+          "low_open": above is not None, "high_open": below is not None}
+
+
 def number(low: float | None = None, high: float | None = None, *,
            above: float | None = None, below: float | None = None,
            optional: bool = False) -> Check:
   """A finite number: ``>= low`` or ``> above``, ``<= high`` or ``< below``."""
-  return Check(float, above if above is not None else low,
-               below if below is not None else high, above is not None,
-               below is not None, optional=optional)
+  return Check(float, optional=optional, **_range(low, high, above, below))
 
 
 def text(choices=None, *, optional: bool = False, test=None) -> Check:
@@ -150,9 +156,7 @@ def option(default: Any = dataclasses.MISSING, *, low: float | None = None,
   binds the field, where it is not the field's name in capitals (errors
   name it).
   """
-  spec = {"macro": macro, "low": above if above is not None else low,
-          "high": below if below is not None else high,
-          "low_open": above is not None, "high_open": below is not None,
+  spec = {"macro": macro, **_range(low, high, above, below),
           "choices": tuple(choices) if choices is not None else None,
           "test": test}
   return dataclasses.field(default=default, default_factory=default_factory,

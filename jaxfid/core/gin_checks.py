@@ -16,8 +16,7 @@ problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
    dataclass (:class:`jaxfid.core.config.Config`) is built from its values,
    so its own ``__post_init__`` rules run (``ACCUMULATION_STEPS`` divides
    ``BATCH_SIZE``), then the rules of a configurable across the configs it
-   takes (its ``check_configs``), and the table's rules of other
-   configurables; then the macros the command reads itself.
+   takes (its ``check_configs``); then the macros the command reads itself.
 
 A config dataclass's parameters need no table row: their checks come from
 the fields (:func:`jaxfid.core.config.field_checks`). Another configurable's
@@ -43,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import gin
 
@@ -57,22 +56,19 @@ _MACRO, _CONSTANT = "gin.macro", "gin.constant"
 _REGISTRY = gin.config._REGISTRY  # pylint: disable=protected-access
 
 
-# A cross-parameter rule: {param: value} (bound or default) -> (param, reason)
-# for the parameter to blame, or None.
-Rule = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
 
 
 class Table:
-  """Checks per (configurable, parameter), and rules per configurable."""
+  """Checks per (configurable, parameter) that are not config fields (rules
+  across parameters live in the config dataclasses' ``__post_init__`` and
+  the tasks' ``check_configs``)."""
 
   def __init__(self):
     self.checks: dict[Any, dict[str, Check]] = {}
-    self.rules: dict[Any, tuple[Rule, ...]] = {}
 
-  def add(self, configurable, *rules: Rule, **checks: Check) -> None:
+  def add(self, configurable, **checks: Check) -> None:
     """``configurable``'s parameters' checks (merged with earlier ones)."""
     self.checks.setdefault(configurable, {}).update(checks)
-    self.rules[configurable] = self.rules.get(configurable, ()) + rules
 
   def check(self, configurable, param: str) -> Check | None:
     """The table's check, else the one a config dataclass's field declares
@@ -304,17 +300,6 @@ def validate(parsed: ParsedGin, reads: Reads, table: Table,
   for obj in walk.configurables:
     if obj not in broken:
       _check_together(obj, values, built)
-    rules = table.rules.get(obj, ())
-    if not rules or obj in broken:
-      continue
-    given = {**_defaults(obj), **values.get(obj, {})}
-    for rule in rules:
-      found = rule(given)
-      if found:
-        param, reason = found
-        raw = {p: r for o, p, r in walk.values if o is obj}.get(param)
-        macro = _resolve(raw)[1] if raw is not None else None
-        raise InputError(macro or f"{_selector(obj)}.{param}", reason)
 
   for name, check in reads.macros.items():
     raw = _bound_macro(name)
