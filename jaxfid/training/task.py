@@ -19,6 +19,14 @@ The order of calls::
         task.log_fields(metrics); task.evaluate(ctx, step, params)
         task.after_step(ctx, step, state)
   task.finish(ctx, step, state)     -> the final record (e.g. test scores)
+
+Ahead-of-time compilation (``jaxfid bench compile``) calls, instead of
+``prepare`` and without reading any data or checkpoint::
+
+  task.prepare_shapes(settings)     build the model from the configuration
+  task.phases(settings, optimizer)  the same phases the loop would run
+  task.abstract_batch(settings, phase_index)  -> the global batch's shapes
+  task.decode_program(settings, batch_size)   -> the predict program
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import optax
 
+from jaxfid.core.errors import InputError
 from jaxfid.training.settings import OptimizerSettings, Settings
 from jaxfid.training.step import ADDITIVE_METRICS, make_train_step
 
@@ -158,3 +167,28 @@ class Task:
 
   def close(self) -> None:
     pass
+
+  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """What :meth:`prepare` does that :meth:`phases` and the programs need
+    (``model`` above all), from the configuration alone: no data or
+    checkpoint is read, no file opened, nothing allocated on a device."""
+    raise InputError("METHOD", f"the {self.name} task cannot be compiled "
+                     "ahead of time")
+
+  def abstract_batch(self, settings: Settings, phase: int) -> Any:
+    """The global train batch of phase ``phase`` (an index into
+    :meth:`phases`), as ``jax.ShapeDtypeStruct`` leaves: the shapes and
+    dtypes :meth:`batch` would give for all ``settings.batch_size`` rows."""
+    raise InputError("METHOD", f"the {self.name} task cannot be compiled "
+                     "ahead of time")
+
+  def decode_program(self, settings: Settings, batch_size: int
+                     ) -> tuple[Callable[[Any, Any], Any], Any]:
+    """``(fn, abstract_batch)``: the method's prediction program as a pure
+    ``fn(params, batch)`` (what ``jaxfid predict`` or the task's evaluation
+    runs per batch: encoding and cached greedy or beam decoding, or scoring),
+    and its batch of ``batch_size`` rows as ``jax.ShapeDtypeStruct``s."""
+    raise InputError("METHOD", f"the {self.name} task has no prediction "
+                     "program to compile")
