@@ -17,6 +17,7 @@ import errno
 import importlib
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -166,6 +167,16 @@ sys.exit(main(sys.argv[4:]))
 """
 
 
+def default_sigint() -> None:
+  """``preexec_fn`` of a child a test sends SIGINT: Ctrl-C as in a terminal.
+
+  A process started in the background by a non-interactive shell (``make
+  test &``, some CI runners) ignores SIGINT, and an ignored signal stays
+  ignored across ``exec``: the child's second Ctrl-C would be lost with it.
+  """
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def hold_at(target: str, when: str, count: int, argv, log: Path):
   """A child running ``jaxfid argv``, held (sleeping) at ``target``."""
   env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -173,7 +184,7 @@ def hold_at(target: str, when: str, count: int, argv, log: Path):
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLD, target, when, str(count),
          *map(str, argv)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=err)
+        stderr=err, preexec_fn=default_sigint)
   deadline = time.time() + 600
   while time.time() < deadline:
     ready, _, _ = select.select([proc.stdout], [], [], 1.0)

@@ -205,7 +205,8 @@ def _start(argv):
   env = {**os.environ, "PYTHONPATH": ROOT}
   return subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *argv],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=fault_tools.default_sigint)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130),

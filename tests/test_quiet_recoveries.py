@@ -133,9 +133,8 @@ def test_a_save_interrupted_by_a_second_ctrl_c_is_quiet(data, tmp_path):
   proc.send_signal(signal.SIGINT)  # saves after this step
   _wait_for(log, "Ctrl-C: saving a checkpoint")
   proc.send_signal(signal.SIGINT)  # stops at once, inside the save
-  out = proc.stdout.read().decode()
-  assert proc.wait(timeout=600) == 130
-  proc.stdout.close()
+  out = proc.communicate(timeout=600)[0].decode()
+  assert proc.returncode == 130
   lines = assert_quiet(out + log.read_text())
   assert lines[-1] == "jaxfid train: interrupted"
   # (a rerun resumes from step 2: test_faults_training's kill -9 there)
