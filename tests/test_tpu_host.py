@@ -5,7 +5,9 @@ root, a dict as the environment); the behaviour on this host, where libtpu
 is installed by the ``tpu`` extra and no TPU is attached, in subprocesses
 that start as a user's would (no ``JAX_PLATFORMS``): a command that starts
 JAX's backend says only its own line on stderr, a ``JAX_PLATFORMS`` the
-user set is kept, and the CPU malloc settings apply.
+user set is kept, the CPU malloc settings apply, and libtpu still compiles
+for a TPU topology (marked ``tpu``), quietly inside
+``platforms.libtpu_as_compiler()``. Those skip without libtpu.
 """
 import json
 import os
@@ -212,3 +214,27 @@ def test_a_jax_platforms_the_user_set_is_kept(libtpu_cpu_host):
   assert (auto["env"], auto["config"]) == ("", "")
   if auto["malloc"] != "not glibc":
     assert auto["malloc"].startswith("accelerator plugin ")
+
+
+TOPOLOGY = textwrap.dedent("""
+    import jaxfid
+    from jax.experimental import topologies
+    from jaxfid.core import platforms
+    with platforms.libtpu_as_compiler():
+      devices = topologies.get_topology_desc(
+          platform="tpu", topology_name="v5e:2x2", chip_config_name="default",
+          chips_per_host_bounds=(2, 2, 1), num_slices=1).devices
+    import jax
+    print(len(devices), devices[0].platform, jax.devices()[0].platform)
+""")
+
+
+@pytest.mark.tpu
+def test_the_tpu_compiler_loads_quietly_next_to_the_cpu(libtpu_cpu_host):
+  """A TPU topology's devices for compiling, the CPU for running, and not
+  a line from libtpu on stderr."""
+  done = subprocess.run([sys.executable, "-c", TOPOLOGY], env=_user_env(),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["4", "tpu", "cpu"]
+  assert done.stderr == ""

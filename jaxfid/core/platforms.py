@@ -32,7 +32,8 @@ platforms that remain, ``cpu`` or ``cuda,cpu``:
   call (no metadata server query);
 * every other JAX plugin installed is a CUDA one, which stays on the list
   (JAX skips ``cuda`` by itself where no NVIDIA device is visible, even when
-  the list names it). With a plugin of another kind (ROCm, or one named in
+  the list names it; where one is visible and CUDA fails to start, JAX
+  stops with its error instead of falling back to the CPU). With a plugin of another kind (ROCm, or one named in
   ``PJRT_NAMES_AND_LIBRARY_PATHS``) the platforms to keep cannot be known
   without loading it, so nothing is changed.
 
