@@ -141,9 +141,9 @@ def _jax_state() -> tuple[bool, str | None]:
   """(backend started, ``jax.config.jax_platforms``) if JAX is imported."""
   config = sys.modules.get("jax._src.config")
   bridge = sys.modules.get("jax._src.xla_bridge")
-  started = bool(bridge and bridge.backends_are_initialized())
-  value = config.jax_platforms.value if config else None
-  return started, value
+  started = getattr(bridge, "backends_are_initialized", None)
+  state = getattr(config, "jax_platforms", None)
+  return bool(started and started()), getattr(state, "value", None)
 
 
 def decide(environ=None, root: str = "/") -> dict:
