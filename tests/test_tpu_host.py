@@ -238,3 +238,18 @@ def test_the_tpu_compiler_loads_quietly_next_to_the_cpu(libtpu_cpu_host):
   assert done.returncode == 0, done.stderr
   assert done.stdout.split() == ["4", "tpu", "cpu"]
   assert done.stderr == ""
+
+
+def test_jax_imported_first_is_kept_off_the_tpu_too(libtpu_cpu_host):
+  """A library user who imports jax before jaxfid: jax.config takes the
+  setting (jax read the environment at its import), and the backend starts
+  without a line from libtpu."""
+  code = ("import jax\nassert jax.config.jax_platforms is None\n"
+          "import jaxfid\nprint(jax.config.jax_platforms, "
+          "jax.devices()[0].platform)\n")
+  done = subprocess.run([sys.executable, "-c", code], env=_user_env(),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split()[1] in ("cpu", "gpu")
+  assert done.stdout.split()[0] in ("cpu", "cuda,cpu")
+  assert done.stderr == ""
