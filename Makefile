@@ -7,15 +7,23 @@
 # (tests/conftest.py).
 # Both create a virtual environment in .venv (once, CPython 3.11) and install
 # the package into it with the exact versions of requirements-lock.txt (pip
-# constraints); stamp files keep later runs from reinstalling unless setup.py
-# or the lock changed.
+# constraints), the `tpu` extra included; stamp files keep later runs from
+# reinstalling unless setup.py or the lock changed. The `tpu` extra's libtpu
+# (the lock's: a ~210 MB download, ~680 MB installed, ~10 s to install) is
+# the TPU compiler of the tests marked `tpu` (pytest.ini), which compile tiny
+# programs for TPU topologies on this CPU host; they belong to the tiers as
+# any test does (`slow` or not), and `make test-tpu` runs them alone
+# (`pytest -m tpu`). On a host without a TPU, importing jaxfid keeps JAX off
+# the TPU platform (jaxfid/core/platforms.py), so libtpu costs the other
+# tests nothing.
 #
 # `make test-latest` runs the suite on the other end of setup.py's ranges:
 # a CPython 3.12 virtualenv (.venv-latest) with the newest releases of
 # everything (jax, flax, optax, orbax, TensorFlow, ...), upgraded on every
-# run, without PyTorch (its CPU wheel for 3.12 is not at hand; the
-# PyTorch-reference tests skip). `make test-latest LATEST_PYTHON=python3.13`
-# runs it on another Python (the virtualenv is remade for it). `make lock` rewrites the lock from a fresh
+# run (libtpu: the one the newest jax[tpu] pins), without PyTorch (its CPU
+# wheel for 3.12 is not at hand; the PyTorch-reference tests skip).
+# `make test-latest LATEST_PYTHON=python3.13` runs it on another Python (the
+# virtualenv is remade for it). `make lock` rewrites the lock from a fresh
 # CPython 3.11 virtualenv with the newest releases for 3.11.
 
 # The interpreter of the lock (CPython 3.11), and the newest one tested; a
@@ -38,7 +46,7 @@ LOCK_VENV := .venv-lock
 # Reinstall when the packaging changes (or a new top-level package appears).
 INSTALL_DEPS := setup.py $(LOCK) $(wildcard tasks/__init__.py)
 
-.PHONY: demo test test-all test-latest lock clean-venv
+.PHONY: demo test test-all test-tpu test-latest lock clean-venv
 
 demo: $(VENV)/.stamp-base
 	$(VENV)/bin/jaxfid demo
@@ -55,6 +63,9 @@ test: $(VENV)/.stamp-test
 test-all: test
 	$(PYTEST) -m slow
 
+test-tpu: $(VENV)/.stamp-test
+	$(PYTEST) -m tpu
+
 $(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "error: no CPython 3.11 found (the lock is for 3.11); run 'make PYTHON=/path/to/python3.11'" >&2; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: $(PYTHON) is not Python 3.11, which $(LOCK) is for; run 'make PYTHON=/path/to/python3.11' (or 'make test-latest')" >&2; exit 1; }
@@ -66,21 +77,21 @@ $(VENV)/.stamp-base: $(INSTALL_DEPS) | $(VENV)/bin/python
 
 # The test extras are a superset of the base install, so they satisfy `demo`.
 $(VENV)/.stamp-test: $(INSTALL_DEPS) | $(VENV)/bin/python
-	$(PIP) install -c $(LOCK) -e '.[test,torch]'
+	$(PIP) install -c $(LOCK) -e '.[test,torch,tpu]'
 	touch $(VENV)/.stamp-base $@
 
 test-latest:
 	@test -n "$(LATEST_PYTHON)" || { echo "error: no CPython 3.12 found; run 'make test-latest LATEST_PYTHON=/path/to/python3.12'" >&2; exit 1; }
 	@v='import sys; print(sys.version_info[:2])'; test "$$($(LATEST_VENV)/bin/python -c "$$v" 2>/dev/null)" = "$$($(LATEST_PYTHON) -c "$$v")" || { rm -rf $(LATEST_VENV); echo "$(LATEST_PYTHON) -m venv $(LATEST_VENV)"; $(LATEST_PYTHON) -m venv $(LATEST_VENV); } || { rm -rf $(LATEST_VENV); exit 1; }
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install --upgrade --upgrade-strategy eager -e '.[test]'
-	@$(LATEST_VENV)/bin/python -c 'import sys; from importlib.metadata import version; print("Python " + sys.version.split()[0], *(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorflow", "seqio", "transformers")), sep=", ")'
+	$(LATEST_VENV)/bin/python -m pip install --upgrade --upgrade-strategy eager -e '.[test,tpu]'
+	@$(LATEST_VENV)/bin/python -c 'import sys; from importlib.metadata import version; print("Python " + sys.version.split()[0], *(f"{n} {version(n)}" for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "tensorflow", "seqio", "transformers", "libtpu")), sep=", ")'
 	$(LATEST_VENV)/bin/python -m pytest tests -q -rs
 
 lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch]'
+	$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch,tpu]'
 	{ sed -n '/^#/p;/^#/!q' $(LOCK); $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^#'; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	rm -rf $(LOCK_VENV)

@@ -6,7 +6,12 @@ what ``make test`` and CI run), the upper end of the JAX stack the newest
 releases ``make test-latest`` runs (CPython 3.12). jaxfid requires ``jax``
 only: its ``jaxlib`` (CPU, TPU or CUDA) is the one already installed, or the
 one an accelerator extra pulls in the way JAX's own extras do:
-``jaxfid[tpu]``, ``jaxfid[cuda12]``, ``jaxfid[cuda13]``.
+``jaxfid[tpu]``, ``jaxfid[cuda12]``, ``jaxfid[cuda13]``. ``jaxfid[tpu]``
+also installs on a CPU host (libtpu is a plain manylinux wheel), where its
+libtpu is the compiler ``jaxfid bench compile`` sizes TPU jobs with; there
+JAX stays on the CPU (jaxfid/core/platforms.py). ``make test`` installs it
+with ``test`` and ``torch`` (requirements-lock.txt pins its libtpu) for the
+tests marked ``tpu``.
 
 Other extras: ``seqio`` (TensorFlow, seqio, TFDS, tensorflow-text: only the
 seqio tasks in ``tasks/`` need them; FiD files train without), ``bench``
@@ -49,8 +54,9 @@ INSTALL_REQUIRES = [
 ]
 
 # JAX's own accelerator extras, over the same range: `pip install
-# 'jaxfid[tpu]'` on a TPU VM, 'jaxfid[cuda12]' / 'jaxfid[cuda13]' on a CUDA
-# host without its JAX yet. An installed CUDA or TPU jax in the range is
+# 'jaxfid[tpu]'` on a TPU VM (or any host, to compile for TPU topologies:
+# jax[tpu] pins the libtpu that matches the jax installed),
+# 'jaxfid[cuda12]' / 'jaxfid[cuda13]' on a CUDA host without its JAX yet. An installed CUDA or TPU jax in the range is
 # kept by a plain `pip install jaxfid`.
 ACCELERATOR_EXTRAS = {
     name: [f"jax[{name}]{JAX}"] for name in ("tpu", "cuda12", "cuda13")}

@@ -13,8 +13,18 @@ Outside the methods only :mod:`jaxfid.methods` imports a method (and
 one convenience exported here, :func:`load_t5`, is resolved lazily on first
 access (``jaxfid.load_t5``), which imports :mod:`jaxfid.methods` (so that a
 MODEL_DIR of any method loads).
+
+Importing ``jaxfid`` also settles which platforms JAX will start, before
+it starts any: on a host without a TPU where libtpu is installed (the
+``tpu`` extra, for ``jaxfid bench compile``), the TPU platform is left out
+so that JAX neither probes for a TPU nor prints libtpu's errors
+(:mod:`jaxfid.core.platforms`; a ``JAX_PLATFORMS`` the user set wins).
 """
 import importlib
+
+from jaxfid.core import platforms as _platforms
+
+_platforms.exclude_absent_tpu()
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,9 @@ plug-in module registers the method's own (:mod:`jaxfid.methods` imports
 them all). The parser lists the registered commands in their
 :attr:`~jaxfid.commands.registry.Command.order` (see
 :mod:`jaxfid.commands.registry`). The CLI holds no logic a test cannot call
-directly.
+directly. Which JAX platforms start is settled before this module runs, by
+importing ``jaxfid`` (:mod:`jaxfid.core.platforms`: a host without a TPU is
+not probed for one, even where libtpu is installed).
 Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
 line and the process exits with status 2, with no traceback. A storage fault
 (:class:`jaxfid.core.errors.StorageError`, or any error caused by a full

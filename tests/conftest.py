@@ -23,6 +23,10 @@ import tempfile
 # tolerances); the commands the tests start inherit it.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_backend_optimization_level=0")
+# JAX_PLATFORMS=cpu also keeps the tpu extra's libtpu out of every backend
+# here and in the commands the tests start (jaxfid/core/platforms.py would
+# choose the same on this host); the tests marked `tpu` load it as a
+# compiler through jax.experimental.topologies, which this does not stop.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,5 +1,6 @@
-"""Packaging: compatible ranges, the lock, accelerator extras, assets, light
-imports, and an install that keeps the environment's own jax.
+"""Packaging: compatible ranges, the lock (libtpu included), accelerator
+extras, assets, light imports, and an install that keeps the environment's
+own jax.
 """
 import ast
 import importlib.metadata
@@ -149,7 +150,7 @@ def test_lock_pins_every_requirement_at_the_lower_end():
   test, seqio, bench and torch extras inside its range; the JAX stack's
   ranges start at the lock's versions (so `make test` tests the lower end)."""
   lock = _lock()
-  for extra in (None, "test", "seqio", "bench", "torch"):
+  for extra in (None, "test", "seqio", "bench", "torch", "tpu"):
     for req in _requirements(extra):
       name = _canonical(req.name)
       assert name in lock, f"{req.name} is not in requirements-lock.txt"
@@ -160,6 +161,26 @@ def test_lock_pins_every_requirement_at_the_lower_end():
       lower, = [s.version for s in req.specifier if s.operator == ">="]
       assert lock[req.name] == lower, (req, lock[req.name])
   assert lock["jaxlib"] == lock["jax"]
+
+
+def test_the_test_install_has_the_tpu_compiler():
+  """`make test` (so .ci/run) and `make lock` install the tpu extra; the
+  lock pins libtpu at what the locked jax's tpu extra requires."""
+  with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+    makefile = f.read()
+  assert "$(PIP) install -c $(LOCK) -e '.[test,torch,tpu]'" in makefile
+  assert "$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch,tpu]'" in (
+      makefile)
+  lock = _lock()
+  assert "libtpu" in lock
+  if importlib.metadata.version("jax") != lock["jax"]:
+    pytest.skip("the installed jax is not the lock's")
+  pins = [Requirement(r) for r in importlib.metadata.requires("jax")]
+  libtpu = [r for r in pins if r.name == "libtpu" and r.marker
+            and r.marker.evaluate({"extra": "tpu"})]
+  assert libtpu, pins
+  for req in libtpu:
+    assert req.specifier.contains(Version(lock["libtpu"])), (req, lock)
 
 
 def test_installed_versions_are_in_range():

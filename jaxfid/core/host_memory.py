@@ -21,8 +21,10 @@ to 1.24 GB) and one lock for all threads' allocations.
 It is applied by the CLI to the commands that run models (train, predict,
 demo, ...), only when all of these hold: the C library is glibc; JAX's
 backend has not started (the worker threads, which would keep their own
-arenas, do not exist yet); JAX will run on the CPU (no accelerator plugin or
-libtpu installed, and ``JAX_PLATFORMS`` unset or naming ``cpu`` first);
+arenas, do not exist yet); JAX will run on the CPU (no accelerator plugin
+installed, nor a libtpu that JAX would load: one that ``JAX_PLATFORMS``
+leaves out, as :mod:`jaxfid.core.platforms` does on a host without a TPU,
+does not count; and ``JAX_PLATFORMS`` unset or naming ``cpu`` first);
 ``$JAXFID_CPU_MALLOC`` is not ``0`` / ``off`` / ``false`` / ``no``; and the
 user has set none of glibc's own malloc variables (``MALLOC_ARENA_MAX``,
 ``MALLOC_MMAP_MAX_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
@@ -31,13 +33,13 @@ user has set none of glibc's own malloc variables (``MALLOC_ARENA_MAX``,
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
-import importlib.util
 import os
 import platform
 import sys
 
 from jax._src import xla_bridge
+
+from jaxfid.core import platforms
 
 ENV_VAR = "JAXFID_CPU_MALLOC"
 OFF_VALUES = ("0", "off", "false", "no")
@@ -48,23 +50,22 @@ SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0),
 GLIBC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_MAX_",
                    "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
                    "MALLOC_TOP_PAD_")
-ACCELERATOR_MODULES = ("libtpu",)
 _applied = False
 
 
 def accelerator_installed() -> str | None:
-  """The name of an installed JAX accelerator plugin (or libtpu), else None."""
-  for name in ACCELERATOR_MODULES:
-    if importlib.util.find_spec(name) is not None:
-      return name
-  for entry in importlib.metadata.entry_points(group="jax_plugins"):
-    return entry.name
-  spec = importlib.util.find_spec("jax_plugins")  # jax's PJRT plugins
-  for path in (spec.submodule_search_locations or ()) if spec else ():
-    for name in sorted(os.listdir(path)):
-      if not name.startswith(("_", ".")):
-        return f"jax_plugins.{name}"
-  return None
+  """The name of an installed JAX accelerator plugin, else ``libtpu`` if
+  that is installed, else None (libtpu last: :func:`why_not` drops it where
+  ``JAX_PLATFORMS`` leaves the TPU out)."""
+  plugins = platforms.accelerator_plugins()
+  if plugins:
+    return plugins[0]
+  return platforms.LIBTPU if platforms.libtpu_installed() else None
+
+
+def _tpu_left_out(jax_platforms: str) -> bool:
+  names = [p.strip().lower() for p in jax_platforms.split(",")]
+  return bool(jax_platforms) and "tpu" not in names
 
 
 def _backend_started() -> bool:
@@ -84,10 +85,13 @@ def why_not(environ=None) -> str | None:
     mine.append("GLIBC_TUNABLES")
   if mine:
     return f"malloc set by the user ({', '.join(mine)})"
-  platforms = environ.get("JAX_PLATFORMS", "").strip()
-  if platforms and platforms.split(",")[0].strip().lower() != "cpu":
-    return f"JAX_PLATFORMS={platforms}"
+  platforms_value = environ.get("JAX_PLATFORMS", "").strip()
+  if (platforms_value
+      and platforms_value.split(",")[0].strip().lower() != "cpu"):
+    return f"JAX_PLATFORMS={platforms_value}"
   plugin = accelerator_installed()
+  if plugin == platforms.LIBTPU and _tpu_left_out(platforms_value):
+    plugin = None  # JAX will not load it (JAX_PLATFORMS leaves tpu out)
   if plugin:
     return f"accelerator plugin {plugin} installed"
   if _backend_started():

@@ -1,0 +1,218 @@
+"""Which JAX platforms a process starts: a CPU host with libtpu stays a CPU host.
+
+With ``libtpu`` installed (``pip install 'jaxfid[tpu]'``, which ``jaxfid
+bench compile`` needs to compile for a TPU topology on any machine), JAX
+tries the TPU backend first on every host, unless ``JAX_PLATFORMS`` says
+otherwise. On a machine without a TPU the first ``jax.devices()`` then
+prints libtpu's initialisation errors on stderr (``could not determine TPU
+accelerator type``, ``unexpected worker hostname ...``) and loses a few
+tenths of a second to seconds before JAX falls back to the CPU, in every
+process, every command and every test subprocess.
+
+:func:`exclude_absent_tpu` decides this before JAX starts a backend:
+importing ``jaxfid`` calls it (so the ``jaxfid`` command and library users
+get it alike). When all of the following hold, it sets ``JAX_PLATFORMS``
+(``os.environ``, which the commands a run starts inherit, and
+``jax.config``'s ``jax_platforms`` when JAX is already imported) to the
+platforms that remain, ``cpu`` or ``cuda,cpu``:
+
+* the user has chosen nothing: ``JAX_PLATFORMS`` is absent from the
+  environment (set, even empty, it is the user's: an empty value asks JAX
+  to choose, TPU probe included) and ``jax.config.jax_platforms`` is unset;
+* libtpu is installed (importable, or ``TPU_LIBRARY_PATH`` names a file);
+  without it JAX has no TPU backend to try, and nothing is changed;
+* nothing suggests a TPU on this host (:func:`tpu_hints`): no PCI device of
+  Google's (vendor ``0x1ae0``, what ``jax/_src/hardware_utils.py`` counts
+  TPU chips by) other than storage and network devices (Compute Engine's
+  NVMe disks and gVNIC, class ``0x01`` / ``0x02``), so a TPU generation
+  newer than this table still counts; no ``/dev/accel*`` (TPU v2-v4) or
+  ``/dev/vfio/<group>`` device (v5e and later, as a container sees them);
+  none of the variables a TPU VM or GKE TPU node sets
+  (:data:`TPU_ENV_HINTS`, ``JAX_FORCE_TPU_INIT`` included). No network
+  call (no metadata server query);
+* every other JAX plugin installed is a CUDA one, which stays on the list
+  (JAX skips ``cuda`` by itself where no NVIDIA device is visible, even when
+  the list names it; where one is visible and CUDA fails to start, JAX
+  stops with its error instead of falling back to the CPU). With a plugin of another kind (ROCm, or one named in
+  ``PJRT_NAMES_AND_LIBRARY_PATHS``) the platforms to keep cannot be known
+  without loading it, so nothing is changed.
+
+JAX's backend must not have started yet (otherwise nothing is changed).
+``jax.experimental.topologies.get_topology_desc(platform="tpu", ...)``
+loads libtpu on its own, whatever ``JAX_PLATFORMS`` says, so compiling for a
+TPU topology (``jaxfid bench compile``) is unaffected. libtpu, loaded there
+as a compiler only, prints the same errors when it initialises on a host
+without a TPU; loading it inside :func:`libtpu_as_compiler` keeps it quiet.
+The CPU-only settings
+of :mod:`jaxfid.core.host_memory` treat a libtpu that ``JAX_PLATFORMS``
+leaves out as no accelerator.
+
+This module imports no JAX (``import jaxfid`` stays light: without libtpu
+the decision is one ``find_spec``; ``importlib.metadata``, slow to import,
+is imported only to list plugins); it reads only ``/sys/bus/pci``, ``/dev``
+and the environment.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import sys
+
+ENV_VAR = "JAX_PLATFORMS"
+LIBTPU = "libtpu"
+GOOGLE_PCI_VENDOR = "0x1ae0"
+# PCI base classes of the Google devices a CPU VM on Compute Engine has:
+# mass storage (NVMe persistent disk, local SSD) and network (gVNIC).
+NOT_TPU_PCI_CLASSES = ("0x01", "0x02")
+# Set on TPU VMs and GKE TPU nodes (or by a user who wants the TPU backend
+# tried whatever this module finds).
+TPU_ENV_HINTS = ("JAX_FORCE_TPU_INIT", "TPU_ACCELERATOR_TYPE",
+                 "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_TOPOLOGY",
+                 "TPU_VISIBLE_CHIPS")
+# What libtpu reads when it initialises (once, at its first load) and
+# cannot determine without a TPU: a valid accelerator type (any; it does not
+# restrict the topologies compiled for) and this host as the only worker.
+COMPILER_ONLY_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4",
+                     "TPU_WORKER_HOSTNAMES": "localhost"}
+# The platform a CUDA plugin serves (its entry-point or module name says it).
+CUDA = "cuda"
+
+
+def libtpu_installed(environ=None) -> bool:
+  """Whether JAX would find libtpu (as jax/_src/cloud_tpu_init.py looks)."""
+  environ = os.environ if environ is None else environ
+  path = environ.get("TPU_LIBRARY_PATH")
+  if path and os.path.isfile(path):
+    return True
+  return importlib.util.find_spec(LIBTPU) is not None
+
+
+def accelerator_plugins(environ=None) -> list[str]:
+  """JAX's PJRT plugins installed (entry points, the ``jax_plugins``
+  namespace, ``PJRT_NAMES_AND_LIBRARY_PATHS``), libtpu not included."""
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  environ = os.environ if environ is None else environ
+  names = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+  spec = importlib.util.find_spec("jax_plugins")
+  for path in (spec.submodule_search_locations or ()) if spec else ():
+    names += [f"jax_plugins.{name}" for name in sorted(os.listdir(path))
+              if not name.startswith(("_", "."))]
+  for entry in environ.get("PJRT_NAMES_AND_LIBRARY_PATHS", "").split(","):
+    if entry.strip():
+      names.append(entry.strip())
+  return names
+
+
+def _pci_tpu_candidates(root: str) -> list[str]:
+  found = []
+  for vendor_path in sorted(glob.glob(
+      os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
+    device = os.path.dirname(vendor_path)
+    try:
+      with open(vendor_path, encoding="ascii") as f:
+        vendor = f.read().strip().lower()
+      if vendor != GOOGLE_PCI_VENDOR:
+        continue
+      with open(os.path.join(device, "class"), encoding="ascii") as f:
+        pci_class = f.read().strip().lower()
+    except OSError:  # a device that vanished or cannot be read: unknown
+      pci_class = ""
+    if not pci_class.startswith(NOT_TPU_PCI_CLASSES):
+      found.append(f"Google PCI device {os.path.basename(device)}")
+  return found
+
+
+def tpu_hints(environ=None, root: str = "/") -> list[str]:
+  """What suggests a TPU on this host (empty: nothing does; module doc).
+
+  ``root`` is the file system's root (a test's stand-in directory).
+  """
+  environ = os.environ if environ is None else environ
+  hints = [f"${name}" for name in TPU_ENV_HINTS if name in environ]
+  hints += _pci_tpu_candidates(root)
+  hints += sorted(glob.glob(os.path.join(root, "dev/accel[0-9]*")))
+  hints += sorted(glob.glob(os.path.join(root, "dev/vfio/[0-9]*")))
+  return hints
+
+
+def _jax_state() -> tuple[bool, str | None]:
+  """(backend started, ``jax.config.jax_platforms``) if JAX is imported."""
+  config = sys.modules.get("jax._src.config")
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  started = getattr(bridge, "backends_are_initialized", None)
+  state = getattr(config, "jax_platforms", None)
+  return bool(started and started()), getattr(state, "value", None)
+
+
+def decide(environ=None, root: str = "/") -> dict:
+  """The platforms to set, without setting them (module doc).
+
+  Returns ``{'jax_platforms': str or None, 'reason': str}``: None leaves
+  JAX's own choice.
+  """
+  environ = os.environ if environ is None else environ
+
+  def keep(reason: str) -> dict:
+    return {"jax_platforms": None, "reason": reason}
+
+  if ENV_VAR in environ:
+    return keep(f"{ENV_VAR}={environ[ENV_VAR]!r} set by the user")
+  started, configured = _jax_state()
+  if configured is not None:
+    return keep(f"jax_platforms={configured!r} set by the user")
+  if started:
+    return keep("JAX's backend has already started")
+  if not libtpu_installed(environ):
+    return keep("no libtpu installed")
+  hints = tpu_hints(environ, root)
+  if hints:
+    return keep(f"this host may have a TPU ({', '.join(hints)})")
+  plugins = accelerator_plugins(environ)
+  others = [p for p in plugins if CUDA not in p.lower()]
+  if others:
+    return keep(f"plugin {others[0]} installed: its platform is unknown")
+  platforms = f"{CUDA},cpu" if plugins else "cpu"
+  return {"jax_platforms": platforms,
+          "reason": "libtpu installed on a host without a TPU"}
+
+
+def exclude_absent_tpu(environ=None, root: str = "/") -> dict:
+  """Set ``JAX_PLATFORMS`` to the platforms :func:`decide` chooses, if any.
+
+  Returns :func:`decide`'s answer. ``environ`` (default ``os.environ``)
+  receives the setting; ``jax.config`` does too when JAX is imported.
+  """
+  environ = os.environ if environ is None else environ
+  decision = decide(environ, root)
+  platforms = decision["jax_platforms"]
+  if platforms is not None:
+    environ[ENV_VAR] = platforms
+    if "jax._src.config" in sys.modules:
+      sys.modules["jax._src.config"].config.update("jax_platforms", platforms)
+  return decision
+
+
+@contextlib.contextmanager
+def libtpu_as_compiler(environ=None, root: str = "/"):
+  """Load libtpu inside this block (e.g. ``get_topology_desc``) to use it as
+  a compiler on a host without a TPU, without its initialisation errors.
+
+  On such a host (no :func:`tpu_hints`) the variables of
+  :data:`COMPILER_ONLY_ENV` that are unset are set for the block and
+  removed after it; libtpu reads them at its first load only. On a TPU host
+  nothing is changed.
+  """
+  environ = os.environ if environ is None else environ
+  added = []
+  if not tpu_hints(environ, root):
+    for name, value in COMPILER_ONLY_ENV.items():
+      if name not in environ:
+        environ[name] = value
+        added.append(name)
+  try:
+    yield
+  finally:
+    for name in added:
+      environ.pop(name, None)
