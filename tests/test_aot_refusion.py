@@ -3,8 +3,9 @@
 ``abstract_batch`` of every phase (the search's train + dev batches, the
 retrain's train batch) and ``decode_program``'s batch are checked against a
 real ``prepare`` on the bundled 16-shot samples with a tiny dense database:
-a single-sentence task, a sentence-pair task (two neighbour segments) and
-'hidden' retrieval (on-line, from the backbone's states). The search and
+a single-sentence task, a sentence-pair task (two neighbour segments),
+'hidden' retrieval (on-line, from the backbone's states) and the baseline
+that appends the neighbours' text (no vectors). The search and
 retrain steps and the rank classification lower (fast tier) and compile
 (slow tier) with the loop's shardings after ``prepare_shapes`` alone, with
 a data directory and a database that do not exist.
@@ -63,8 +64,10 @@ def _real(tmp_path, db, task_name, data_dir, extra=()):
 @pytest.mark.parametrize("task_name,data_dir,extra", [
     ("sst-2", "SST-2", ["RETRAIN = True"]),
     ("rte", "RTE", ["SEARCH = False"]),
-    ("sst-2", "SST-2", ["RETRIEVAL_MODE = 'hidden'"])],
-    ids=["search_retrain", "pair", "hidden"])
+    ("sst-2", "SST-2", ["RETRIEVAL_MODE = 'hidden'"]),
+    ("sst-2", "SST-2", ["FUSION_MODULES = 'none'",
+                        "CONCAT_NEIGHBOURS = True"])],
+    ids=["search_retrain", "pair", "hidden", "concat_baseline"])
 def test_abstract_batches_are_the_real_batches(db, tmp_path, task_name,
                                                data_dir, extra):
   task, settings, optimizer = _real(tmp_path, db, task_name, data_dir, extra)
@@ -79,7 +82,7 @@ def test_abstract_batches_are_the_real_batches(db, tmp_path, task_name,
   for i, phase in enumerate(phases):   # each phase's first batch
     host = task.batch(begin, slice(0, settings.batch_size), params)
     assert_same_shapes(task.abstract_batch(settings, i), host)
-    task.phase_end(ctx, phase, {"params": params})   # fixes a searched structure
+    task.phase_end(ctx, phase, {"params": params})  # a searched structure
     begin = phase.end
   with pytest.raises(ValueError):
     task.abstract_batch(settings, len(phases))
