@@ -44,7 +44,8 @@ def train_file(tmp_path_factory):
 
 def test_abstract_batch_is_the_real_batch(train_file, tmp_path):
   task, settings, _ = configured(GIN, SMALL + [
-      f"MODEL_DIR = '{tmp_path / 'm'}'", f"TRAIN_DATA = '{train_file}'"])
+      f"MODEL_DIR = '{tmp_path / 'm'}'", f"TRAIN_DATA = '{train_file}'",
+      f"EVAL_DATA = '{train_file}'"])
   task.prepare(settings)
   for step in (0, 1):
     host = task.batch(step, slice(0, settings.batch_size), None)
@@ -52,6 +53,10 @@ def test_abstract_batch_is_the_real_batch(train_file, tmp_path):
     assert_same_shapes(task.abstract_batch(settings, 0), host)
   with pytest.raises(ValueError):
     task.abstract_batch(settings, 1)
+  evaluator = task.evaluator   # the evaluation's tokens, 4 rows at a time
+  assert_same_shapes(task.decode_program(settings, 4)[1], {
+      "query_tokens": evaluator.query_tokens[:4],
+      "passage_tokens": evaluator.passage_tokens[:4]})
 
 
 def _configured(extra):

@@ -13,6 +13,7 @@ import pytest
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer
+from jaxfid.fid.batches import eval_batches
 from jaxfid.reatt.model import ReAttConfig
 from jaxfid.training.task import Context
 from method_aot import (MISSING, assert_same_shapes, configured, lower_decode,
@@ -47,6 +48,12 @@ def test_abstract_batch_is_the_real_batch(data, tmp_path):
       assert_same_shapes(task.abstract_batch(settings, 0), host)
   finally:
     task.close()
+  r = task.reader   # the evaluation's batches (QaEvaluator's)
+  _, _, host = next(eval_batches(
+      r.eval_examples or task.examples, r.tokenizer, batch_size=2,
+      n_context=r.n_context, text_maxlength=r.text_maxlength,
+      passage_eos=r.passage_eos))
+  assert_same_shapes(task.decode_program(settings, 2)[1], host)
   # prepare_shapes keeps the configured separator: the T5 vocabulary's
   assert task.config.separator_ids == ReAttConfig().separator_ids == tuple(
       Tokenizer().encode("title:"))
