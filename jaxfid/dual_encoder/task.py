@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from jaxfid.checkpoints import matching
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
@@ -137,6 +140,39 @@ class DualEncoderTask(Task):
     self.evaluator = PairEvaluator(self.model, self.tokenizer,
                                    self.eval_examples,
                                    batch_size=t.eval_batch_size)
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The model from the configuration alone (nothing read)."""
+    self.settings = settings
+    self.model = DualEncoder(self.model_config, self.encoder)
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """:meth:`PairBatcher.batch`'s shapes: B questions, B*(1+H) passages."""
+    if phase != 0:
+      raise ValueError(f"the dual encoder has one phase, not phase {phase}")
+    s, b = self.model.settings, settings.batch_size
+    passages = b * (1 + self.training.hard_negatives)
+    return {"query_tokens": jax.ShapeDtypeStruct((b, s.query_maxlength),
+                                                 jnp.int32),
+            "passage_tokens": jax.ShapeDtypeStruct(
+                (passages, s.passage_maxlength), jnp.int32),
+            "passage_mask": jax.ShapeDtypeStruct((passages,), jnp.bool_)}
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """The encoding the evaluation and ``jaxfid index dense`` run: a batch
+    of questions through the query tower and one of passages through the
+    passage tower, ``(float32 [N, dim], float32 [N, dim])``."""
+    model, s = self.model, self.model.settings
+
+    def encode(params, batch):
+      return (model.embed(params, batch["query_tokens"], tower="query"),
+              model.embed(params, batch["passage_tokens"], tower="passage"))
+
+    return encode, {
+        "query_tokens": jax.ShapeDtypeStruct((batch_size, s.query_maxlength),
+                                             jnp.int32),
+        "passage_tokens": jax.ShapeDtypeStruct(
+            (batch_size, s.passage_maxlength), jnp.int32)}
 
   def run_config(self) -> dict:
     t = self.training

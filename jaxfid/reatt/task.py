@@ -27,6 +27,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
+import jax.numpy as jnp
+
 from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
@@ -35,6 +38,7 @@ from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
+from jaxfid.fid.predict import make_predict_fn
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
@@ -126,24 +130,74 @@ class ReAttTask(Task):
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh keeps its index "
                        "in MODEL_DIR/index and needs a local MODEL_DIR")
     reader = self.reader
-    if not reader.passage_eos:
-      raise InputError("PASSAGE_EOS", "ReAtt's rows end with EOS (as the "
-                       "original's, and as its token index encodes documents)"
-                       ": set PASSAGE_EOS = True")
+    self._check_reader()
     reader.prepare_data(settings)
     self.settings = settings
     self.config = self.config.replace(
         separator_ids=tuple(reader.tokenizer.encode(TITLE_PREFIX)))
-    try:
-      self.model = reatt.ReAttModel(reader.model_config, self.config)
-    except ValueError as e:
-      raise InputError("BI_ENCODER_LAYERS", str(e)) from None
+    self.model = self._make_model()
     reader.use_model(self.model)
     self.vocabulary = reader.vocabulary
     self.examples = reader.train_examples()
     self.refresh_at = (phase_boundaries(
         settings.train_steps, self.training.retrieval_warmup_steps,
         self.training.iteration_steps) if corpus else [])
+
+  def _check_reader(self) -> None:
+    if not self.reader.passage_eos:
+      raise InputError("PASSAGE_EOS", "ReAtt's rows end with EOS (as the "
+                       "original's, and as its token index encodes documents)"
+                       ": set PASSAGE_EOS = True")
+
+  def _make_model(self) -> reatt.ReAttModel:
+    try:
+      return reatt.ReAttModel(self.reader.model_config, self.config)
+    except ValueError as e:
+      raise InputError("BI_ENCODER_LAYERS", str(e)) from None
+
+  # ---- ahead-of-time compilation ------------------------------------------
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The model from the configuration alone: no data, tokenizer or index
+    is read. ``separator_ids`` keep the configuration's (``title:`` in the
+    T5 vocabulary; they are constants of the program, not shapes), and the
+    target length must be given: ``prepare`` pads to the longest target of
+    the training data when TARGET_MAXLENGTH is None."""
+    self._check_reader()
+    if self.reader.lengths.target_maxlength is None:
+      raise InputError("TARGET_MAXLENGTH", "compiling ahead of time reads no "
+                       "training data to find the longest target: set "
+                       "TARGET_MAXLENGTH (or ANSWER_MAXLENGTH)")
+    self.settings = settings
+    self.model = self._make_model()
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """:class:`ReAttBatcher`'s global batch: FiD's rows [B, P, L], passage
+    mask [B, P] and targets [B, T], plus ``question_length`` and
+    ``kl_weight`` [B] (the KL term's inputs; the in-batch documents are the
+    batch's own rows)."""
+    if phase != 0:
+      raise ValueError(f"ReAtt trains in one phase, not phase {phase}")
+    r, b = self.reader, settings.batch_size
+    shape = jax.ShapeDtypeStruct
+    return {"encoder_input_tokens": shape((b, r.n_context, r.text_maxlength),
+                                          jnp.int32),
+            "passage_mask": shape((b, r.n_context), jnp.bool_),
+            "decoder_target_tokens": shape((b, r.target_length), jnp.int32),
+            "question_length": shape((b,), jnp.int32),
+            "kl_weight": shape((b,), jnp.float32)}
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """The reader's evaluation program (:class:`QaEvaluator`'s): the split
+    encoder, then greedy or beam decoding of DECODE_MAXLENGTH tokens."""
+    r = self.reader
+    fn = make_predict_fn(self.model,
+                         max_decode_len=r.lengths.decode_maxlength,
+                         num_beams=r.reader.eval_beams)
+    shape = jax.ShapeDtypeStruct
+    return fn, {"encoder_input_tokens": shape(
+        (batch_size, r.n_context, r.text_maxlength), jnp.int32),
+                "passage_mask": shape((batch_size, r.n_context), jnp.bool_)}
 
   def run_config(self) -> dict:
     return {**self.reader.run_config(), **reatt.run_config_fields(self.config),

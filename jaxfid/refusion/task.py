@@ -35,6 +35,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxfid.checkpoints import matching
@@ -106,6 +107,10 @@ class ReFusionData(Config):
       (default: in the database's directory).
     retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (once, offline, from the
       text) or ``'hidden'`` (on-line, from the encoder states).
+    db_dim: ``DB_DIM``, the width of RETRIEVAL_DB's vectors: a run reads it
+      from the database (and checks it when given); ``jaxfid bench
+      compile``, which reads no database, needs it with fusion modules in
+      'input' mode ('hidden' mode's is the model's width).
   """
   task: str = option(test=_task_problem)
   data_dir: str = option()
@@ -117,6 +122,7 @@ class ReFusionData(Config):
   concat_neighbours: bool = False
   neighbour_cache: str | None = None
   retrieval_mode: str = option("input", choices=RETRIEVAL_MODES)
+  db_dim: int | None = option(None, low=1)
 
 
 class ReFusionTask(Task):
@@ -165,11 +171,14 @@ class ReFusionTask(Task):
     self.test_examples = len(splits["test"])
     tokenizer = load_tokenizer(settings.init_checkpoint)
     self.vocabulary = tokenizer.path
-    label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
-                                                tokenizer)   # [C, T]
+    self.label_tokens = label_tokens = batch_lib.label_token_matrix(
+        self.spec.label_words, tokenizer)                    # [C, T]
     db_dim = 0
     if fused or data.concat_neighbours:
       db_dim = nb_lib.db_width(data.retrieval_db)
+    if fused and data.db_dim is not None and data.db_dim != db_dim:
+      raise InputError(data.retrieval_db, f"holds {db_dim}-d vectors, but "
+                       f"DB_DIM is {data.db_dim}")
     if self.hidden and db_dim != self.model_config.d_model:
       raise InputError(data.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
                        f"the database with the model's "
@@ -181,14 +190,98 @@ class ReFusionTask(Task):
         retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
         hidden=self.hidden, concat_neighbours=data.concat_neighbours,
         neighbour_cache=data.neighbour_cache, progress=settings.progress)
-    self.fusion = self.fusion.replace(top_k=data.top_k,
-                                      db_dim=max(db_dim, 1),
-                                      search=self.search)
-    self.model = ReFusionModel(self.model_config, self.fusion)
+    self._use_model(db_dim)
     self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
                                        top_k=data.top_k, hidden=self.hidden)
     self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
                               self.neighbours, data.eval_batch_size)
+
+  def _use_model(self, db_dim: int) -> None:
+    """The run's fusion settings (K, the database width R, the search) and
+    model."""
+    self.fusion = self.fusion.replace(top_k=self.data.top_k,
+                                      db_dim=max(db_dim, 1),
+                                      search=self.search)
+    self.model = ReFusionModel(self.model_config, self.fusion)
+
+  # ---- ahead-of-time compilation ------------------------------------------
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The task's model and shapes from the configuration alone: no split,
+    database, neighbour cache or checkpoint is read.
+
+    The label words are TASK's (:mod:`lmbff`), tokenised with the bundled
+    T5 vocabulary; the database width is DB_DIM ('hidden' mode: the
+    model's width). The searched structure the retrain phase and the
+    evaluation would use is not known before the search: they are compiled
+    with ``FusionConfig.structure`` when given, else with every module's
+    costliest scheme, the ordered mask.
+    """
+    self.settings = settings
+    data, fused = self.data, self.fusion.enabled
+    self.spec = lmbff.get_task(data.task, data.templates)
+    self.label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
+                                                     load_tokenizer())
+    if not fused:
+      db_dim = 0
+    elif self.hidden:
+      db_dim = self.model_config.d_model
+      if data.db_dim not in (None, db_dim):
+        raise InputError("DB_DIM", "RETRIEVAL_MODE 'hidden' queries the "
+                         f"database with the model's {db_dim}-d hidden "
+                         f"states, but DB_DIM is {data.db_dim}")
+    elif data.db_dim is None:
+      raise InputError("DB_DIM", "compiling fusion modules ahead of time "
+                       "reads no RETRIEVAL_DB: set DB_DIM, the width of its "
+                       "vectors")
+    else:
+      db_dim = data.db_dim
+    self._use_model(db_dim)
+    if self.search:
+      paths = self.model.paths
+      structure = self.fusion.structure or ("ordered_mask",) * len(paths)
+      self._structure_model = self.with_structure(structure)
+
+  def _segments(self) -> int:
+    """S, the neighbour segments of an example: one per input sentence
+    ('input' retrieval), one pooled query ('hidden')."""
+    return 2 if self.spec.pair and not self.hidden else 1
+
+  def _abstract_part(self, rows: int) -> dict:
+    """One batch of ``rows`` examples (:func:`batch_lib.train_batch` after
+    :class:`NeighbourVectors`): tokens [B, L], label word [B, T] and, with
+    fusion modules, the neighbours' vectors [B, S, K, R]."""
+    shape = jax.ShapeDtypeStruct
+    part = {"encoder_input_tokens": shape((rows, self.data.max_length),
+                                          jnp.int32),
+            "decoder_target_tokens": shape(
+                (rows, self.label_tokens.shape[1]), jnp.int32)}
+    if self.fusion.enabled:
+      f = self.fusion
+      part["neighbours"] = shape((rows, self._segments(), f.top_k, f.db_dim),
+                                 jnp.float32)
+    return part
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """:meth:`batch`'s global batch of phase ``phase``: the search's has a
+    train and a dev batch (the architecture step's), the others a train
+    batch only."""
+    count = 1 + (self.search and self.search_config.retrain)
+    if not 0 <= phase < count:
+      raise ValueError(f"this run has {count} phase(s), not phase {phase}")
+    out = {"train": self._abstract_part(settings.batch_size)}
+    if self.search and phase == 0:
+      out["dev"] = self._abstract_part(settings.batch_size)
+    return out
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """Rank classification (:class:`SplitScorer`'s program): every label
+    word scored under teacher forcing with the final structure's model,
+    int32 [N] best classes, on an evaluation batch (which keeps its gold
+    label word, unused)."""
+    model, labels = self.final_model(), self.label_tokens    # [C, T]
+    return (lambda params, batch: model.classify(params, batch, labels),
+            self._abstract_part(batch_size))
 
   def run_config(self) -> dict:
     return {"method": self.name, "model": self.model_config.to_dict(),
