@@ -48,14 +48,14 @@ of :mod:`jaxfid.core.host_memory` treat a libtpu that ``JAX_PLATFORMS``
 leaves out as no accelerator.
 
 This module imports no JAX (``import jaxfid`` stays light: without libtpu
-the decision is one ``find_spec``; ``importlib.metadata``, slow to import,
-is imported only to list plugins); it reads only ``/sys/bus/pci``, ``/dev``
+the decision is one ``find_spec``); it reads only ``/sys/bus/pci``, ``/dev``
 and the environment.
 """
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -92,7 +92,6 @@ def libtpu_installed(environ=None) -> bool:
 def accelerator_plugins(environ=None) -> list[str]:
   """JAX's PJRT plugins installed (entry points, the ``jax_plugins``
   namespace, ``PJRT_NAMES_AND_LIBRARY_PATHS``), libtpu not included."""
-  import importlib.metadata  # pylint: disable=import-outside-toplevel
   environ = os.environ if environ is None else environ
   names = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
   spec = importlib.util.find_spec("jax_plugins")
