@@ -173,6 +173,7 @@ def _train(mesh_spec: str | None, steps: int = 2):
     return run()
 
 
+@pytest.mark.slow  # a sharded train step = one device: test_sharding's data=2,fsdp=2,model=2 mesh; the constraints: test_forward_carries_the_constraints_under_a_mesh
 def test_sharded_train_step_matches_one_device():
   want_losses, want_params, text = _train(None)
   assert "sharding_constraint" not in text

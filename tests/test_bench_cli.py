@@ -26,27 +26,25 @@ def _run(capsys, argv) -> dict:
   return json.loads(out[-1])
 
 
-@pytest.mark.parametrize("mode", ["train", "decode"])
-def test_speed_modes_print_the_contract_fields(capsys, mode):
+# (mode, extra flags, PRNG implementation): the train bench also follows
+# USE_HARDWARE_RNG (one tiny train bench for both checks)
+@pytest.mark.parametrize("mode, extra, prng", [
+    ("train", ["--gin.USE_HARDWARE_RNG=True"], "unsafe_rbg"),
+    ("decode", [], "threefry2x32")])
+def test_speed_modes_print_the_contract_fields(capsys, mode, extra, prng):
   r = _run(capsys, ["bench", mode, "--steps", "1", "--peak-tflops", "2.0"]
-           + TINY)
+           + extra + TINY)
   for key in ("examples_per_sec", "step_time_s", "model_tflops_per_sec", "mfu",
               "peak_memory_gb", "device"):
     assert key in r
   assert r["mode"] == mode and r["steps"] == 1
   assert r["shape"] == {"batch_size": 2, "n_context": 2, "text_maxlength": 16,
                         "answer_maxlength": 4}
+  assert r["step_time_s"] > 0
   assert r["examples_per_sec"] == pytest.approx(2 / r["step_time_s"])
   assert r["mfu"] == pytest.approx(r["model_tflops_per_sec"] / 2.0)
   assert r["peak_tflops_source"] == "given"
-  assert r["prng_impl"] == "threefry2x32"
-
-
-def test_train_bench_follows_use_hardware_rng(capsys):
-  r = _run(capsys, ["bench", "train", "--steps", "1", "--peak-tflops", "2.0",
-                    "--gin.USE_HARDWARE_RNG=True"] + TINY)
-  assert r["prng_impl"] == "unsafe_rbg"
-  assert r["step_time_s"] > 0
+  assert r["prng_impl"] == prng
 
 
 def test_memory_mode_counts_parameters_and_remat(capsys):

@@ -26,6 +26,7 @@ def _last_json(capsys) -> dict:
   return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a benchmark script, not a package module: the long tier
 def test_compile_time_times_both_layouts_and_compiles_only_at_zero_steps(
     capsys):
   script = _load("compile_time")

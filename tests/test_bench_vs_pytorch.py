@@ -93,6 +93,7 @@ def _last_json(capsys):
   return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the script runs fast in test_script_logs_each_row_as_it_finishes; the reference's parity in test_reference_is_fid_and_matches_jaxfid
 def test_script_both_sides_decode_with_fido(capsys, tmp_path):
   out_file = tmp_path / "r.json"
   assert script.main(TINY_ARGS + ["--skip-train", "--fido-period", "2",
@@ -117,6 +118,7 @@ def test_script_both_sides_decode_with_fido(capsys, tmp_path):
   assert result["ratios"]["jaxfid_decode_b2_vs_torch"] == rows["jaxfid decode"]["vs_torch"]
 
 
+@pytest.mark.slow  # as above
 def test_script_torch_only_trains(capsys):
   assert script.main(TINY_ARGS + ["--skip-jax"]) == 0
   result = _last_json(capsys)

@@ -279,16 +279,19 @@ def test_bilevel_step_updates_each_group_only_in_its_half():
   state = {"step": jnp.zeros((), jnp.int32), "params": params,
            "opt_state": model_opt.init(params),
            "arch_opt_state": arch_opt.init(params)}
-  new, metrics = search.make_step(model, model_opt, arch_opt, seed=0,
-                                  with_arch=True)(state, {"train": train,
-                                                          "dev": dev})
+  # jitted as the loop runs them (op by op, each primitive compiles alone)
+  new, metrics = jax.jit(search.make_step(model, model_opt, arch_opt, seed=0,
+                                          with_arch=True))(
+                                              state, {"train": train,
+                                                      "dev": dev})
   assert float(metrics["finite"]) == 1.0
   # The same two halves, run one at a time.
   loss_fn = lambda p, b, r, n: model.loss(p, b, r, normalizer=n)
-  arch = make_train_step(loss_fn, arch_opt, seed=search.ARCH_SEED_OFFSET)(
+  arch = jax.jit(make_train_step(loss_fn, arch_opt,
+                                 seed=search.ARCH_SEED_OFFSET))(
       {"step": state["step"], "params": params,
        "opt_state": state["arch_opt_state"]}, dev)[0]["params"]
-  after = make_train_step(loss_fn, model_opt, seed=0)(
+  after = jax.jit(make_train_step(loss_fn, model_opt, seed=0))(
       {"step": state["step"], "params": arch,
        "opt_state": state["opt_state"]}, train)[0]["params"]
 
