@@ -7,8 +7,8 @@ commands (``jaxfid.<method>.plugin``, ``jaxfid.<method>.commands``) -> the
 shared commands (``jaxfid.commands``) -> seqio ``tasks`` -> the methods
 (``reatt``, ``refusion`` -> ``fid`` -> ``dual_encoder``) -> ``training`` ->
 ``retrieval`` -> ``checkpoints`` and ``evaluation`` -> ``t5`` -> ``core``.
-Outside the methods only :mod:`jaxfid.methods` imports a method (and
-``gin_specs``, the one exception tests/test_imports.py lists). Importing
+Outside the methods only :mod:`jaxfid.methods` imports a method (the
+methods' plug-ins register what they offer). Importing
 ``jaxfid`` itself is cheap: it pulls in neither JAX nor TensorFlow. The
 one convenience exported here, :func:`load_t5`, is resolved lazily on first
 access (``jaxfid.load_t5``), which imports :mod:`jaxfid.methods` (so that a
