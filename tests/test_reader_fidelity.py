@@ -237,7 +237,10 @@ def test_predict_writes_the_data_again_with_the_readers_scores(
           "--n-context", "2", "--text-maxlength", "24",
           "--answer-maxlength", "3", "--output", str(out), "--passage-scores"]
   assert main([*argv, "--scored-data", str(scored)]) == 0
-  assert "2 examples have more than 2 passages" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "2 examples have more than 2 passages" in err
+  # the reader read "doc" and "long", not the first two in file order
+  assert "2 examples' passages are not sorted by score" in err
   preds = [json.loads(l)["passage_scores"]
            for l in out.read_text().splitlines()]
   got = json.loads(scored.read_text())
@@ -260,11 +263,15 @@ def test_predict_writes_the_data_again_with_the_readers_scores(
   lines = tmp_path / "train.jsonl"
   lines.write_text("".join(json.dumps(r) + "\n" for r in got))
   again = tmp_path / "again.jsonl"
-  assert main([*argv[:4], str(lines), *argv[5:], "--passage-scores-mode",
-               "probs", "--scored-data", str(again)]) == 0
-  capsys.readouterr()
+  assert main([*argv[:4], str(lines), *argv[5:], "--n-context", "3",
+               "--passage-scores-mode", "probs", "--scored-data",
+               str(again)]) == 0
+  assert "passages" not in capsys.readouterr().err   # all read: no note
   rows = [json.loads(l) for l in again.read_text().splitlines()]
   assert len(rows) == 2 and all(len(r["ctxs"]) == 3 for r in rows)
+  for row in rows:   # probs: every passage read, the mass sums to 1
+    np.testing.assert_allclose(sum(c["score"] for c in row["ctxs"]), 1.0,
+                               rtol=1e-5)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -4,20 +4,24 @@
 training data of a retriever distilled from the reader (FiD-KD, Izacard &
 Grave 2021). The original FiD's ``test_reader.py --write_crossattention_scores``
 sets ``example['ctxs'][j]['score'] = crossattention_scores[k, j]`` for the
-``n_context`` passages it read (``j < context_ids.size(1)``) and leaves the
-others as they were; so does this, with two differences a user can rely on:
+``n_context`` passages it read (``j < context_ids.size(1)``: the first
+``n_context`` of ``ctxs`` in file order, FiD ``src/data.py``
+``Dataset.__getitem__``) and leaves the others as they were; then
+``save_distributed_dataset`` writes the records back. So does this: the
+records, their keys and their passages keep the input's order, only
+``score`` values change, and the write is atomic (a crash leaves no
+half-written file).
 
-* the records, their keys and their passages keep the input's order (the
-  original writes the passages in the order its ``Dataset.sort_data`` left
-  them: by score, descending); only ``score`` values change;
-* the write is atomic (a crash leaves no half-written file).
-
-The passages the reader read are the ``n_context`` best by the input's score
-(:func:`jaxfid.fid.examples.sorted_passages`, FiD's order); the passages
-beyond them keep their input score, which is on the retriever's scale, not
-the reader's: with more passages than ``n_context`` a later sort by score
-mixes the two scales, as in the original (its README scores all 100
-passages with ``--n_context 100``).
+One difference: jaxfid's reader reads the ``n_context`` best passages by the
+input's score (:func:`jaxfid.fid.examples.sorted_passages`), not the first
+``n_context`` in file order; the two agree on retrieval output (sorted by
+score, as ``jaxfid retrieve`` and DPR write it), and
+:func:`write_scored_data` counts the examples where they do not (the
+distillation data reads the first ``n_context`` in file order, as FiD's
+``train_retriever.py`` does). The passages beyond ``n_context`` keep their
+input score, which is on the retriever's scale, not the reader's: score
+every passage (``--n-context`` at least the number of passages, as the FiD
+README's ``--n_context 100`` on 100-passage data) to train on them.
 """
 from __future__ import annotations
 
@@ -57,9 +61,14 @@ def read_order(example: FidExample) -> list[int]:
 
 def write_scored_data(path: str, source: str,
                       examples: Sequence[FidExample],
-                      scores: Sequence[Sequence[float]]) -> int:
-  """Writes ``source`` again with the reader's ``scores``; returns how many
-  examples had passages the reader did not read (their scores unchanged).
+                      scores: Sequence[Sequence[float]]) -> tuple[int, int]:
+  """Writes ``source`` again with the reader's ``scores``.
+
+  Returns:
+    (unread, reordered): how many examples had passages the reader did not
+    read (their scores unchanged), and how many of those had read passages
+    that were not their first ones in file order (an input not sorted by
+    score).
 
   Args:
     path: the output (a JSON list when ``source`` is one, else JSON lines).
@@ -81,12 +90,13 @@ def write_scored_data(path: str, source: str,
       for r, e in zip(records, examples)):
     raise InputError(source, "--scored-data needs FiD JSON or JSONL records "
                      "with their passages in 'ctxs'")
-  unread = 0
+  unread = reordered = 0
   for record, example, row in zip(records, examples, scores):
     order = read_order(example)
     for j, score in zip(order, row):
       record["ctxs"][j]["score"] = float(score)
     unread += len(order) > len(row)
+    reordered += sorted(order[:len(row)]) != list(range(len(row)))
   with atomic_write(path) as f:
     if as_list:
       json.dump(records, f, ensure_ascii=False)
@@ -94,4 +104,4 @@ def write_scored_data(path: str, source: str,
     else:
       for record in records:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
-  return unread
+  return unread, reordered

@@ -107,10 +107,16 @@ def run(args) -> int:
   predict_lib.write_predictions(args.output, examples, preds, scores,
                                 passage_scores=extra)
   if args.scored_data is not None:
-    unread = write_scored_data(args.scored_data, args.data, examples, extra)
+    unread, reordered = write_scored_data(args.scored_data, args.data,
+                                          examples, extra)
     if unread:
       print(f"{unread} examples have more than {args.n_context} passages: "
             f"those beyond keep their input score (as FiD's test_reader.py)",
+            file=sys.stderr)
+    if reordered:
+      print(f"{reordered} examples' passages are not sorted by score: the "
+            f"reader read their {args.n_context} best by score, not their "
+            f"first {args.n_context} (which the distillation data reads)",
             file=sys.stderr)
   print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),
                     "examples": len(examples), "output": args.output}))
