@@ -85,3 +85,31 @@ def test_compiles_from_the_configuration_alone(extra):
   assert train.compile().memory_analysis() is not None
   q, p = lower_decode(task, settings, batch_size=4).compile().out_info
   assert q.shape == p.shape == (4, task.model.dim)
+
+
+DISTILL = "gin/retrieval/distill_tiny.gin"
+
+
+def test_distill_abstract_batch_is_the_real_batch_and_lowers(tmp_path):
+  """The distillation objective: B*N passages and their gold scores (a
+  question with fewer than N passages has masked rows); its train step, with
+  GradCache accumulation, lowers from the configuration alone."""
+  records = _records()
+  for r in records:
+    for j, c in enumerate(r["ctxs"]):
+      c["score"] = -float(j)
+  train = tmp_path / "scored.json"
+  train.write_text(json.dumps(records))
+  small = SMALL + ["N_CONTEXT = 3"]
+  task, settings, _ = configured(DISTILL, small + [
+      f"MODEL_DIR = '{tmp_path / 'm'}'", f"TRAIN_DATA = '{train}'"])
+  task.prepare(settings)
+  host = task.batch(0, slice(0, settings.batch_size), None)
+  assert host["passage_tokens"].shape[0] == 3 * settings.batch_size
+  assert_same_shapes(task.abstract_batch(settings, 0), host)
+  task, settings, optimizer = configured(DISTILL, small + [
+      "ACCUMULATION_STEPS = 2", f"MODEL_DIR = '{MISSING}/m'",
+      f"TRAIN_DATA = '{MISSING}/train.json'"])
+  task.prepare_shapes(settings)
+  (step,) = lower_phases(task, settings, optimizer)
+  assert "mean_rank" in step.out_info[1]

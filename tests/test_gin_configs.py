@@ -112,8 +112,9 @@ def test_model_file_trains_one_step_when_shrunk(data, tmp_path):
 
 
 DUAL_ENCODER_FILES = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(
-        os.path.join(ROOT, "gin", "retrieval", "dual_encoder_*.gin")))
+    os.path.relpath(p, ROOT) for pattern in ("dual_encoder_*.gin",
+                                             "distill_*.gin")
+    for p in glob.glob(os.path.join(ROOT, "gin", "retrieval", pattern)))
 
 
 @pytest.mark.parametrize("run_file", [  # the base file's T5 size: slow tier
@@ -121,8 +122,15 @@ DUAL_ENCODER_FILES = sorted(
     for f in DUAL_ENCODER_FILES])
 def test_dual_encoder_file_trains_one_step(run_file, data, tmp_path):
   # The one trainer's macros (MESH, ACCUMULATION_STEPS) reach the dual encoder.
+  train = data / "train.json"
+  if "distill_" in run_file:  # reader scores that differ: a KL above 0
+    train = tmp_path / "scored.json"
+    train.write_text(json.dumps([
+        {"question": f"what is {i}?", "answers": [str(i)],
+         "ctxs": [{"title": "t", "text": f"it is {i + j}", "score": -j}
+                  for j in range(3)]} for i in range(4)]))
   bindings = TINY + [
-      f"MODEL_DIR = '{tmp_path}'", f"TRAIN_DATA = '{data / 'train.json'}'",
+      f"MODEL_DIR = '{tmp_path}'", f"TRAIN_DATA = '{train}'",
       f"EVAL_DATA = '{data / 'train.json'}'", "TRAIN_STEPS = 1",
       "BATCH_SIZE = 4", "QUERY_MAXLENGTH = 8", "PASSAGE_MAXLENGTH = 12",
       "EVAL_EVERY = 1", "DTYPE = 'float32'", "REMAT = 'none'",

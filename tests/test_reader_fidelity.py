@@ -213,3 +213,82 @@ def test_eval_reads_passage_eos_and_lengths_from_the_checkpoint(
   ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old),
                               decode_maxlength=3, target_maxlength=8)
   assert (ev.decode_maxlength, ev.target_maxlength) == (3, 8)
+
+
+def test_predict_writes_the_data_again_with_the_readers_scores(
+    checkpoints, tmp_path, capsys):
+  """--scored-data: the same records in the same order, only the read
+  passages' ``score`` changed, to the original's score (logits); the passage
+  beyond --n-context keeps its input score (FiD's test_reader.py)."""
+  _, fid = checkpoints
+  records = [{"id": f"q{i}", "question": f"what is thing {i}?",
+              "answers": [a], "extra": {"kept": i},
+              "ctxs": [{"id": "1", "title": "long", "text": LONG,
+                        "score": "1.5", "has_answer": False},
+                       {"id": "2", "title": "other", "text": "a cat is here",
+                        "score": 0.5, "has_answer": False},
+                       {"id": "3", "title": "doc", "text": f"thing {i} is {a}",
+                        "score": 2.0, "has_answer": True}]}
+             for i, a in enumerate(["red", "the green house"])]
+  data = tmp_path / "train.json"
+  data.write_text(json.dumps(records, indent=2))
+  out, scored = tmp_path / "pred.jsonl", tmp_path / "train_scored.json"
+  argv = ["predict", "--checkpoint", str(fid), "--data", str(data),
+          "--n-context", "2", "--text-maxlength", "24",
+          "--answer-maxlength", "3", "--output", str(out), "--passage-scores"]
+  assert main([*argv, "--scored-data", str(scored)]) == 0
+  err = capsys.readouterr().err
+  assert "2 examples have more than 2 passages" in err
+  # the reader read "doc" and "long", not the first two in file order
+  assert "2 examples' passages are not sorted by score" in err
+  preds = [json.loads(l)["passage_scores"]
+           for l in out.read_text().splitlines()]
+  got = json.loads(scored.read_text())
+  assert isinstance(got, list) and len(got) == len(records)
+  model, params, _ = load_checkpoint(str(fid))
+  tokens = fid_inputs.encode_examples(
+      TOK, fid_format.read_fid_examples(data), 2, 24, passage_eos=False)[0]
+  want = np.asarray(model.passage_scores(params, jnp.asarray(tokens),
+                                         mode="logits"))
+  np.testing.assert_allclose(preds, want, rtol=1e-5)    # the default: logits
+  for before, after, row in zip(records, got, preds):
+    # read order: "doc" (2.0), then "long" ("1.5"); "other" was not read
+    assert [c["score"] for c in after["ctxs"]] == [row[1], 0.5, row[0]]
+    for c in after["ctxs"]:
+      c.pop("score")
+    for c in before["ctxs"]:
+      c.pop("score")
+    assert after == before
+  # JSON lines in, JSON lines out
+  lines = tmp_path / "train.jsonl"
+  lines.write_text("".join(json.dumps(r) + "\n" for r in got))
+  again = tmp_path / "again.jsonl"
+  assert main([*argv[:4], str(lines), *argv[5:], "--n-context", "3",
+               "--passage-scores-mode", "probs", "--scored-data",
+               str(again)]) == 0
+  assert "passages" not in capsys.readouterr().err   # all read: no note
+  rows = [json.loads(l) for l in again.read_text().splitlines()]
+  assert len(rows) == 2 and all(len(r["ctxs"]) == 3 for r in rows)
+  for row in rows:   # probs: every passage read, the mass sums to 1
+    np.testing.assert_allclose(sum(c["score"] for c in row["ctxs"]), 1.0,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--scored-data", "{tmp}/s.json"], "--scored-data: needs --passage-scores"),
+    (["--passage-scores", "--scored-data", "{tmp}/dev.jsonl"],
+     "--scored-data: must not be the input --data"),
+    (["--passage-scores", "--scored-data", "{tmp}/./dev.jsonl"],
+     "--scored-data: must not be the input --data"),
+])
+def test_predict_scored_data_bad_combinations(tmp_path, capsys, flags,
+                                              message):
+  data = _write_data(tmp_path / "dev.jsonl", _examples())
+  flags = [f.format(tmp=tmp_path) for f in flags]
+  assert main(["predict", "--checkpoint", str(tmp_path / "none"), "--data",
+               str(data), "--n-context", "2", "--text-maxlength", "24",
+               "--answer-maxlength", "3", "--output", str(tmp_path / "p"),
+               *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"jaxfid predict: error: {message}"]
+  assert not (tmp_path / "s.json").exists()

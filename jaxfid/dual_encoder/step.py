@@ -17,10 +17,16 @@ summing parameter gradients. Loss and gradient equal the A = 1 step's (up to
 float rounding; exactly the same function when dropout is off), while
 activation memory is that of one microbatch.
 
+The distillation objective (:mod:`jaxfid.dual_encoder.distill_loss`) runs
+through the same step: any loss of the batch's embeddings (``loss_fn(q, p,
+batch)``) gets the same exact accumulation.
+
 Microbatch ``i`` holds rows ``i, i + A, i + 2A, ...`` of the batch (and of the
 passages), so that every microbatch stays spread over all data devices.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +36,8 @@ from jaxfid.dual_encoder.model import DualEncoder
 from jaxfid.training.step import apply_gradients
 
 Array = jax.Array
+# (q [B, D], p [P, D], batch) -> (loss, metrics): a loss of the embeddings.
+EmbeddingLoss = Callable[[Array, Array, dict], tuple[Array, dict]]
 
 
 def in_batch_loss(q: Array, p: Array, passage_mask: Array,
@@ -63,16 +71,26 @@ def _tower_keys(dropout_rng: Array | None):
   return rq, rp
 
 
+def in_batch(temperature: float = 1.0) -> EmbeddingLoss:
+  """:func:`in_batch_loss` as an :data:`EmbeddingLoss`."""
+  return lambda q, p, batch: in_batch_loss(q, p, batch["passage_mask"],
+                                           temperature)
+
+
 def contrastive_loss(encoder: DualEncoder, params: dict, batch: dict,
                      dropout_rng: Array | None = None,
-                     temperature: float = 1.0) -> tuple[Array, dict]:
-  """:func:`in_batch_loss` of the batch's embeddings (one pass, A = 1)."""
+                     temperature: float = 1.0,
+                     loss_fn: EmbeddingLoss | None = None
+                     ) -> tuple[Array, dict]:
+  """``loss_fn`` (default :func:`in_batch_loss`) of the batch's embeddings
+  (one pass, A = 1)."""
+  loss_fn = loss_fn or in_batch(temperature)
   rq, rp = _tower_keys(dropout_rng)
   q = encoder.embed(params, batch["query_tokens"], tower="query",
                     dropout_rng=rq)                          # [B, D]
   p = encoder.embed(params, batch["passage_tokens"], tower="passage",
                     dropout_rng=rp)                          # [B*(1+H), D]
-  return in_batch_loss(q, p, batch["passage_mask"], temperature)
+  return loss_fn(q, p, batch)
 
 
 def split_microbatches(x: Array, n: int) -> Array:
@@ -91,8 +109,10 @@ def merge_microbatches(x: Array) -> Array:
 
 def grad_cache(encoder: DualEncoder, params: dict, batch: dict,
                dropout_rng: Array | None, temperature: float,
-               accumulation_steps: int) -> tuple[Array, dict, dict]:
+               accumulation_steps: int, loss_fn: EmbeddingLoss | None = None
+               ) -> tuple[Array, dict, dict]:
   """(loss, metrics, grads) over the whole batch in microbatches (GradCache)."""
+  loss_fn = loss_fn or in_batch(temperature)
   n = accumulation_steps
   rq, rp = _tower_keys(dropout_rng)
   key = lambda k, i: None if k is None else jax.random.fold_in(k, i)
@@ -117,7 +137,7 @@ def grad_cache(encoder: DualEncoder, params: dict, batch: dict,
 
   # The loss over the whole batch, and its gradient wrt the embeddings.
   (loss, metrics), (dq, dp) = jax.value_and_grad(
-      lambda q, p: in_batch_loss(q, p, batch["passage_mask"], temperature),
+      lambda q, p: loss_fn(q, p, batch),
       argnums=(0, 1), has_aux=True)(q, p)
   dq = split_microbatches(dq, n)                             # [A, B/A, D]
   dp = split_microbatches(dp, n)                             # [A, P/A, D]
@@ -137,8 +157,12 @@ def grad_cache(encoder: DualEncoder, params: dict, batch: dict,
 def make_contrastive_step(encoder: DualEncoder,
                           optimizer: optax.GradientTransformation, *,
                           seed: int, temperature: float = 1.0,
-                          accumulation_steps: int = 1):
+                          accumulation_steps: int = 1,
+                          loss_fn: EmbeddingLoss | None = None):
   """``step(state, batch) -> (state, metrics)`` (pure; the loop jits it).
+
+  ``loss_fn``: the loss of the embeddings (default: in-batch negatives at
+  ``temperature``).
 
   Dropout keys are ``fold_in(key(seed), step)`` (a resumed run draws the
   same masks); a non-finite loss or gradient leaves params and optimizer
@@ -151,11 +175,13 @@ def make_contrastive_step(encoder: DualEncoder,
     rng = jax.random.fold_in(base_key, state["step"])
     if accumulation_steps == 1:
       (loss, metrics), grads = jax.value_and_grad(
-          lambda w: contrastive_loss(encoder, w, batch, rng, temperature),
+          lambda w: contrastive_loss(encoder, w, batch, rng, temperature,
+                                     loss_fn),
           has_aux=True)(params)
     else:
       loss, metrics, grads = grad_cache(encoder, params, batch, rng,
-                                        temperature, accumulation_steps)
+                                        temperature, accumulation_steps,
+                                        loss_fn)
     return apply_gradients(optimizer, state, loss, grads, metrics)
 
   return step

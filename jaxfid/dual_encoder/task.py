@@ -26,6 +26,11 @@ pooling and towers), ``spiece.model``, ``checkpoints/<step>/``, ``best/``
 ``metrics.jsonl``. Its encoder is what ``jaxfid index dense --checkpoint
 MODEL_DIR`` loads (:func:`~jaxfid.dual_encoder.checkpoint.load_dual_encoder`).
 
+``objective = 'distill'`` (``gin/retrieval/distill_*.gin``) trains it from
+the reader instead (FiD-KD): the data are FiD JSON with the reader's scores
+(:mod:`jaxfid.dual_encoder.distill_data`), the loss the KL of
+:mod:`jaxfid.dual_encoder.distill_loss`, through the same step and loop.
+
 Metrics: ``loss``, ``accuracy`` (the positive scores highest among the
 batch's passages), ``mean_rank``, ``grad_norm``; with eval data,
 ``eval_top1``/``eval_top5`` (:mod:`jaxfid.dual_encoder.evaluation`).
@@ -44,6 +49,9 @@ from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.checkpoint import (
     METHOD, dual_encoder_run_config, load_dual_encoder)
 from jaxfid.dual_encoder.data import PairBatcher, read_pair_examples
+from jaxfid.dual_encoder.distill_data import (ScoredBatcher,
+                                              read_scored_examples)
+from jaxfid.dual_encoder.distill_loss import distill_loss
 from jaxfid.dual_encoder.evaluation import PairEvaluator
 from jaxfid.dual_encoder.model import (
     QUERY_TOWER, T5_KEYS, DualEncoder, DualEncoderConfig)
@@ -95,6 +103,17 @@ class DualEncoderTrainConfig(Config):
     temperature: the contrastive softmax's temperature.
     eval_max_examples: evaluate on the first N pairs; None: all.
     eval_batch_size: pairs per evaluation batch.
+    objective: 'contrastive' (DPR: positives and negatives) or 'distill'
+      (FiD-KD: KL to the reader's scores in TRAIN_DATA's ``ctxs[i].score``).
+    n_context: distill: the first N passages of each question (FiD's
+      ``--n_context``).
+    temperature_gold / temperature_score: distill: the softmax temperatures
+      of the reader's and the retriever's scores.
+    scale_by_sqrt_dim: distill: the retriever's score is q . p / sqrt(d).
+    kl_reduction: distill: 'mean' (torch KLDivLoss's default, over
+      questions x passages) or 'batchmean' (per question).
+    in_batch_negatives: distill: the other questions' passages join each
+      question's softmax as candidates without gold mass.
   """
   train_data: str = option()
   eval_data: str | None = option(None)
@@ -102,6 +121,17 @@ class DualEncoderTrainConfig(Config):
   temperature: float = option(1.0, above=0)
   eval_max_examples: int | None = option(None, low=1)
   eval_batch_size: int = option(64, low=1)
+  objective: str = option("contrastive", choices=("contrastive", "distill"))
+  n_context: int = option(20, low=1)
+  temperature_gold: float = option(1.0, above=0)
+  temperature_score: float = option(1.0, above=0)
+  scale_by_sqrt_dim: bool = option(True)
+  kl_reduction: str = option("mean", choices=("mean", "batchmean"))
+  in_batch_negatives: bool = option(False)
+
+  @property
+  def distill(self) -> bool:
+    return self.objective == "distill"
 
 
 class DualEncoderTask(Task):
@@ -123,7 +153,6 @@ class DualEncoderTask(Task):
   def prepare(self, settings: Settings) -> None:
     t = self.training
     self.settings = settings
-    examples = read_pair_examples(t.train_data)
     self.eval_examples = (
         read_pair_examples(t.eval_data, limit=t.eval_max_examples)
         if t.eval_data else [])
@@ -131,12 +160,18 @@ class DualEncoderTask(Task):
     self.vocabulary = self.tokenizer.path
     self.model = DualEncoder(self.model_config, self.encoder)
     s = self.model.settings
-    self.batcher = PairBatcher(
-        examples, self.tokenizer, batch_size=settings.batch_size,
-        hard_negatives=t.hard_negatives,
-        query_maxlength=s.query_maxlength,
-        passage_maxlength=s.passage_maxlength,
-        passage_format=s.passage_format, seed=settings.seed)
+    lengths = dict(query_maxlength=s.query_maxlength,
+                   passage_maxlength=s.passage_maxlength,
+                   passage_format=s.passage_format, seed=settings.seed)
+    if t.distill:
+      self.batcher = ScoredBatcher(
+          read_scored_examples(t.train_data, t.n_context), self.tokenizer,
+          batch_size=settings.batch_size, n_context=t.n_context, **lengths)
+    else:
+      self.batcher = PairBatcher(
+          read_pair_examples(t.train_data), self.tokenizer,
+          batch_size=settings.batch_size, hard_negatives=t.hard_negatives,
+          **lengths)
     self.evaluator = PairEvaluator(self.model, self.tokenizer,
                                    self.eval_examples,
                                    batch_size=t.eval_batch_size)
@@ -147,16 +182,20 @@ class DualEncoderTask(Task):
     self.model = DualEncoder(self.model_config, self.encoder)
 
   def abstract_batch(self, settings: Settings, phase: int) -> dict:
-    """:meth:`PairBatcher.batch`'s shapes: B questions, B*(1+H) passages."""
+    """The batcher's shapes: B questions, B*(1+H) passages (B*N and their
+    gold scores when distilling)."""
     if phase != 0:
       raise ValueError(f"the dual encoder has one phase, not phase {phase}")
-    s, b = self.model.settings, settings.batch_size
-    passages = b * (1 + self.training.hard_negatives)
+    s, b, t = self.model.settings, settings.batch_size, self.training
+    passages = b * (t.n_context if t.distill else 1 + t.hard_negatives)
+    gold = ({"gold_scores": jax.ShapeDtypeStruct((passages,), jnp.float32)}
+            if t.distill else {})
     return {"query_tokens": jax.ShapeDtypeStruct((b, s.query_maxlength),
                                                  jnp.int32),
             "passage_tokens": jax.ShapeDtypeStruct(
                 (passages, s.passage_maxlength), jnp.int32),
-            "passage_mask": jax.ShapeDtypeStruct((passages,), jnp.bool_)}
+            "passage_mask": jax.ShapeDtypeStruct((passages,), jnp.bool_),
+            **gold}
 
   def decode_program(self, settings: Settings, batch_size: int):
     """The encoding the evaluation and ``jaxfid index dense`` run: a batch
@@ -176,9 +215,28 @@ class DualEncoderTask(Task):
 
   def run_config(self) -> dict:
     t = self.training
+    if t.distill:
+      return dual_encoder_run_config(
+          self.model, train_data=t.train_data, objective=t.objective,
+          **{k: getattr(t, k) for k in (
+              "n_context", "temperature_gold", "temperature_score",
+              "scale_by_sqrt_dim", "kl_reduction", "in_batch_negatives")})
     return dual_encoder_run_config(self.model, train_data=t.train_data,
                                    temperature=t.temperature,
                                    hard_negatives=t.hard_negatives)
+
+  def loss_fn(self):
+    """The loss of the embeddings: None (in-batch contrastive) or the
+    distillation KL (:func:`distill_loss`)."""
+    t = self.training
+    if not t.distill:
+      return None
+    return lambda q, p, batch: distill_loss(
+        q, p, batch["passage_mask"], batch["gold_scores"],
+        temperature_gold=t.temperature_gold,
+        temperature_score=t.temperature_score,
+        scale_by_sqrt_dim=t.scale_by_sqrt_dim, reduction=t.kl_reduction,
+        in_batch_negatives=t.in_batch_negatives)
 
   def batch(self, step: int, rows: slice, params) -> dict:
     return self.batcher.batch(step, rows)
@@ -195,7 +253,8 @@ class DualEncoderTask(Task):
         step=make_contrastive_step(
             self.model, tx, seed=settings.seed,
             temperature=self.training.temperature,
-            accumulation_steps=settings.accumulation_steps),
+            accumulation_steps=settings.accumulation_steps,
+            loss_fn=self.loss_fn()),
         learning_rate=schedule)]
 
   def initial_params(self, path: str) -> dict:

@@ -2,8 +2,8 @@
 
   jaxfid predict --checkpoint DIR --data FILE --n-context N --text-maxlength L
       --decode-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
-      [--passage-scores [--passage-scores-mode probs|logits]]
-      [--passage-eos auto|on|off]
+      [--passage-scores [--passage-scores-mode probs|logits]
+       [--scored-data OUT.json]] [--passage-eos auto|on|off]
 
 DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
 an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
@@ -25,6 +25,7 @@ from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import predict as predict_lib
 from jaxfid.fid.examples import read_fid_examples
+from jaxfid.fid.scored_data import same_file, write_scored_data
 
 
 def add_parser(subparsers) -> None:
@@ -48,9 +49,15 @@ def add_parser(subparsers) -> None:
                  help="a MODEL_DIR's checkpoint: the best-EM one, the latest, "
                       "or auto (best if there is one, else latest)")
   p.add_argument("--passage-scores-mode", choices=("probs", "logits"),
-                 default="probs",
+                 default=None,
                  help="probs: attention mass after the softmax; logits: the "
-                 "original FiD's pre-softmax logits averaged over tokens")
+                 "original FiD's pre-softmax logits averaged over tokens "
+                 "(default: logits with --scored-data, else probs)")
+  p.add_argument("--scored-data", default=None, metavar="OUT.json",
+                 help="with --passage-scores: write --data again, each read "
+                 "passage's score the reader's (FiD's "
+                 "--write_crossattention_scores); the passages beyond "
+                 "--n-context keep theirs")
   p.add_argument("--passage-eos", choices=("auto", "on", "off"),
                  default="auto",
                  help="passages end with EOS (auto: as the checkpoint was "
@@ -63,6 +70,13 @@ def run(args) -> int:
                "beam_size"):
     if getattr(args, name) < 1:
       raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+  if args.scored_data is not None:
+    if not args.passage_scores:
+      raise InputError("--scored-data", "needs --passage-scores")
+    if same_file(args.scored_data, args.data):
+      raise InputError("--scored-data", "must not be the input --data")
+  mode = args.passage_scores_mode or (
+      "logits" if args.scored_data is not None else "probs")
   # Validate the data before loading anything heavy.
   examples = read_fid_examples(args.data)
   if paths.exists(paths.join(args.checkpoint, CONFIG_FILE)):
@@ -89,9 +103,21 @@ def run(args) -> int:
     extra = predict_lib.passage_scores(
         model, params, tokenizer, examples, n_context=args.n_context,
         text_maxlength=args.text_maxlength, batch_size=args.batch_size,
-        mode=args.passage_scores_mode, passage_eos=passage_eos)
+        mode=mode, passage_eos=passage_eos)
   predict_lib.write_predictions(args.output, examples, preds, scores,
                                 passage_scores=extra)
+  if args.scored_data is not None:
+    unread, reordered = write_scored_data(args.scored_data, args.data,
+                                          examples, extra)
+    if unread:
+      print(f"{unread} examples have more than {args.n_context} passages: "
+            f"those beyond keep their input score (as FiD's test_reader.py)",
+            file=sys.stderr)
+    if reordered:
+      print(f"{reordered} examples' passages are not sorted by score: the "
+            f"reader read their {args.n_context} best by score, not their "
+            f"first {args.n_context} (which the distillation data reads)",
+            file=sys.stderr)
   print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),
                     "examples": len(examples), "output": args.output}))
   print(f"EM {100 * scores['em']:.2f} on {len(examples)} examples",

@@ -1,0 +1,167 @@
+"""Training data of a retriever distilled from the reader (FiD-KD).
+
+The input is FiD JSON / JSONL whose passages carry the reader's scores in
+``ctxs[i].score`` -- what ``jaxfid predict --passage-scores --scored-data``
+writes (the original FiD's ``test_reader.py --write_crossattention_scores``).
+Each question keeps its first ``n_context`` passages in file order, as the
+original's ``Dataset.__getitem__`` does (``example['ctxs'][:self.n_context]``
+in FiD ``src/data.py``), each with its score; a passage among them without a
+numeric score is an error (the file was not scored).
+
+:class:`ScoredBatcher` turns examples into fixed-shape batches as a pure
+function of (seed, step) (:func:`jaxfid.training.sampling.epoch_batch_indices`,
+so exact resume holds): questions ``[B, Lq]``, passages ``[B*N, Lp]`` laid
+out as question b's N passages in rows ``b*N .. b*N+N-1``, ``passage_mask
+[B*N]`` (False: a missing passage of a question with fewer than N) and
+``gold_scores`` float32 ``[B*N]``. A process builds only its rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from jaxfid.core.errors import InputError
+from jaxfid.core.textio import (iter_json_lines, read_json_document,
+                                starts_json_array)
+from jaxfid.core.tokenization import encode_padded
+from jaxfid.dual_encoder.model import passage_text
+from jaxfid.training.sampling import epoch_batch_indices
+
+SCORE_HINT = ("score the passages with `jaxfid predict --passage-scores "
+              "--scored-data OUT.json`")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredExample:
+  """A question, its passages as (title, text) and the reader's scores."""
+  question: str
+  passages: tuple[tuple[str, str], ...]
+  scores: tuple[float, ...]
+
+
+def _records(path):
+  if starts_json_array(path):
+    document = read_json_document(path)
+    if not isinstance(document, list):
+      raise InputError(path, "expected a JSON list of examples")
+    for i, record in enumerate(document):
+      yield f"record {i + 1}", record
+    return
+  yield from iter_json_lines(path)
+
+
+def _score(path, where, value) -> float:
+  if isinstance(value, bool):
+    value = None
+  try:
+    score = float(value)
+  except (TypeError, ValueError):
+    raise InputError(path, f"a passage without a numeric 'score': "
+                     f"{SCORE_HINT}", where=where) from None
+  if not math.isfinite(score):
+    raise InputError(path, f"a passage score is {score}", where=where)
+  return score
+
+
+def parse_scored(path, where, record, n_context: int) -> ScoredExample | None:
+  """The example of one record (its first ``n_context`` passages); None when
+  it has no passage."""
+  if not isinstance(record, dict):
+    raise InputError(path, "expected a JSON object per example", where=where)
+  question = record.get("question")
+  if not isinstance(question, str) or not question.strip():
+    raise InputError(path, "missing 'question'", where=where)
+  ctxs = record.get("ctxs")
+  if not isinstance(ctxs, list):
+    raise InputError(path, f"expected 'ctxs' with the reader's scores "
+                     f"({SCORE_HINT})", where=where)
+  passages, scores = [], []
+  for ctx in ctxs[:n_context]:
+    if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
+      raise InputError(path, "each passage must be an object with a string "
+                       "'text'", where=where)
+    title = ctx.get("title") or ""
+    if not isinstance(title, str):
+      raise InputError(path, "passage 'title' must be a string", where=where)
+    passages.append((title, ctx["text"]))
+    scores.append(_score(path, where, ctx.get("score")))
+  if not passages:
+    return None
+  return ScoredExample(question, tuple(passages), tuple(scores))
+
+
+def read_scored_examples(path: str | os.PathLike, n_context: int,
+                         limit: int | None = None) -> list[ScoredExample]:
+  """Reads scored FiD data; examples without passages are dropped."""
+  out = []
+  for where, record in _records(path):
+    example = parse_scored(path, where, record, n_context)
+    if example is not None:
+      out.append(example)
+    if limit is not None and len(out) >= limit:
+      break
+  if not out:
+    raise InputError(path, "no training examples with passages")
+  return out
+
+
+class ScoredBatcher:
+  """Deterministic batches of questions, their passages and gold scores.
+
+  Args:
+    examples: the training examples.
+    tokenizer: the T5 tokenizer.
+    batch_size: questions per batch (B).
+    n_context: passages per question (N).
+    query_maxlength / passage_maxlength: token lengths.
+    passage_format: see :func:`jaxfid.dual_encoder.model.passage_text`.
+    seed: the data order depends on (seed, step) only.
+  """
+
+  def __init__(self, examples: Sequence[ScoredExample], tokenizer, *,
+               batch_size: int, n_context: int, query_maxlength: int = 64,
+               passage_maxlength: int = 256,
+               passage_format: str = "title_text", seed: int = 0):
+    if len(examples) < batch_size:
+      raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
+                       f"the training data has only {len(examples)}")
+    self.examples = list(examples)
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self.n_context = n_context
+    self.query_maxlength = query_maxlength
+    self.passage_maxlength = passage_maxlength
+    self.passage_format = passage_format
+    self.seed = seed
+
+  def indices(self, step: int) -> np.ndarray:
+    """The examples of ``step`` (every epoch cut into whole batches)."""
+    return epoch_batch_indices(len(self.examples), self.seed, step,
+                               self.batch_size)
+
+  def batch(self, step: int, rows: slice | None = None) -> dict:
+    """Rows ``rows`` (default: all) of the global batch of step ``step``:
+    ``query_tokens [b, Lq]``, ``passage_tokens [b*N, Lp]``, ``passage_mask
+    [b*N]`` and ``gold_scores [b*N]`` for its b questions."""
+    rows = rows if rows is not None else slice(0, self.batch_size)
+    n = self.n_context
+    questions, texts, mask, gold = [], [], [], []
+    for i in self.indices(step)[rows]:
+      example = self.examples[int(i)]
+      questions.append(example.question)
+      missing = n - len(example.passages)
+      texts += [passage_text(*p, self.passage_format)
+                for p in example.passages] + [""] * missing
+      mask += [True] * len(example.passages) + [False] * missing
+      gold += list(example.scores) + [0.0] * missing
+    mask = np.asarray(mask, dtype=bool)
+    passages = encode_padded(self.tokenizer, texts, self.passage_maxlength)
+    passages[~mask] = 0
+    return {"query_tokens": encode_padded(self.tokenizer, questions,
+                                          self.query_maxlength),
+            "passage_tokens": passages, "passage_mask": mask,
+            "gold_scores": np.asarray(gold, dtype=np.float32)}
