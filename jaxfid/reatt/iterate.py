@@ -43,21 +43,19 @@ a rerun with other settings is refused instead of mixing two runs' files.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
 from typing import Callable
 
-from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
 from jaxfid.fid import examples as fid_format
 from jaxfid.reatt import index_build
 from jaxfid.retrieval import evaluate
 from jaxfid.retrieval.search import retrieve_to_file
 from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.training import rounds
 from jaxfid.training.metrics_log import read_records
 
 STATE_FILE = "iterate.json"
@@ -158,39 +156,13 @@ def check_queries(path: str) -> int:
 
 def claim_work_dir(work_dir: str, identity: dict) -> None:
   """Writes DIR/iterate.json, or checks that DIR belongs to this run."""
-  path = os.path.join(work_dir, STATE_FILE)
-  if os.path.exists(path):
-    try:
-      with open(path) as f:
-        old = json.load(f)
-    except json.JSONDecodeError as e:
-      raise InputError(path, f"bad JSON: {e.msg}", where=e.lineno) from None
-    for key, value in identity.items():
-      if old.get(key) != value:
-        raise InputError(path, f"this work directory belongs to another run "
-                         f"({key} was {old.get(key)!r}, now {value!r}); "
-                         "choose another --work-dir")
-    return
-  if os.path.exists(work_dir) and os.listdir(work_dir):
-    raise InputError(work_dir, f"exists and has no {STATE_FILE}: not a "
-                     "`reatt iterate` work directory; choose another "
-                     "--work-dir")
-  with atomic_write(path) as f:
-    json.dump(identity, f, indent=2, sort_keys=True)
+  rounds.claim_work_dir(work_dir, STATE_FILE, identity, "reatt iterate")
 
 
 # ---------------------------------------------------------------- the rounds
 
 
-def latest_step(model_dir: str) -> int:
-  """MODEL_DIR's latest train-state step (0 without checkpoints)."""
-  if not os.path.isdir(os.path.join(model_dir, "checkpoints")):
-    return 0
-  ckpts = checkpointing.RunCheckpoints(model_dir)
-  try:
-    return ckpts.latest_step() or 0
-  finally:
-    ckpts.close()
+latest_step = rounds.latest_step
 
 
 def resume_step(it: Iteration, model_dir: str) -> int:
@@ -268,16 +240,12 @@ def finished_record(it: Iteration) -> dict | None:
   """The record of a finished iteration (None if it is not finished)."""
   if not it.finished():
     return None
-  with open(it.record) as f:
-    return json.load(f)
+  return rounds.read_record(it.record)
 
 
 def write_record(it: Iteration, **kwargs) -> dict:
   """Writes (and returns) :func:`iteration_record`: the round is finished."""
-  record = iteration_record(it, **kwargs)
-  with atomic_write(it.record) as f:
-    json.dump(record, f)
-  return record
+  return rounds.write_record(it.record, iteration_record(it, **kwargs))
 
 
 def iteration_record(it: Iteration, *, model_dir: str, top_k: int,
