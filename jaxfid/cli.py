@@ -68,6 +68,9 @@ def main(argv=None) -> int:
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
     args.gin_bindings, unknown = split_gin_bindings(unknown)
+  for prefix in getattr(args, "gin_binding_prefixes", ()):
+    bindings, unknown = split_gin_bindings(unknown, prefix)
+    setattr(args, f"{prefix}_bindings", bindings)
   if unknown:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   apply_runtime_defaults()  # the persistent compilation cache (single process)

@@ -150,6 +150,8 @@ def test_documented_commands_parse(page):
       pytest.fail(f"{_id(page)}: does not parse: {line}")
     if getattr(parsed, "accepts_gin_bindings", False):
       parsed.gin_bindings, unknown = split_gin_bindings(unknown)
+    for prefix in getattr(parsed, "gin_binding_prefixes", ()):
+      _, unknown = split_gin_bindings(unknown, prefix)
     assert not unknown, f"{_id(page)}: unknown {unknown}: {line}"
     if parsed.command == "train":
       try:

@@ -28,14 +28,21 @@ def add_gin_arguments(parser) -> None:
                       help="extra directory to resolve gin files and includes")
 
 
-def split_gin_bindings(unknown: list[str]) -> tuple[list[str], list[str]]:
-  """Pull ``--gin.NAME=VALUE`` out of argparse's unknown arguments."""
+def split_gin_bindings(unknown: list[str], prefix: str = "gin"
+                       ) -> tuple[list[str], list[str]]:
+  """Pull ``--gin.NAME=VALUE`` (``--<prefix>.NAME=VALUE``) out of argparse's
+  unknown arguments. A command that runs two gin runs (``jaxfid distill
+  iterate``: ``--reader.`` and ``--retriever.``) names its prefixes in
+  ``set_defaults(gin_binding_prefixes=...)``; :func:`jaxfid.cli.main` puts
+  each prefix's bindings in ``args.<prefix>_bindings``."""
   bindings, rest = [], []
+  flag = f"--{prefix}."
   for arg in unknown:
-    if arg.startswith("--gin."):
-      name, sep, value = arg[len("--gin."):].partition("=")
+    if arg.startswith(flag):
+      name, sep, value = arg[len(flag):].partition("=")
       if not sep:
-        raise SystemExit(f"jaxfid: error: {arg}: expected --gin.NAME=VALUE")
+        raise SystemExit(f"jaxfid: error: {arg}: expected "
+                         f"--{prefix}.NAME=VALUE")
       bindings.append(f"{name}={value}")
     else:
       rest.append(arg)
