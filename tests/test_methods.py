@@ -30,7 +30,8 @@ def test_every_plugin_is_registered():
 # gin-driven subcommands), `jaxfid index` types, `jaxfid eval` evaluators
 PLUGINS = {
     "fid": ({"predict": (), "plot": (), "bench": ("bench",),
-             "demo": ("demo",)}, (), FidCheckpointEvaluator),
+             "demo": ("demo",), "distill": ("distill iterate",)}, (),
+            FidCheckpointEvaluator),
     "dual_encoder": ({}, ("dense",), None),
     "reatt": ({"reatt": ("reatt iterate",)}, ("reatt",),
               FidCheckpointEvaluator),
@@ -70,12 +71,15 @@ def test_the_registered_commands_are_the_methods_and_the_shared_ones():
   # `jaxfid --help`'s order, and the CPU malloc tuning of the model commands
   assert [c.name for c in registry.commands()] == [
       "convert", "predict", "train", "eval", "index", "retrieve", "corpus",
-      "eval-retrieval", "plot", "bench", "demo", "reatt", "refusion"]
+      "eval-retrieval", "plot", "bench", "demo", "reatt", "distill",
+      "refusion"]
   assert jaxfid.cli.MODEL_COMMANDS == {
-      "train", "predict", "eval", "bench", "demo", "reatt", "refusion"}
+      "train", "predict", "eval", "bench", "demo", "reatt", "distill",
+      "refusion"}
   assert [n for n, _ in registry.INDEX_COMMANDS.items()] == ["dense", "reatt"]
   assert set(gin_specs.COMMANDS) == {
-      "train", "eval", "bench", "demo", "reatt iterate", "refusion seeds"}
+      "train", "eval", "bench", "demo", "reatt iterate", "distill iterate",
+      "refusion seeds"}
   assert set(gin_specs.COMMANDS["eval"].roots) == {
       seqio_eval.evaluate, FidCheckpointEvaluator, ReFusionCheckpointEvaluator}
 

@@ -13,9 +13,10 @@
   evaluator of checkpoints without a run config,
   :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), with the gin checks
   of its parameters;
-* its commands ``jaxfid predict``, ``plot``, ``bench`` and ``demo``
-  (:mod:`jaxfid.fid.commands`), with the gin reads of ``bench`` and
-  ``demo``.
+* its commands ``jaxfid predict``, ``plot``, ``bench``, ``demo`` and
+  ``distill iterate`` (FiD-KD's rounds, which train the dual encoder too)
+  (:mod:`jaxfid.fid.commands`), with the gin reads of ``bench``, ``demo``
+  and ``distill iterate``.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from jaxfid.commands.gin_specs import OPTIONAL_SIZE, SIZE, TABLE
 from jaxfid.commands.registry import register_command
 from jaxfid.core.gin_checks import number, text
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.fid.commands import bench, demo, plot, predict
+from jaxfid.fid.commands import bench, demo, distill, plot, predict
 from jaxfid.t5.config import DTYPES
 
 METHOD = "fid"
@@ -39,5 +40,6 @@ TABLE.add(  # gin/fid/base.gin's bindings for `jaxfid eval`
     decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
     num_beams=SIZE,                                     # EVAL_BEAMS
     alpha=number(0), dtype=text(DTYPES, optional=True))
-for _command in (predict.COMMAND, plot.COMMAND, bench.COMMAND, demo.COMMAND):
+for _command in (predict.COMMAND, plot.COMMAND, bench.COMMAND, demo.COMMAND,
+                 distill.COMMAND):
   register_command(_command)

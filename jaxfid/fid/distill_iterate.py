@@ -1,0 +1,277 @@
+"""FiD-KD's rounds (``jaxfid distill iterate``): reader, scores, retriever, index.
+
+Izacard & Grave (2021) train a retriever on the reader's cross-attention
+scores and repeat: train the reader on the current retrieval, score the
+training passages with it, train the retriever on the scores, re-embed the
+corpus, retrieve again. This module runs those rounds in a work directory
+``W`` whose every output is an ordinary file the single-step commands write:
+
+* round 0: ``jaxfid index bm25`` of the corpus into ``W/round_0/index`` and
+  ``jaxfid retrieve`` of the training and dev questions into
+  ``W/round_0/train.json`` / ``dev.json`` (FiD JSON, ``top_k`` passages; dev
+  ``max(top_k, 100)`` so recall@100 is measured);
+* round ``r >= 1``, from round ``r-1``'s ``train.json`` / ``dev.json``:
+
+  1. ``W/round_r/reader``: ``jaxfid train`` of the reader gin run,
+     TRAIN_DATA and EVAL_DATA those files (its last evaluation is the
+     round's ``eval_em``);
+  2. ``W/round_r/train_scored.json``: what ``jaxfid predict
+     --passage-scores --scored-data`` writes, every retrieved passage scored
+     (``--n-context top_k``, as the original scores all 100);
+  3. ``W/round_r/retriever``: ``jaxfid train`` of the retriever gin run
+     (the distillation objective) on the scores; from round 2 on its
+     INIT_CHECKPOINT is round ``r-1``'s retriever, so the rounds continue
+     one retriever (the reader starts each round from the gin run's own
+     initialisation);
+  4. ``W/round_r/index``: ``jaxfid index dense`` of the corpus with it;
+  5. ``W/round_r/train.json`` / ``dev.json``: retrieval with that index.
+
+Each round ends by writing ``W/round_r/round.json`` (last, atomically): its
+record ``{"round", "retriever", "recall@1", "recall@5", "recall@20",
+"recall@100", "eval_em"}`` (recall: answer recall of the dev retrieval, as
+``jaxfid eval-retrieval --data dev.jsonl`` computes it; ``retriever``:
+``"bm25"`` or the retriever's MODEL_DIR; round 0's ``eval_em`` is None).
+``W/rounds.jsonl`` is rewritten after every round with the finished rounds'
+records in order. A finished round is skipped on rerun; an unfinished one
+resumes from its outputs (a training resumes from its MODEL_DIR's
+checkpoints). ``W/distill_iterate.json`` records the run a work directory
+belongs to, so a rerun with other inputs or gin is refused; a rerun with a
+larger ``--rounds`` runs the rounds after the finished ones.
+
+Training runs in-process through callbacks (the command,
+:mod:`jaxfid.fid.commands.distill`, re-parses the user's gin runs with the
+round's macros bound), as ``jaxfid reatt iterate`` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable
+
+from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.dual_encoder.index import build_dense_index
+from jaxfid.fid import predict as predict_lib
+from jaxfid.fid.examples import read_fid_examples
+from jaxfid.fid.scored_data import write_scored_data
+from jaxfid.retrieval import evaluate
+from jaxfid.retrieval.bm25.index import build_bm25_index
+from jaxfid.retrieval.search import retrieve_to_file
+from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.training import rounds
+from jaxfid.training.metrics_log import read_records
+
+STATE_FILE = "distill_iterate.json"
+ROUNDS_LOG = "rounds.jsonl"
+RECALL_KS = (1, 5, 20, 100)
+DEV_TOP_K = 100  # dev questions' passages: enough for recall@100
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+  """Round ``number``'s files under the work directory."""
+  number: int
+  directory: str
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.directory, name)
+
+  @property
+  def record(self) -> str:
+    return self.path("round.json")
+
+  @property
+  def train(self) -> str:
+    return self.path("train.json")
+
+  @property
+  def dev(self) -> str:
+    return self.path("dev.json")
+
+  @property
+  def index(self) -> str:
+    return self.path("index")
+
+  @property
+  def reader(self) -> str:
+    return self.path("reader")
+
+  @property
+  def retriever(self) -> str:
+    return self.path("retriever")
+
+  @property
+  def scored(self) -> str:
+    return self.path("train_scored.json")
+
+
+def plan_rounds(work_dir: str, rounds_: int) -> list[Round]:
+  """Rounds 0 (BM25) to ``rounds_``."""
+  return [Round(r, os.path.join(work_dir, f"round_{r}"))
+          for r in range(rounds_ + 1)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What the rounds need of the two gin runs (their macros)."""
+  reader_steps: int
+  reader_n_context: int
+  text_maxlength: int
+  retriever_steps: int
+  retriever_n_context: int
+
+
+def check_inputs(*, corpus: str, train: str, dev: str, rounds_: int,
+                 top_k: int, settings: Settings) -> None:
+  """Refuses bad arguments before anything is written (one-line errors)."""
+  for name, value in (("--rounds", rounds_), ("--top-k", top_k)):
+    if value < 1:
+      raise InputError(name, f"must be at least 1, got {value}")
+  for name, path in (("--corpus", corpus), ("--train", train),
+                     ("--dev", dev)):
+    if not os.path.isfile(path):
+      raise InputError(path, f"no such file ({name})")
+  for name, path in (("--train", train), ("--dev", dev)):
+    queries = read_queries(path)
+    if not queries:
+      raise InputError(path, f"no questions ({name})")
+    for position, q in enumerate(queries):
+      if not q.answers:
+        raise InputError(path, f"question {q.id!r} has no answers: {name} "
+                         "must be QA JSONL ('question', 'answers')",
+                         where=f"record {position + 1}")
+  for name, n in (("reader", settings.reader_n_context),
+                  ("retriever", settings.retriever_n_context)):
+    if n > top_k:
+      raise InputError("--top-k", f"{top_k} is below the {name}'s N_CONTEXT "
+                       f"{n}: it would read fewer passages than it expects")
+
+
+def _last_eval_em(model_dir: str, max_step: int) -> float | None:
+  value = None
+  for record in read_records(model_dir):
+    if "eval_em" in record and record.get("step", 0) <= max_step:
+      value = record["eval_em"]
+  return value
+
+
+def _retrieve(index: str, rnd: Round, train: str, dev: str, top_k: int,
+              progress: bool | None) -> None:
+  for queries, out, k in ((train, rnd.train, top_k),
+                          (dev, rnd.dev, max(top_k, DEV_TOP_K))):
+    if not os.path.exists(out):  # the writer is atomic
+      retrieve_to_file(index, queries, k, out, progress=progress)
+
+
+def _record(rnd: Round, retriever: str, dev: str,
+            eval_em: float | None) -> dict:
+  """The round's record: answer recall of its dev retrieval."""
+  recall = evaluate.evaluate_with_answers(rnd.dev, dev, ks=RECALL_KS)
+  return {"round": rnd.number, "retriever": retriever,
+          **{f"recall@{k}": round(recall[f"R@{k}"], 6) for k in RECALL_KS},
+          "eval_em": None if eval_em is None else round(eval_em, 6)}
+
+
+def score_passages(reader: str, data: str, output: str, *, n_context: int,
+                   text_maxlength: int, batch_size: int = 8) -> None:
+  """``jaxfid predict --passage-scores --scored-data``'s scores and file
+  (logits, the original's) without the answers, which the round does not
+  use."""
+  examples = read_fid_examples(data)
+  model, params, spiece = load_checkpoint(reader)
+  tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
+  scores = predict_lib.passage_scores(
+      model, params, tokenizer, examples, n_context=n_context,
+      text_maxlength=text_maxlength, batch_size=batch_size, mode="logits",
+      passage_eos=checkpoint_passage_eos(reader))
+  write_scored_data(output, data, examples, scores)
+
+
+def write_log(work_dir: str) -> list[dict]:
+  """Rewrites ``W/rounds.jsonl`` from the finished rounds' records (rounds
+  0, 1, ... up to the first unfinished one, so a rerun with a smaller
+  ``--rounds`` keeps the later rounds' lines)."""
+  records = []
+  while True:
+    record = rounds.read_record(
+        Round(len(records), os.path.join(work_dir, f"round_{len(records)}")
+              ).record)
+    if record is None:
+      break
+    records.append(record)
+  rounds.write_jsonl(os.path.join(work_dir, ROUNDS_LOG), records)
+  return records
+
+
+def run_rounds(settings: Settings, *,
+               train_reader: Callable[[Round, str, str], int],
+               train_retriever: Callable[[Round, str, str | None], int],
+               identity: dict, work_dir: str, corpus: str, train: str,
+               dev: str, rounds_: int, top_k: int,
+               progress: bool | None = None,
+               emit: Callable[[dict], None] | None = None) -> dict:
+  """Runs (or resumes) rounds 0..``rounds_``; returns the summary.
+
+  ``train_reader(round, train_data, eval_data)`` trains ``round.reader``
+  and ``train_retriever(round, train_data, init_checkpoint)`` trains
+  ``round.retriever`` (None: the gin run's own initialisation); each returns
+  the step reached (below its TRAIN_STEPS when the trainer stopped early,
+  SIGTERM: the summary then says ``"complete": False``, rerun to resume).
+  ``emit`` receives each round's record (finished ones with ``"skipped":
+  True``) and, last, the summary. ``identity``: the run's inputs and gin,
+  which the work directory must belong to.
+  """
+  emit = emit or (lambda record: None)
+  check_inputs(corpus=corpus, train=train, dev=dev, rounds_=rounds_,
+               top_k=top_k, settings=settings)
+  rounds.claim_work_dir(work_dir, STATE_FILE, identity, "distill iterate")
+  t0 = time.time()
+  skipped, complete = 0, True
+  plan = plan_rounds(work_dir, rounds_)
+  for rnd in plan:
+    record = rounds.read_record(rnd.record)
+    if record is not None:
+      skipped += 1
+      emit({**record, "skipped": True})
+      continue
+    if rnd.number == 0:
+      if not os.path.exists(os.path.join(rnd.index, "meta.json")):
+        build_bm25_index(corpus, rnd.index, progress=progress)
+      _retrieve(rnd.index, rnd, train, dev, top_k, progress)
+      record = _record(rnd, "bm25", dev, None)
+    else:
+      before = plan[rnd.number - 1]
+      if rounds.latest_step(rnd.reader) < settings.reader_steps:
+        if train_reader(rnd, before.train, before.dev) < settings.reader_steps:
+          complete = False
+          break
+      if not os.path.exists(rnd.scored):
+        score_passages(rnd.reader, before.train, rnd.scored,
+                       n_context=top_k, text_maxlength=settings.text_maxlength)
+      if rounds.latest_step(rnd.retriever) < settings.retriever_steps:
+        init = before.retriever if rnd.number > 1 else None
+        if (train_retriever(rnd, rnd.scored, init)
+            < settings.retriever_steps):
+          complete = False
+          break
+      if not os.path.exists(os.path.join(rnd.index, "meta.json")):
+        build_dense_index(rnd.retriever, corpus, rnd.index,
+                          progress=progress)
+      _retrieve(rnd.index, rnd, train, dev, top_k, progress)
+      record = _record(rnd, rnd.retriever, dev,
+                       _last_eval_em(rnd.reader, settings.reader_steps))
+    rounds.write_record(rnd.record, record)
+    write_log(work_dir)
+    emit({**record, "skipped": False})
+  write_log(work_dir)  # one written before a crash may lack the last round
+  summary = {"complete": complete, "rounds": rounds_, "skipped": skipped,
+             "work_dir": work_dir,
+             "rounds_log": os.path.join(work_dir, ROUNDS_LOG),
+             "minutes": round((time.time() - t0) / 60, 2)}
+  if not complete:
+    print("the training stopped early: rerun to resume", file=sys.stderr)
+  emit(summary)
+  return summary
