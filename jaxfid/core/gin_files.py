@@ -17,6 +17,7 @@ import difflib
 import inspect
 import logging
 import os
+import tokenize
 
 import gin
 from gin import config_parser
@@ -104,7 +105,9 @@ def _binding_key(text: str) -> Binding | None:
   binding (gin text a library caller passes: parsed, not recorded)."""
   try:
     statements = list(config_parser.ConfigParser(text, _KeyOnly()))
-  except (SyntaxError, ValueError) as e:
+  # gin's tokenizer raises TokenError (not a SyntaxError) on an unclosed
+  # bracket
+  except (SyntaxError, ValueError, tokenize.TokenError) as e:
     raise InputError(f"--gin.{' '.join(text.split())}",
                      f"gin: {_one_line(e)}") from None
   if len(statements) != 1 or not isinstance(
@@ -161,7 +164,8 @@ def parse_gin(gin_files: list[str], bindings: list[str],
   try:
     try:
       gin.parse_config_files_and_bindings(files, None, finalize_config=False)
-    except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
+    except (ValueError, SyntaxError, tokenize.TokenError, KeyError, ImportError,
+            IOError) as e:
       raise InputError(files[-1], f"gin: {' '.join(str(e).split())}") from None
     file_macros = frozenset(macro_names())
     parsed = []
@@ -169,7 +173,8 @@ def parse_gin(gin_files: list[str], bindings: list[str],
       binding = _binding_key(text)
       try:
         gin.parse_config(text)
-      except (ValueError, SyntaxError, KeyError, ImportError, IOError) as e:
+      except (ValueError, SyntaxError, tokenize.TokenError, KeyError, ImportError,
+            IOError) as e:
         hint = "" if not binding or binding.is_macro else _parameter_hint(
             binding)
         flag = binding.flag if binding else f"--gin.{' '.join(text.split())}"
