@@ -211,8 +211,9 @@ def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path, capsys):
       (replaced("--top-k", "1"), "N_CONTEXT"),
       (replaced("--corpus", str(tmp_path / "missing.tsv")), "missing.tsv"),
       (replaced("--dev", str(world / "no_answers.jsonl")), "no answers"),
-      (base + ["--reader.NO_SUCH_MACRO=1"], "NO_SUCH_MACRO"),
+      (base + ["--reader.NO_SUCH_MACRO=1"], "--reader.NO_SUCH_MACRO=1:"),
       (base + ["--retriever.TRAIN_STEPS=0"], "TRAIN_STEPS"),
+      (base + ["--retriever.TRAIN_STEPS=("], "--retriever.TRAIN_STEPS=(:"),
       ([a.replace("gin/fid/tiny.gin", "gin/reatt/tiny.gin") for a in base],
        "not a FiD run"),
       ([a.replace("gin/retrieval/distill_tiny.gin", "gin/fid/tiny.gin")

@@ -86,9 +86,15 @@ def _settings(reader: GinRun, retriever: GinRun, work_dir: str, train: str
   """Checks both gin runs (one-line errors) and reads what the rounds use."""
   # the rounds bind MODEL_DIR and TRAIN_DATA; check the runs as they will be
   for run, name in ((reader, "reader"), (retriever, "retriever")):
-    run.check("distill iterate", ITERATE_READS, {
-        "MODEL_DIR": os.path.join(work_dir, "round_1", name),
-        "TRAIN_DATA": train})
+    try:
+      run.check("distill iterate", ITERATE_READS, {
+          "MODEL_DIR": os.path.join(work_dir, "round_1", name),
+          "TRAIN_DATA": train})
+    except InputError as e:  # name the flag as the user wrote it
+      if not e.path.startswith("--gin."):
+        raise
+      raise InputError(f"--{name}." + e.path[len("--gin."):], e.reason,
+                       e.where) from None
   r = reader.macros(READER_MACROS)
   d = retriever.macros(RETRIEVER_MACROS)
   where = reader.files[-1]
