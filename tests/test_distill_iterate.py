@@ -226,3 +226,32 @@ def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("jaxfid distill: error:"), err
     assert message in err[0], err
     assert not work.exists()
+
+
+def test_a_training_stopped_early_leaves_the_round_unfinished(world,
+                                                               tmp_path):
+  """A trainer that stops before TRAIN_STEPS (SIGTERM) ends the run
+  incomplete: round 0 (BM25) is finished and logged, round 1 is not."""
+  work = tmp_path / "w"
+  settings = distill_iterate.Settings(
+      reader_steps=2, reader_n_context=2, text_maxlength=16,
+      retriever_steps=2, retriever_n_context=2)
+  calls = []
+
+  def stopped(rnd, train_data, eval_data):
+    calls.append((rnd.number, train_data, eval_data))
+    return 1  # saved at step 1 and stopped
+  emitted = []
+  summary = distill_iterate.run_rounds(
+      settings, train_reader=stopped,
+      train_retriever=lambda *a: pytest.fail("the reader did not finish"),
+      identity={"run": 1}, work_dir=str(work),
+      corpus=str(world / "corpus.tsv"), train=str(world / "train.jsonl"),
+      dev=str(world / "dev.jsonl"), rounds_=2, top_k=3, progress=False,
+      emit=emitted.append)
+  assert not summary["complete"] and summary["skipped"] == 0
+  assert calls == [(1, str(work / "round_0" / "train.json"),
+                    str(work / "round_0" / "dev.json"))]
+  assert [r["round"] for r in _log(work)] == [0]
+  assert [r.get("round") for r in emitted] == [0, None]
+  assert not (work / "round_1" / "round.json").exists()
