@@ -76,6 +76,12 @@ class Topology:
     return math.prod(self.shape) * self.num_slices
 
   @property
+  def chip_config(self) -> str:
+    """libtpu's chip configuration: v4 and v5p chips compile as one device
+    of two TensorCores ('megacore', what they run as), others 'default'."""
+    return "megacore" if self.chip.cores_per_chip == 2 else "default"
+
+  @property
   def libtpu_name(self) -> str:
     return f"{self.chip.libtpu_name}:{'x'.join(map(str, self.shape))}"
 
@@ -170,7 +176,8 @@ def devices(topology: Topology) -> list:
     try:
       desc = jax_topologies.get_topology_desc(
           platform="tpu", topology_name=topology.libtpu_name,
-          chip_config_name="default", chips_per_host_bounds=topology.host_bounds,
+          chip_config_name=topology.chip_config,
+          chips_per_host_bounds=topology.host_bounds,
           num_slices=topology.num_slices)
     except Exception as e:  # pylint: disable=broad-except
       raise InputError("--topology", f"libtpu cannot describe "
