@@ -167,13 +167,20 @@ def train_model_flops(run: Run, macros: dict) -> list[float]:
     return aot.train_flops(built.task, built.settings, built.optimizer)
 
 
-def _quiet_jax() -> None:
+@contextlib.contextmanager
+def _compile_only():
   """Compiling for a TPU needs no local accelerator: JAX stays on the CPU
   (unless the user chose its platforms), and the persistent compilation
-  cache is left out (``compile_s`` is the compiler's time, every time)."""
+  cache is off meanwhile (``compile_s`` is the compiler's time, every
+  time)."""
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
+  cache = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def summary(result: dict) -> str:
@@ -194,21 +201,21 @@ def summary(result: dict) -> str:
 
 
 def run(args) -> int:
-  _quiet_jax()
   target = aot.Target.of(topologies.parse(args.topology, args.slices))
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
                 tuple(args.gin_search_path))
   base = gin_run.placeholders()
   gin_run.check(base)
-  if args.search:
-    result = bench_search.search(
-        lambda macros, flops=None: compile_once(gin_run, {**base, **macros},
-                                                args.program, target, flops),
-        lambda: (train_model_flops(gin_run, base) if args.program == "train"
-                 else None),
-        gin_run.build(base), target, args.program)
-  else:
-    result = compile_once(gin_run, base, args.program, target)
-    print(summary(result), file=sys.stderr)
+  with _compile_only():
+    if args.search:
+      result = bench_search.search(
+          lambda macros, flops=None: compile_once(
+              gin_run, {**base, **macros}, args.program, target, flops),
+          lambda: (train_model_flops(gin_run, base)
+                   if args.program == "train" else None),
+          gin_run.build(base), target, args.program)
+    else:
+      result = compile_once(gin_run, base, args.program, target)
+      print(summary(result), file=sys.stderr)
   print(json.dumps(result))
   return 0

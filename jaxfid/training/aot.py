@@ -19,8 +19,10 @@ What a compiled executable says (:func:`report`), per chip:
   ``per_chip_gb = argument + output - alias + temp + generated code`` (the
   compiled code is resident in HBM too; tens of MB). ``fits`` when that is
   at most the chip's HBM and the compiler did not run out of memory; a
-  program it cannot fit is ``fits: false`` with the bytes it asked for
-  (``required_gb``, from its RESOURCE_EXHAUSTED message);
+  program it cannot fit is ``fits: false`` with what it needs per chip
+  (``required_gb``, from its RESOURCE_EXHAUSTED message: the total it names,
+  or the temporaries it names plus the arguments' shards) and the message
+  (``compiler_message``);
 * ``flops_per_chip`` and ``bytes_accessed_per_chip``: the compiler's cost
   analysis of the partitioned program (recomputation under remat included;
   a ``while`` loop's body, as in decoding, counts once);
@@ -83,12 +85,15 @@ class Target:
 
 
 class OutOfMemory(Exception):
-  """The TPU compiler could not fit the program (``required_bytes`` of it)."""
+  """The TPU compiler could not fit the program: it needs ``required_bytes``
+  per chip, or (``temporaries_only``) that much for its temporaries."""
 
-  def __init__(self, required_bytes: int | None, message: str):
+  def __init__(self, required_bytes: int | None, message: str,
+               temporaries_only: bool = False):
     super().__init__(message)
     self.required_bytes = required_bytes
     self.message = message
+    self.temporaries_only = temporaries_only
 
 
 def _bytes(value: str, unit: str) -> int:
@@ -111,7 +116,8 @@ def out_of_memory(error: Exception) -> OutOfMemory | None:
     return OutOfMemory(_bytes(used.group(1), used.group(2)), line)
   temps = _OOM_TEMPS.search(text)
   if temps:
-    return OutOfMemory(_bytes(temps.group(1), temps.group(2)), line)
+    return OutOfMemory(_bytes(temps.group(1), temps.group(2)), line,
+                       temporaries_only=True)
   return OutOfMemory(None, line)
 
 
@@ -206,9 +212,20 @@ def _with_sharding(abstract: Any, sharding) -> Any:
                       abstract)
 
 
+def shard_bytes(abstract_args: Any) -> int:
+  """Bytes of one device's shards of abstract arguments with shardings."""
+  total = 0
+  for leaf in jax.tree.leaves(abstract_args):
+    shape = leaf.sharding.shard_shape(leaf.shape)
+    total += int(np.prod(shape, dtype=np.int64)) * leaf.dtype.itemsize
+  return total
+
+
 def _compile(jitted, mesh, *args):
   """``(compiled or OutOfMemory, seconds)``: lowered and compiled inside the
-  mesh (the activations' sharding constraints name its axes)."""
+  mesh (the activations' sharding constraints name its axes). When the
+  compiler names only its temporaries, the arguments' shards are added to
+  what it needs."""
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
     lowered = jitted.lower(*args)
@@ -218,6 +235,8 @@ def _compile(jitted, mesh, *args):
       oom = out_of_memory(e)
       if oom is None:
         raise
+      if oom.temporaries_only and oom.required_bytes is not None:
+        oom.required_bytes += shard_bytes(args)
       compiled = oom
   return compiled, time.perf_counter() - t0
 
