@@ -41,8 +41,8 @@ def _needs_libtpu():
     pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
 
 
-def _compile(capsys, *argv) -> dict:
-  assert cli.main(["bench", "compile", "--topology", "v5e:2x2", *TINY,
+def _compile(capsys, *argv, topology="v5e:2x2") -> dict:
+  assert cli.main(["bench", "compile", "--topology", topology, *TINY,
                    *argv]) == 0
   out = capsys.readouterr().out.strip().splitlines()
   return json.loads(out[-1])
@@ -188,10 +188,10 @@ def test_a_batch_too_large_does_not_fit(capsys):
 @pytest.mark.slow
 def test_search_finds_a_fitting_best_with_flags(capsys):
   _needs_libtpu()
-  r = _compile(capsys, "--search", "--gin.BATCH_SIZE=16",
-               "--gin.TEXT_MAXLENGTH=64")
-  assert r["fits"] is True and r["compiles"] == len(
-      [row for row in r["search"] if "error" not in row])
+  r = _compile(capsys, "--search", topology="v5e-2")  # 2 chips: 3 compiles
+  assert r["fits"] is True and r["compiles"] == len(r["search"]) == 3
+  assert {row["MESH"] for row in r["search"]} == {"data=2", "fsdp=2"}
+  assert r["chips"] == 2 and r["topology"] == "v5e-2"
   fitting = [row for row in r["search"] if row.get("fits")]
   assert r["roofline_step_s"] == min(row["roofline_step_s"]
                                      for row in fitting)

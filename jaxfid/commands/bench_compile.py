@@ -197,7 +197,7 @@ def summary(result: dict) -> str:
   return head + (f"{result['per_chip_gb']:.2f} GB per chip of "
                  f"{result['hbm_gb_per_chip']:.2f} "
                  f"({'fits' if result['fits'] else 'does not fit'}), "
-                 f"roofline {result['roofline_step_s'] * 1e3:.1f} ms/step")
+                 f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
 def run(args) -> int:
