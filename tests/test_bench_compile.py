@@ -11,9 +11,10 @@ import gin
 import pytest
 
 from jaxfid import cli
-from jaxfid.commands import bench_search
+from jaxfid.commands import bench_compile, bench_search
 from jaxfid.core import topologies
 from jaxfid.core.errors import InputError
+from jaxfid.fid import bench as fid_bench
 from jaxfid.training import aot
 
 # gin/fid/tiny.gin at 1+1 layers and a 128-token vocabulary: seconds to
@@ -161,10 +162,35 @@ def test_fsdp_cuts_the_arguments_per_chip_4x(capsys):
   assert fsdp["collectives"]["all-gather"] > data["collectives"]["all-gather"]
 
 
+def test_model_flops_are_the_models_without_recomputation():
+  """The train step's traced matmul FLOPs are 3x the analytic forward pass
+  (forward, and backward's two), whatever remat, accumulation and scanning
+  do; decoding's are the forward pass over its tokens."""
+  for extra in (("REMAT='full'", "ACCUMULATION_STEPS=2"),
+                ("SCAN_LAYERS=True", "config.T5Config.num_layers=3")):
+    run = bench_compile.Run(("gin/fid/tiny.gin",), (
+        "BATCH_SIZE=4", "N_CONTEXT=3", "TEXT_MAXLENGTH=16",
+        "ANSWER_MAXLENGTH=5", *extra), ())
+    base = run.placeholders()
+    built = run.build(base)
+    shape = fid_bench.Shape(4, 3, 16, 5)
+    forward = fid_bench.forward_flops(built.task.model_config, shape)
+    assert bench_compile.train_model_flops(run, base) == [3 * forward]
+    fn, batch = built.task.decode_program(built.settings, 4)
+    assert aot.program_flops(fn, built.task.model.abstract_params(),
+                             batch) == fid_bench.forward_flops(
+                                 built.task.model_config, shape,
+                                 decoded_tokens=5)
+
+
 @pytest.mark.tpu
-def test_decode_program_compiles(capsys):
+def test_decode_program_compiles_reading_and_writing_nothing(capsys,
+                                                             tmp_path):
   _needs_libtpu()
-  r = _compile(capsys, "--program", "decode", "--gin.EVAL_BATCH_SIZE=6")
+  r = _compile(capsys, "--program", "decode", "--gin.EVAL_BATCH_SIZE=6",
+               f"--gin.TRAIN_DATA='{tmp_path / 'absent.json'}'",
+               f"--gin.MODEL_DIR='{tmp_path / 'run'}'")
+  assert list(tmp_path.iterdir()) == []
   _consistent(r)
   assert r["program"] == "decode" and r["fits"]
   assert r["batch_size"] == 8  # 6 rounded up over the 4 data-parallel chips
