@@ -162,6 +162,28 @@ def test_fsdp_cuts_the_arguments_per_chip_4x(capsys):
   assert fsdp["collectives"]["all-gather"] > data["collectives"]["all-gather"]
 
 
+@pytest.mark.parametrize("gin_file", ["gin/fid/base.gin", "gin/fid/large.gin",
+                                      "gin/fid/two_phase.gin",
+                                      "gin/fid/fido_base.gin"])
+def test_shipped_fid_files_build_their_shapes_without_data(gin_file, capsys):
+  """What bench compile builds from a training gin file without MODEL_DIR
+  or TRAIN_DATA: the paper's batch (two-phase: its larger passage count);
+  TARGET_MAXLENGTH None compiles the decoding bound's targets, said once."""
+  run = bench_compile.Run((gin_file,), (), ())
+  base = run.placeholders()
+  assert set(base) == {"MODEL_DIR", "TRAIN_DATA"}
+  run.check(base)
+  built = run.build(base)
+  batch = built.task.abstract_batch(built.settings, 0)
+  assert batch["encoder_input_tokens"].shape == (64, 100, 250)
+  assert batch["passage_mask"].shape == (64, 100)
+  assert batch["decoder_target_tokens"].shape == (64, 50)
+  fn, decode = built.task.decode_program(built.settings, 8)
+  assert decode["encoder_input_tokens"].shape == (8, 100, 250)
+  assert "TARGET_MAXLENGTH None: compiled with targets of 50 tokens" in (
+      capsys.readouterr().err)
+
+
 def test_model_flops_are_the_models_without_recomputation():
   """The train step's traced matmul FLOPs are 3x the analytic forward pass
   (forward, and backward's two), whatever remat, accumulation and scanning

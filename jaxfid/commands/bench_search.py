@@ -92,7 +92,7 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
   (its batch, accumulation and scan setting start the search)."""
   chips = len(target.devices)
   batch = built.settings.batch_size
-  base = {"REMAT": built.remat, "MESH": built.settings.mesh,
+  base = {"REMAT": built.remat, "MESH": built.settings.mesh or f"data={chips}",
           "ACCUMULATION_STEPS": built.settings.accumulation_steps,
           "SCAN_LAYERS": built.scan_layers}
   flops = flops_fn()
