@@ -50,11 +50,12 @@ class Chip:
   dims: int                 # axes of a slice's shape (2: v5e/v6e, 3: v4/v5p)
 
 
-# Cloud TPU documentation, system architecture of each generation:
-#   v4:  32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s   (cloud.google.com/tpu/docs/v4)
-#   v5e: 16 GiB HBM2, 197 TFLOP/s bf16,   819 GB/s   (cloud.google.com/tpu/docs/v5e)
-#   v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s  (cloud.google.com/tpu/docs/v5p)
-#   v6e: 32 GiB HBM,  918 TFLOP/s bf16, 1,640 GB/s   (cloud.google.com/tpu/docs/v6e)
+# Cloud TPU documentation, system architecture of each generation
+# (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e):
+#   v4:  32 GiB HBM2,  275 TFLOP/s bf16, 1,200 GB/s
+#   v5e: 16 GiB HBM2,  197 TFLOP/s bf16,   819 GB/s
+#   v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s
+#   v6e: 32 GiB HBM,   918 TFLOP/s bf16, 1,640 GB/s
 CHIPS: dict[str, Chip] = {
     "v4": Chip("v4", "v4", 2, 32 * GIB, 275e12, 1200e9, (2, 2, 1), 3),
     "v5e": Chip("v5e", "v5e", 1, 16 * GIB, 197e12, 819e9, (2, 2, 1), 2),

@@ -212,7 +212,7 @@ class FidTask(Task):
   def initial_params(self, path: str) -> dict:
     return initial_fid_params(path, self.model_config)
 
-  # ---- ahead-of-time compilation (``jaxfid bench compile``) --------------------
+  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
 
   @classmethod
   def compile_bindings(cls, macro) -> dict:

@@ -204,7 +204,7 @@ def train_flops(task: Task, settings: Settings,
   return out
 
 
-# ---- compiling -----------------------------------------------------------------
+# ---- compiling -------------------------------------------------------------
 
 def _with_sharding(abstract: Any, sharding) -> Any:
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
