@@ -230,6 +230,8 @@ def test_a_batch_too_large_does_not_fit(capsys):
   assert r["fits"] is False
   assert r["required_gb"] > r["hbm_gb_per_chip"]
   assert "RESOURCE_EXHAUSTED" in r["compiler_message"]
+  assert set(FIELDS) <= set(r) and r["per_chip_gb"] is None
+  assert 0 < r["argument_gb"] < r["required_gb"]
 
 
 @pytest.mark.tpu

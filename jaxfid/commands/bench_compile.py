@@ -189,7 +189,7 @@ def summary(result: dict) -> str:
   head = (f"jaxfid bench compile: {result['program']} on "
           f"{result['topology']} ({result['chips']} chips, mesh "
           f"{mesh or 'data=1'}): ")
-  if not result["fits"] and "per_chip_gb" not in result:
+  if not result["fits"] and result.get("per_chip_gb") is None:
     need = result.get("required_gb")
     return head + (f"does not fit: the compiler needs {need:.2f} GB per chip"
                    if need is not None else "does not fit") + (

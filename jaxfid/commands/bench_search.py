@@ -73,7 +73,7 @@ def _table(rows: list[dict]) -> str:
     if "error" in r:
       tail = f"error: {r['error']}"
     else:
-      gb = r.get("per_chip_gb", r.get("required_gb"))
+      gb = r.get("per_chip_gb") or r.get("required_gb")
       ms = r.get("roofline_step_s")
       eps = r.get("examples_per_sec_at_roofline")
       tail = (f"{'' if gb is None else f'{gb:.2f}':>8} {str(r['fits']):<5} "
@@ -111,7 +111,7 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
     if result["fits"]:
       fitting.append((result["roofline_step_s"], macros, result))
     else:
-      need = result.get("per_chip_gb", result.get("required_gb"))
+      need = result.get("per_chip_gb") or result.get("required_gb")
       smallest.append((float("inf") if need is None else need, result))
     return result
 

@@ -22,7 +22,8 @@ What a compiled executable says (:func:`report`), per chip:
   program it cannot fit is ``fits: false`` with what it needs per chip
   (``required_gb``, from its RESOURCE_EXHAUSTED message: the total it names,
   or the temporaries it names plus the arguments' shards) and the message
-  (``compiler_message``);
+  (``compiler_message``), the arguments' shards as ``argument_gb``, the
+  model FLOPs, and the other fields None;
 * ``flops_per_chip`` and ``bytes_accessed_per_chip``: the compiler's cost
   analysis of the partitioned program (recomputation under remat included;
   a ``while`` loop's body, as in decoding, counts once);
@@ -49,6 +50,7 @@ import jax
 import numpy as np
 
 from jaxfid.core import topologies
+from jaxfid.core.errors import InputError
 from jaxfid.training import loop
 from jaxfid.training import state as state_lib
 from jaxfid.training.settings import OptimizerSettings, Settings
@@ -67,6 +69,13 @@ _OOM_USED = re.compile(r"Used\s+([\d.]+)\s*([KMGT]?)i?B?\s+of\s+([\d.]+)\s*"
 _OOM_TEMPS = re.compile(r"required for HLO temporaries\s*\(([\d.]+)\s*"
                         r"([KMGT]?)i?B?\)", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+# what report() says of a compiled program (a program the compiler could not
+# fit has them all too, None where unknown)
+REPORT_FIELDS = ("argument_gb", "output_gb", "alias_gb", "temp_gb",
+                 "generated_code_gb", "per_chip_gb", "fits", "flops_per_chip",
+                 "bytes_accessed_per_chip", "model_flops_per_chip",
+                 "collectives", "roofline_step_s",
+                 "examples_per_sec_at_roofline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +103,7 @@ class OutOfMemory(Exception):
     self.required_bytes = required_bytes
     self.message = message
     self.temporaries_only = temporaries_only
+    self.argument_bytes: int | None = None  # the arguments' shards
 
 
 def _bytes(value: str, unit: str) -> int:
@@ -228,15 +238,20 @@ def _compile(jitted, mesh, *args):
   what it needs."""
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jitted.lower(*args)
+    try:
+      lowered = jitted.lower(*args)
+    except ValueError as e:  # a shape the mesh's axes do not divide
+      raise InputError("MESH", f"{dict(mesh.shape)} cannot lay out the "
+                       f"program: {str(e).splitlines()[0]}") from None
     try:
       compiled = lowered.compile()
     except Exception as e:  # pylint: disable=broad-except
       oom = out_of_memory(e)
       if oom is None:
         raise
+      oom.argument_bytes = shard_bytes(args)
       if oom.temporaries_only and oom.required_bytes is not None:
-        oom.required_bytes += shard_bytes(args)
+        oom.required_bytes += oom.argument_bytes
       compiled = oom
   return compiled, time.perf_counter() - t0
 
@@ -249,11 +264,12 @@ def report(compiled, *, target: Target, batch_size: int,
   out = {"chips": chips, "device_kind": target.devices[0].device_kind,
          "hbm_gb_per_chip": chip.hbm_bytes / GB}
   model = None if model_flops is None else model_flops / chips
-  if isinstance(compiled, OutOfMemory):
+  if isinstance(compiled, OutOfMemory):  # every field, None where unknown
     required = (None if compiled.required_bytes is None
                 else compiled.required_bytes / GB)
-    out.update(fits=False, required_gb=required,
-               compiler_message=compiled.message,
+    out.update(dict.fromkeys(REPORT_FIELDS))
+    out.update(argument_gb=compiled.argument_bytes / GB, fits=False,
+               required_gb=required, compiler_message=compiled.message,
                model_flops_per_chip=model)
     return out
   memory = compiled.memory_analysis()
