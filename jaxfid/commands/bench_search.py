@@ -13,8 +13,9 @@ fits):
   a heavier remat is only tried when the lighter one does not fit (it would
   only be slower);
 * accumulation (``ACCUMULATION_STEPS``: 2, 4, 8, ... microbatches of the
-  same global batch) only when nothing fits at the run's own, with ``full``
-  remat;
+  same global batch) only when nothing fits at the run's own, stopping at
+  the first number of microbatches where something fits; there remat is
+  tried from ``full`` down to the lightest that still fits;
 * scanned layers (``SCAN_LAYERS``) flipped once, on the best.
 
 The table goes to stderr, then the best as the ``--gin.`` flags to add;
@@ -115,22 +116,26 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
       smallest.append((float("inf") if need is None else need, result))
     return result
 
-  def sweep(accumulation: int, remats) -> None:
+  def sweep(accumulation: int, lightest_first: bool) -> None:
+    """Per split, the lightest remat that fits: from ``none`` up to the
+    first that fits, or (more microbatches, where the light ones rarely
+    fit) from ``full`` down while they fit."""
     for mesh in splits(chips):
       if batch % (_data_parallel(mesh) * accumulation):
         continue  # the batch does not split: nothing to compile
-      for remat in remats:
+      for remat in (REMATS if lightest_first else REMATS[::-1]):
         result = attempt({**base, "MESH": mesh, "REMAT": remat,
                           "ACCUMULATION_STEPS": accumulation})
-        if result is not None and result["fits"]:
-          break  # a heavier remat would only be slower
+        fits = result is not None and result["fits"]
+        if fits == lightest_first:
+          break  # lighter-first: a heavier one is slower; else: too big
 
   print(_table([]), file=sys.stderr)
   if program == "train":
-    sweep(base["ACCUMULATION_STEPS"], REMATS)
+    sweep(base["ACCUMULATION_STEPS"], lightest_first=True)
     accumulation = base["ACCUMULATION_STEPS"] * 2
     while not fitting and accumulation <= min(batch, MAX_ACCUMULATION):
-      sweep(accumulation, ("full",))
+      sweep(accumulation, lightest_first=False)
       accumulation *= 2
   else:  # decoding: the splits alone (its batch is rounded up over them)
     for mesh in splits(chips):
