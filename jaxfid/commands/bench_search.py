@@ -18,7 +18,8 @@ fits):
   tried from ``full`` down to the lightest that still fits;
 * scanned layers (``SCAN_LAYERS``) flipped once, on the best.
 
-The table goes to stderr, then the best as the ``--gin.`` flags to add;
+The table goes to stderr as the compiles finish, then what fits ranked
+fastest first, then the best as the ``--gin.`` flags to add;
 the returned record is the best's fields with ``flags``, ``search`` (one
 line per compile) and ``compiles``.
 """
@@ -154,7 +155,10 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
     out = dict(best or {})
     out.update(fits=False, flags=[], search=rows, compiles=compiles)
     return out
-  _, macros, best = min(fitting, key=lambda f: f[0])
+  ranked = sorted((f for f in fitting), key=lambda f: f[0])
+  print("what fits, fastest first:\n" + _table(
+      [_row(m, r, None) for _, m, r in ranked]), file=sys.stderr)
+  _, macros, best = ranked[0]
   flags = [_flag(k, v) for k, v in macros.items() if v != base[k]]
   print(f"best of {compiles} compiles: {best['per_chip_gb']:.2f} GB per "
         f"chip, roofline {best['roofline_step_s'] * 1e3:.2f} ms/step; add: "
