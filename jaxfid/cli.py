@@ -27,8 +27,8 @@ import logging
 import sys
 
 import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
-from jaxfid.commands import (convert, corpus, eval_retrieval, evaluate, index,
-                             registry, retrieve, train)
+from jaxfid.commands import (bench, convert, corpus, eval_retrieval, evaluate,
+                             index, registry, retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
 from jaxfid.core import background_errors, peer_watch
 from jaxfid.core.errors import InputError, PeerError
@@ -39,7 +39,7 @@ from jaxfid.core.storage import storage_fault
 # The commands every method shares (each method's plugin registers its own).
 SHARED_COMMANDS = (convert.COMMAND, train.COMMAND, evaluate.COMMAND,
                    index.COMMAND, retrieve.COMMAND, corpus.COMMAND,
-                   eval_retrieval.COMMAND)
+                   eval_retrieval.COMMAND, bench.COMMAND)
 for _command in SHARED_COMMANDS:
   registry.register_command(_command)
 # The commands whose time goes into XLA programs (train and decode steps):

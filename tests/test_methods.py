@@ -8,7 +8,7 @@ import pytest
 import jaxfid.cli  # registers the shared commands; imports jaxfid.methods
 import jaxfid.methods
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.commands import gin_specs, registry, seqio_eval
+from jaxfid.commands import bench, gin_specs, registry, seqio_eval
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
@@ -29,8 +29,8 @@ def test_every_plugin_is_registered():
 # what each method's plugin registers: commands (with the gin reads of its
 # gin-driven subcommands), `jaxfid index` types, `jaxfid eval` evaluators
 PLUGINS = {
-    "fid": ({"predict": (), "plot": (), "bench": ("bench",),
-             "demo": ("demo",), "distill": ("distill iterate",)}, (),
+    "fid": ({"predict": (), "plot": (), "demo": ("demo",),
+             "distill": ("distill iterate",)}, (),
             FidCheckpointEvaluator),
     "dual_encoder": ({}, ("dense",), None),
     "reatt": ({"reatt": ("reatt iterate",)}, ("reatt",),
@@ -39,7 +39,11 @@ PLUGINS = {
                  ReFusionCheckpointEvaluator),
 }
 SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
-          "index": (), "retrieve": (), "corpus": (), "eval-retrieval": ()}
+          "index": (), "retrieve": (), "corpus": (), "eval-retrieval": (),
+          "bench": ("bench", "bench compile")}
+# `jaxfid bench`'s modes: the shared one and each method's (module prefix)
+BENCH_MODES = {"compile": "jaxfid.commands.", "train": "jaxfid.fid.",
+               "decode": "jaxfid.fid.", "memory": "jaxfid.fid."}
 
 
 @pytest.mark.parametrize("method", sorted(PLUGINS))
@@ -78,8 +82,11 @@ def test_the_registered_commands_are_the_methods_and_the_shared_ones():
       "refusion"}
   assert [n for n, _ in registry.INDEX_COMMANDS.items()] == ["dense", "reatt"]
   assert set(gin_specs.COMMANDS) == {
-      "train", "eval", "bench", "demo", "reatt iterate", "distill iterate",
-      "refusion seeds"}
+      "train", "eval", "bench", "bench compile", "demo", "reatt iterate",
+      "distill iterate", "refusion seeds"}
+  assert sorted(bench.MODES.names()) == sorted(BENCH_MODES)
+  for name, module in BENCH_MODES.items():
+    assert bench.MODES.get(name).run.__module__.startswith(module)
   assert set(gin_specs.COMMANDS["eval"].roots) == {
       seqio_eval.evaluate, FidCheckpointEvaluator, ReFusionCheckpointEvaluator}
 

@@ -13,13 +13,17 @@
   evaluator of checkpoints without a run config,
   :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), with the gin checks
   of its parameters;
-* its commands ``jaxfid predict``, ``plot``, ``bench``, ``demo`` and
-  ``distill iterate`` (FiD-KD's rounds, which train the dual encoder too)
-  (:mod:`jaxfid.fid.commands`), with the gin reads of ``bench``, ``demo``
-  and ``distill iterate``.
+* its commands ``jaxfid predict``, ``plot``, ``demo`` and ``distill
+  iterate`` (FiD-KD's rounds, which train the dual encoder too)
+  (:mod:`jaxfid.fid.commands`), with the gin reads of ``demo`` and
+  ``distill iterate``;
+* its modes of the shared ``jaxfid bench``: ``train``, ``decode`` and
+  ``memory`` (:mod:`jaxfid.fid.commands.bench`), read as gin command
+  ``bench``.
 """
 from __future__ import annotations
 
+from jaxfid.commands import bench as shared_bench
 from jaxfid.commands import seqio_eval
 from jaxfid.commands.gin_specs import OPTIONAL_SIZE, SIZE, TABLE
 from jaxfid.commands.registry import register_command
@@ -40,6 +44,8 @@ TABLE.add(  # gin/fid/base.gin's bindings for `jaxfid eval`
     decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
     num_beams=SIZE,                                     # EVAL_BEAMS
     alpha=number(0), dtype=text(DTYPES, optional=True))
-for _command in (predict.COMMAND, plot.COMMAND, bench.COMMAND, demo.COMMAND,
+for _command in (predict.COMMAND, plot.COMMAND, demo.COMMAND,
                  distill.COMMAND):
   register_command(_command)
+for _mode in bench.MODES:
+  shared_bench.register_mode(_mode)

@@ -22,19 +22,29 @@ from jaxfid.fid import batches as pipeline
 from jaxfid.fid.examples import FidExample
 
 
-def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
-                    alpha: float = 0.6, out_sharding=None):
-  """A jitted ``fn(params, batch) -> int32 [B, max_decode_len]``.
-
-  ``out_sharding``: where the tokens go (a replicated sharding, so that every
-  process of a multi-host run can fetch them).
-  """
+def predict_program(model, *, max_decode_len: int, num_beams: int = 1,
+                    alpha: float = 0.6):
+  """The pure ``fn(params, batch) -> int32 [B, max_decode_len]``: encoding
+  and cached greedy (``num_beams=1``) or beam decoding of a batch of
+  ``encoder_input_tokens`` [B, P, L] and ``passage_mask`` [B, P]."""
   def fn(params, batch):
     return model.predict(params, batch["encoder_input_tokens"],
                          passage_mask=batch["passage_mask"],
                          max_decode_len=max_decode_len, num_beams=num_beams,
                          alpha=alpha)
-  return jax.jit(fn, out_shardings=out_sharding)
+  return fn
+
+
+def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
+                    alpha: float = 0.6, out_sharding=None):
+  """:func:`predict_program` jitted.
+
+  ``out_sharding``: where the tokens go (a replicated sharding, so that every
+  process of a multi-host run can fetch them).
+  """
+  return jax.jit(predict_program(model, max_decode_len=max_decode_len,
+                                 num_beams=num_beams, alpha=alpha),
+                 out_shardings=out_sharding)
 
 
 def generate(model, params, tokenizer, examples: Sequence[FidExample], *,

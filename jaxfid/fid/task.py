@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.core import console
@@ -32,7 +35,7 @@ from jaxfid.fid.batches import FidBatcher
 from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.examples import FidExample, read_fid_examples
 from jaxfid.fid.inputs import longest_target_length
-from jaxfid.fid.predict import QaEvaluator
+from jaxfid.fid.predict import QaEvaluator, predict_program
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
@@ -208,6 +211,54 @@ class FidTask(Task):
 
   def initial_params(self, path: str) -> dict:
     return initial_fid_params(path, self.model_config)
+
+  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
+
+  @classmethod
+  def compile_bindings(cls, macro) -> dict:
+    """Without TRAIN_DATA or MIXTURE_OR_TASK_NAME (a gin file sized before
+    its data exists) a placeholder TRAIN_DATA lets the reader's config
+    build; nothing reads it."""
+    if macro("TRAIN_DATA") is None and macro("MIXTURE_OR_TASK_NAME") is None:
+      return {"TRAIN_DATA": "(not read by bench compile)"}
+    return {}
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The model; targets of TARGET_MAXLENGTH tokens, or (None: the data's
+    longest, unknown without data) of the decoding bound, said on stderr."""
+    self.settings = settings
+    if self.lengths.target_maxlength is None:
+      self.target_length = self.lengths.decode_maxlength
+      console.say(f"TARGET_MAXLENGTH None: compiled with targets of "
+                  f"{self.target_length} tokens (the decoding bound; the "
+                  "data's longest target is not read); set TARGET_MAXLENGTH "
+                  "to size the run's own")
+    self.model = EncoderDecoderModel(self.model_config)
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """The batcher's leaves: tokens [B, P, L] int32, passage mask [B, P]
+    bool, targets [B, T] int32; P the larger of the two-phase counts (the
+    step of N_CONTEXT or FIRST_PHASE_N_CONTEXT passages that needs more)."""
+    del phase  # one phase; its passage count may change at a step
+    b, length = settings.batch_size, self.text_maxlength
+    p = max(self.n_context, self.reader.first_phase_n_context or 0)
+    return {"encoder_input_tokens": jax.ShapeDtypeStruct((b, p, length),
+                                                         jnp.int32),
+            "passage_mask": jax.ShapeDtypeStruct((b, p), jnp.bool_),
+            "decoder_target_tokens": jax.ShapeDtypeStruct(
+                (b, self.target_length), jnp.int32)}
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """The evaluation's program: greedy or EVAL_BEAMS beam decoding of
+    DECODE_MAXLENGTH tokens over N_CONTEXT passages."""
+    fn = predict_program(self.model,
+                         max_decode_len=self.lengths.decode_maxlength,
+                         num_beams=self.reader.eval_beams)
+    p, length = self.n_context, self.text_maxlength
+    return fn, {"encoder_input_tokens": jax.ShapeDtypeStruct(
+                    (batch_size, p, length), jnp.int32),
+                "passage_mask": jax.ShapeDtypeStruct((batch_size, p),
+                                                     jnp.bool_)}
 
   # ---- evaluation -------------------------------------------------------------
 

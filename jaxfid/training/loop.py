@@ -31,8 +31,10 @@ Guarantees, the same for every method:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
+from typing import Any
 
 import jax
 from tqdm import tqdm
@@ -123,14 +125,9 @@ def train(*, task: Task, settings: Settings,
     settings = settings.replace(progress=progress)
   # 1. Data and model: the task reads and checks everything before any work.
   task.prepare(settings)
-  device_mesh = state_lib.checked_mesh(settings.mesh, settings.batch_size,
-                                       settings.accumulation_steps)
-  place = state_lib.placement(device_mesh, task.model.param_axes())
-  phases = task.phases(settings, optimizer)
-  abstract_params = task.model.abstract_params()
-  abstract_states = [jax.eval_shape(p.make_state, abstract_params, 0)
-                     for p in phases]
-  shardings = [place.state(a, abstract_params) for a in abstract_states]
+  plan = layout(task, settings, optimizer)
+  device_mesh, place, phases = plan.mesh, plan.placement, plan.phases
+  abstract_states, shardings = plan.abstract_states, plan.shardings
 
   # 2. Run directory: lock, config, vocabulary (process 0), checkpoints (all).
   with _run_directory(settings.model_dir, task,
@@ -190,6 +187,44 @@ def train(*, task: Task, settings: Settings,
   return last
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A prepared task's run laid out on devices: what :func:`train` steps
+  and ``jaxfid bench compile`` compiles (:mod:`jaxfid.training.aot`)."""
+  mesh: Any                     # jax.sharding.Mesh
+  placement: state_lib.Placement
+  phases: list                  # [Phase, ...]
+  abstract_params: Any
+  abstract_states: list         # per phase, ShapeDtypeStruct leaves
+  shardings: list               # per phase, the state's shardings
+
+
+def layout(task: Task, settings: Settings, optimizer: OptimizerSettings,
+           devices=None) -> Layout:
+  """The mesh (``MESH`` over ``devices``, default all; checked against the
+  batch), the placement of the task's model, its phases and each phase's
+  abstract train state and shardings. ``task`` is prepared (``prepare`` or
+  ``prepare_shapes``); nothing is allocated."""
+  device_mesh = state_lib.checked_mesh(settings.mesh, settings.batch_size,
+                                       settings.accumulation_steps, devices)
+  place = state_lib.placement(device_mesh, task.model.param_axes())
+  phases = task.phases(settings, optimizer)
+  abstract_params = task.model.abstract_params()
+  abstract_states = [jax.eval_shape(p.make_state, abstract_params, 0)
+                     for p in phases]
+  shardings = [place.state(a, abstract_params) for a in abstract_states]
+  return Layout(device_mesh, place, phases, abstract_params, abstract_states,
+                shardings)
+
+
+def jit_step(phase, shardings, place: state_lib.Placement):
+  """A phase's step as the loop runs it: jitted with the state's shardings
+  and the batch's, metrics replicated, the state donated."""
+  return jax.jit(phase.step, in_shardings=(shardings, place.batch),
+                 out_shardings=(shardings, place.replicated),
+                 donate_argnums=0)
+
+
 def _initial_params(task: Task, settings: Settings, place):
   """The run's initial parameters, sharded: INIT_CHECKPOINT's, or SEED's."""
   if settings.init_checkpoint:
@@ -208,9 +243,7 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
   settings, place = ctx.settings, ctx.placement
   batch_size = settings.batch_size
   rows = place.batch_rows(batch_size)
-  step_fn = jax.jit(phase.step, in_shardings=(shardings, place.batch),
-                    out_shardings=(shardings, place.replicated),
-                    donate_argnums=0)
+  step_fn = jit_step(phase, shardings, place)
   loop.restart_clock()
   while step < phase.end:
     host = task.batch(step, rows, state["params"])

@@ -30,15 +30,17 @@ from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
 
 
-def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1
-                 ) -> Mesh:
+def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1,
+                 devices=None) -> Mesh:
   """The device mesh of a ``MESH`` spec, checked against the batch size.
 
-  Raises InputError (MESH, BATCH_SIZE) for a bad spec or a batch that does
-  not split over the data-parallel devices (times the microbatches).
+  ``devices``: the devices to lay out (default: ``jax.devices()``; ahead-of-
+  time compilation passes a TPU topology's). Raises InputError (MESH,
+  BATCH_SIZE) for a bad spec or a batch that does not split over the
+  data-parallel devices (times the microbatches).
   """
   try:
-    device_mesh = shd.parse_mesh(mesh)
+    device_mesh = shd.parse_mesh(mesh, devices=devices)
   except ValueError as e:
     raise InputError("MESH", str(e)) from None
   data_parallel = device_mesh.shape["data"] * device_mesh.shape["fsdp"]

@@ -170,6 +170,15 @@ class Task:
 
   # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
 
+  @classmethod
+  def compile_bindings(cls, macro: Callable[[str], Any]) -> dict:
+    """Macros (name -> value) ``jaxfid bench compile`` binds so that the
+    task's configs build from a gin file whose data is not set (a
+    placeholder path nothing reads); ``macro(name)`` is the run's value of
+    a macro (None: unset). Default: none."""
+    del macro
+    return {}
+
   def prepare_shapes(self, settings: Settings) -> None:
     """What :meth:`prepare` does that :meth:`phases` and the programs need
     (``model`` above all), from the configuration alone: no data or

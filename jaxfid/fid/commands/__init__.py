@@ -1,5 +1,7 @@
-"""FiD's commands: ``jaxfid predict``, ``plot``, ``bench`` and ``demo``.
+"""FiD's commands: ``jaxfid predict``, ``plot`` and ``demo``, and its modes
+of ``jaxfid bench``.
 
-Each module defines its :class:`~jaxfid.commands.registry.Command` as
-``COMMAND``; :mod:`jaxfid.fid.plugin` registers them.
+Each command module defines its :class:`~jaxfid.commands.registry.Command`
+as ``COMMAND``, ``bench`` its :class:`~jaxfid.commands.bench.Mode`s as
+``MODES``; :mod:`jaxfid.fid.plugin` registers them.
 """

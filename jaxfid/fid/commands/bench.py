@@ -1,5 +1,7 @@
 """``jaxfid bench train|decode|memory``: speed and memory of a gin-configured FiD.
 
+FiD's modes of the shared ``jaxfid bench`` (:mod:`jaxfid.commands.bench`).
+
 Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
 train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH come from them,
 and the answer length: DECODE_MAXLENGTH for ``decode``, TARGET_MAXLENGTH for
@@ -22,7 +24,7 @@ import sys
 import gin
 
 from jaxfid.commands import gin_flags
-from jaxfid.commands.registry import Command
+from jaxfid.commands.bench import Mode
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads, flag, integer
 from jaxfid.fid import bench
@@ -44,15 +46,11 @@ BENCH_READS = Reads(
     accepts=(launch.run,))
 
 
-def add_parser(subparsers) -> None:
-  p = subparsers.add_parser("bench", help="benchmark training or decoding")
-  p.add_argument("mode", choices=("train", "decode", "memory"))
+def add_arguments(p) -> None:
   p.add_argument("--steps", type=int, default=10,
                  help="timed steps after the warm-up (compile) step")
   p.add_argument("--peak-tflops", type=float, default=None,
                  help="peak TFLOP/s for MFU (default: measured)")
-  gin_flags.add_gin_arguments(p)
-  p.set_defaults(func=run, accepts_gin_bindings=True)
 
 
 def _macro(name):
@@ -121,5 +119,11 @@ def _memory(cfg, shape) -> dict:
     raise InputError("gin", f"BATCH_SIZE / ACCUMULATION_STEPS: {e}") from None
 
 
-COMMAND = Command("bench", add_parser, order=100, model=True,
-                  gin={"bench": BENCH_READS})
+HELPS = {"train": "time FiD train steps on this host's devices",
+         "decode": "time FiD greedy decoding on this host's devices",
+         "memory": "a FiD train step's memory from shapes (a lower bound)"}
+# `jaxfid bench train|decode|memory`, registered by FiD's plug-in
+MODES = tuple(Mode(name, HELPS[name], add_arguments, run, "bench", BENCH_READS,
+                   order=order)
+              for order, name in ((10, "train"), (20, "decode"),
+                                  (30, "memory")))

@@ -1,0 +1,221 @@
+"""``jaxfid bench compile``: a run's programs compiled for a TPU slice.
+
+::
+
+  jaxfid bench compile --topology v5e-16 --gin_file=gin/fid/base.gin \\
+      [--gin.NAME=VALUE ...] [--program train|decode] [--search] [--slices N]
+
+Takes ``jaxfid train``'s gin files and bindings (any method: the task comes
+from ``METHOD``) and compiles, with the TPU compiler and from shapes alone,
+the train step the trainer would run (``--program train``, every phase) or
+the task's prediction program at ``EVAL_BATCH_SIZE`` (``decode``); see
+:mod:`jaxfid.training.aot` for what is compiled and what each field means.
+No data or checkpoint is read and nothing is written: ``MODEL_DIR`` may be
+unset, and data paths may name files that do not exist here (a method's
+task binds placeholders where its configs need a path:
+``Task.compile_bindings``). The last line on stdout is one JSON object;
+``--search`` (:mod:`jaxfid.commands.bench_search`) tries remat, mesh
+splits, accumulation and scanned layers and prints the best as flags.
+
+Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host); a missing one,
+an unknown topology or a bad configuration is one line, exit 2. A program
+the compiler cannot fit is ``"fits": false`` with ``required_gb``, exit 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import sys
+from typing import Any
+
+import gin
+import jax
+
+from jaxfid.commands import bench_search, gin_flags
+from jaxfid.core import topologies
+from jaxfid.core.errors import InputError
+from jaxfid.core.gin_checks import Reads
+from jaxfid.training import aot, launch
+from jaxfid.training.settings import OptimizerSettings, Settings
+
+HELP = ("compile a run's train step or decoding for a TPU slice (no TPU "
+        "needed): memory per chip, fits, FLOPs, collectives, roofline")
+# `jaxfid train`'s reads, and the evaluation batch of --program decode
+READS = Reads(roots=(launch.run,),
+              macros={"MIXTURE_OR_TASK_NAME": None, "EVAL_BATCH_SIZE": None})
+PROGRAMS = ("train", "decode")
+PLACEHOLDER_MODEL_DIR = "(not written by bench compile)"
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--topology", required=True,
+                 help="a Cloud TPU accelerator type (v4-32, v5p-64: "
+                 "TensorCores; v5e-16, v6e-8: chips) or a shape (v5e:4x4)")
+  p.add_argument("--slices", type=int, default=1,
+                 help="number of such slices (multi-slice)")
+  p.add_argument("--program", choices=PROGRAMS, default="train",
+                 help="the train step (every phase) or the prediction "
+                 "program at EVAL_BATCH_SIZE")
+  p.add_argument("--search", action="store_true",
+                 help="try remat, mesh splits, accumulation and scanned "
+                 "layers; print what fits and the best as --gin. flags")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A user's gin run, to build with macros overridden (``--search``)."""
+  files: tuple[str, ...]
+  bindings: tuple[str, ...]
+  search_paths: tuple[str, ...]
+  _said: set = dataclasses.field(default_factory=set, compare=False)
+
+  def _parse(self, macros: dict) -> None:
+    extra = [f"{k} = {gin_flags.gin_literal(v)}" for k, v in macros.items()]
+    gin_flags.parse_gin(list(self.files), [*self.bindings, *extra],
+                        list(self.search_paths))
+
+  def placeholders(self) -> dict:
+    """Macros a compile binds so that the run builds without its data."""
+    self._parse({})
+    try:
+      out = {}
+      if not isinstance(gin_flags.macro_value("MODEL_DIR"), str):  # REQUIRED
+        out["MODEL_DIR"] = PLACEHOLDER_MODEL_DIR
+      method = gin_flags.macro_value("METHOD")
+      if isinstance(method, type) and hasattr(method, "compile_bindings"):
+        out.update(method.compile_bindings(gin_flags.macro_value))
+      return out
+    finally:
+      gin.clear_config()
+
+  def check(self, macros: dict) -> None:
+    gin_flags.parse_checked(self.files, [*self.bindings, *(
+        f"{k} = {gin_flags.gin_literal(v)}" for k, v in macros.items())],
+        self.search_paths, "bench compile", READS)
+    gin.clear_config()
+
+  def build(self, macros: dict) -> "Built":
+    """The run's task (prepared with ``prepare_shapes``), settings,
+    optimizer and the macros the command reads, with ``macros`` bound."""
+    self._parse(macros)
+    try:
+      task = _reference("%METHOD")
+      settings = _reference("loop.train.settings")
+      optimizer = _reference("loop.train.optimizer")
+      hardware_rng = bool(gin_flags.macro_value("USE_HARDWARE_RNG"))
+      eval_batch = gin_flags.macro_value("EVAL_BATCH_SIZE")
+      remat = gin_flags.macro_value("REMAT")
+      scan = bool(gin_flags.macro_value("SCAN_LAYERS"))
+    finally:
+      gin.clear_config()
+    said = io.StringIO()
+    with launch.prng_context(hardware_rng), contextlib.redirect_stderr(said):
+      task.prepare_shapes(settings)
+    for line in said.getvalue().splitlines():  # each note once, not per build
+      if line not in self._said:
+        self._said.add(line)
+        print(line, file=sys.stderr)
+    return Built(task, settings, optimizer, hardware_rng,
+                 eval_batch or settings.batch_size, remat, scan)
+
+
+def _reference(name: str):
+  value = gin.query_parameter(name)
+  if isinstance(value, gin.config.ConfigurableReference):
+    return gin_flags.call_configurable(value.scoped_configurable_fn)
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  task: Any
+  settings: Settings
+  optimizer: OptimizerSettings
+  hardware_rng: bool
+  eval_batch_size: int
+  remat: str | None
+  scan_layers: bool
+
+
+def compile_once(run: Run, macros: dict, program: str, target: aot.Target,
+                 model_flops: list[float] | None = None) -> dict:
+  """The report of one configuration (``macros`` over the run's gin).
+
+  ``model_flops`` (train: per phase) may be given when known (the search
+  computes it once); otherwise the train step is traced again without remat
+  for it.
+  """
+  built = run.build(macros)
+  with launch.prng_context(built.hardware_rng):
+    if program == "decode":
+      return aot.compile_decode(built.task, built.settings, built.optimizer,
+                                target, built.eval_batch_size)
+    if model_flops is None:
+      model_flops = train_model_flops(run, macros)
+    return aot.compile_train(built.task, built.settings, built.optimizer,
+                             target, model_flops)
+
+
+def train_model_flops(run: Run, macros: dict) -> list[float]:
+  """Per phase, the train step's matmul FLOPs without recomputation: the
+  step traced with ``REMAT='none'`` (the model's own FLOPs)."""
+  built = run.build({**macros, "REMAT": "none"})
+  with launch.prng_context(built.hardware_rng):
+    return aot.train_flops(built.task, built.settings, built.optimizer)
+
+
+@contextlib.contextmanager
+def _compile_only():
+  """Compiling for a TPU needs no local accelerator: JAX stays on the CPU
+  (unless the user chose its platforms), and the persistent compilation
+  cache is off meanwhile (``compile_s`` is the compiler's time, every
+  time)."""
+  if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+
+
+def summary(result: dict) -> str:
+  """One line for stderr about a report."""
+  mesh = ",".join(f"{k}={v}" for k, v in result["mesh"].items() if v > 1)
+  head = (f"jaxfid bench compile: {result['program']} on "
+          f"{result['topology']} ({result['chips']} chips, mesh "
+          f"{mesh or 'data=1'}): ")
+  if not result["fits"] and result.get("per_chip_gb") is None:
+    need = result.get("required_gb")
+    return head + (f"does not fit: the compiler needs {need:.2f} GB per chip"
+                   if need is not None else "does not fit") + (
+                       f" of {result['hbm_gb_per_chip']:.2f}")
+  return head + (f"{result['per_chip_gb']:.2f} GB per chip of "
+                 f"{result['hbm_gb_per_chip']:.2f} "
+                 f"({'fits' if result['fits'] else 'does not fit'}), "
+                 f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
+
+
+def run(args) -> int:
+  target = aot.Target.of(topologies.parse(args.topology, args.slices))
+  gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
+                tuple(args.gin_search_path))
+  base = gin_run.placeholders()
+  gin_run.check(base)
+  with _compile_only():
+    if args.search:
+      result = bench_search.search(
+          lambda macros, flops=None: compile_once(
+              gin_run, {**base, **macros}, args.program, target, flops),
+          lambda: (train_model_flops(gin_run, base)
+                   if args.program == "train" else None),
+          gin_run.build(base), target, args.program)
+    else:
+      result = compile_once(gin_run, base, args.program, target)
+      print(summary(result), file=sys.stderr)
+  print(json.dumps(result))
+  return 0

@@ -1,0 +1,250 @@
+"""``jaxfid bench compile``: tiny FiD programs compiled for a TPU slice.
+
+The compiles use the real TPU compiler (libtpu, on this CPU host) for
+``v5e:2x2`` (4 chips); they are marked ``tpu`` and skip where libtpu is not
+installed. The topology names and the one-line errors need no libtpu.
+"""
+import json
+import sys
+
+import gin
+import pytest
+
+from jaxfid import cli
+from jaxfid.commands import bench_compile, bench_search
+from jaxfid.core import topologies
+from jaxfid.core.errors import InputError
+from jaxfid.fid import bench as fid_bench
+from jaxfid.training import aot
+
+# gin/fid/tiny.gin at 1+1 layers and a 128-token vocabulary: seconds to
+# compile, and parameters that dominate the arguments (the FSDP check)
+TINY = ["--gin_file=gin/fid/tiny.gin", "--gin.config.T5Config.vocab_size=128",
+        "--gin.config.T5Config.num_layers=1",
+        "--gin.config.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
+        "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=16",
+        "--gin.ANSWER_MAXLENGTH=4"]
+FIELDS = ("topology", "chips", "device_kind", "hbm_gb_per_chip", "mesh",
+          "program", "argument_gb", "output_gb", "alias_gb", "temp_gb",
+          "per_chip_gb", "fits", "flops_per_chip", "bytes_accessed_per_chip",
+          "model_flops_per_chip", "collectives", "roofline_step_s",
+          "examples_per_sec_at_roofline", "compile_s")
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  yield
+  gin.clear_config()
+
+
+def _needs_libtpu():
+  if not topologies.libtpu_available():
+    pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
+
+
+def _compile(capsys, *argv, topology="v5e:2x2") -> dict:
+  assert cli.main(["bench", "compile", "--topology", topology, *TINY,
+                   *argv]) == 0
+  out = capsys.readouterr().out.strip().splitlines()
+  return json.loads(out[-1])
+
+
+def _consistent(r: dict, chips: int = 4) -> None:
+  for key in FIELDS:
+    assert key in r, key
+  assert r["chips"] == chips and r["device_kind"] == "TPU v5 lite"
+  assert r["hbm_gb_per_chip"] == pytest.approx(16 * 2 ** 30 / 1e9)
+  assert r["per_chip_gb"] == pytest.approx(
+      r["argument_gb"] + r["output_gb"] - r["alias_gb"] + r["temp_gb"]
+      + r["generated_code_gb"])
+  assert r["fits"] == (r["per_chip_gb"] <= r["hbm_gb_per_chip"])
+  chip = topologies.CHIPS["v5e"]
+  assert r["roofline_step_s"] == pytest.approx(max(
+      r["flops_per_chip"] / chip.peak_bf16_flops,
+      r["bytes_accessed_per_chip"] / chip.hbm_bytes_per_s))
+  assert r["examples_per_sec_at_roofline"] == pytest.approx(
+      r["batch_size"] / r["roofline_step_s"])
+  assert set(r["collectives"]) == set(aot.COLLECTIVES)
+  assert r["flops_per_chip"] > 0 and r["model_flops_per_chip"] > 0
+  assert r["compile_s"] > 0
+
+
+# ---- no libtpu needed --------------------------------------------------------
+
+def test_accelerator_type_names_map_to_slices():
+  expect = {"v4-32": ("v4:2x2x4", 16), "v4-8": ("v4:2x2x1", 4),
+            "v5p-64": ("v5p:2x4x4", 32), "v5e-16": ("v5e:4x4", 16),
+            "v5litepod-16": ("v5e:4x4", 16), "v6e-8": ("v6e:2x4", 8),
+            "v5e:2x2": ("v5e:2x2", 4), "V5E-32": ("v5e:4x8", 32)}
+  for name, (libtpu_name, chips) in expect.items():
+    t = topologies.parse(name)
+    assert (t.libtpu_name, t.chips) == (libtpu_name, chips), name
+  assert topologies.parse("v5e-16", slices=2).chips == 32
+  assert topologies.parse("v4-32").chip_config == "megacore"
+  assert topologies.parse("v5e-16").host_bounds == (2, 2, 1)
+  for bad in ("v5e-3", "v4-7", "v7-8", "tpu", "v5e:2x2x2", "v4:4x4"):
+    with pytest.raises(InputError, match="unknown TPU topology"):
+      topologies.parse(bad)
+  with pytest.raises(InputError, match="--slices: must be at least 1"):
+    topologies.parse("v5e-16", slices=0)
+
+
+def test_search_splits_the_chips():
+  assert bench_search.splits(16) == ["data=16", "fsdp=16", "fsdp=8,model=2",
+                                     "fsdp=4,model=4"]
+  assert bench_search.splits(2) == ["data=2", "fsdp=2"]
+  assert bench_search._flag("REMAT", "dots") == "--gin.REMAT=\"'dots'\""
+  assert bench_search._flag("SCAN_LAYERS", True) == "--gin.SCAN_LAYERS=True"
+
+
+def test_out_of_memory_messages_are_parsed():
+  used = aot.out_of_memory(RuntimeError(
+      "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+      "memory in memory space hbm. Used 24.10G of 15.75G hbm. Exceeded hbm "
+      "capacity by 8.35G.\n\nTotal hbm usage >= 24.35G:"))
+  assert used.required_bytes == int(24.10 * 2 ** 30)
+  assert not used.temporaries_only
+  temps = aot.out_of_memory(RuntimeError(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+      "required for HLO temporaries (16.00G) exceeds available HBM (15.75G)."))
+  assert temps.required_bytes == 16 * 2 ** 30 and temps.temporaries_only
+  assert aot.out_of_memory(RuntimeError("INVALID_ARGUMENT: bad")) is None
+
+
+def test_hlo_collectives_are_counted_once_each():
+  hlo = """
+  %ag = bf16[8] all-gather(bf16[2] %p), dimensions={0}
+  %ags = (bf16[2], bf16[8]) all-gather-start(bf16[2] %q), dimensions={0}
+  %agd = bf16[8] all-gather-done((bf16[2], bf16[8]) %ags)
+  %rs = f32[2] reduce-scatter(f32[8] %g), dimensions={0}
+  %ar = f32[] all-reduce(f32[] %l), to_apply=%add
+  %cp = f32[2] collective-permute(f32[2] %x), source_target_pairs={{0,1}}
+  """
+  assert aot.count_collectives(hlo) == {
+      "all-gather": 2, "reduce-scatter": 1, "all-reduce": 1, "all-to-all": 0,
+      "collective-permute": 1}
+
+
+def test_an_unknown_topology_is_one_line(capsys):
+  assert cli.main(["bench", "compile", "--topology", "v5e-3", *TINY]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+      "jaxfid bench: error: --topology: unknown TPU topology 'v5e-3': "
+      f"expected {topologies.KNOWN_FORMS}"]
+
+
+def test_a_missing_libtpu_is_one_line(capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "libtpu", None)  # as if not installed
+  assert cli.main(["bench", "compile", "--topology", "v5e-16", *TINY]) == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  assert captured.err.strip().splitlines() == [
+      "jaxfid bench: error: --topology: compiling for a TPU needs libtpu: "
+      "pip install -e '.[tpu]' (works on a CPU host)"]
+
+
+# ---- compiled for v5e:2x2 ----------------------------------------------------
+
+@pytest.mark.tpu
+def test_fsdp_cuts_the_arguments_per_chip_4x(capsys):
+  _needs_libtpu()
+  data = _compile(capsys, "--gin.MESH='data=4'")
+  gin.clear_config()
+  fsdp = _compile(capsys, "--gin.MESH='fsdp=4'")
+  for r, mesh in ((data, {"data": 4, "fsdp": 1, "model": 1}),
+                  (fsdp, {"data": 1, "fsdp": 4, "model": 1})):
+    _consistent(r)
+    assert r["mesh"] == mesh and r["program"] == "train" and r["fits"]
+    assert r["topology"] == "v5e:2x2" and r["phase"] == "train"
+  assert 3.5 < data["argument_gb"] / fsdp["argument_gb"] < 4.5
+  # the same model: the same analytic FLOPs, split over the same chips
+  assert data["model_flops_per_chip"] == fsdp["model_flops_per_chip"]
+  assert fsdp["collectives"]["all-gather"] > data["collectives"]["all-gather"]
+
+
+@pytest.mark.parametrize("gin_file", ["gin/fid/base.gin", "gin/fid/large.gin",
+                                      "gin/fid/two_phase.gin",
+                                      "gin/fid/fido_base.gin"])
+def test_shipped_fid_files_build_their_shapes_without_data(gin_file, capsys):
+  """What bench compile builds from a training gin file without MODEL_DIR
+  or TRAIN_DATA: the paper's batch (two-phase: its larger passage count);
+  TARGET_MAXLENGTH None compiles the decoding bound's targets, said once."""
+  run = bench_compile.Run((gin_file,), (), ())
+  base = run.placeholders()
+  assert set(base) == {"MODEL_DIR", "TRAIN_DATA"}
+  run.check(base)
+  built = run.build(base)
+  batch = built.task.abstract_batch(built.settings, 0)
+  assert batch["encoder_input_tokens"].shape == (64, 100, 250)
+  assert batch["passage_mask"].shape == (64, 100)
+  assert batch["decoder_target_tokens"].shape == (64, 50)
+  fn, decode = built.task.decode_program(built.settings, 8)
+  assert decode["encoder_input_tokens"].shape == (8, 100, 250)
+  assert "TARGET_MAXLENGTH None: compiled with targets of 50 tokens" in (
+      capsys.readouterr().err)
+
+
+def test_model_flops_are_the_models_without_recomputation():
+  """The train step's traced matmul FLOPs are 3x the analytic forward pass
+  (forward, and backward's two), whatever remat, accumulation and scanning
+  do; decoding's are the forward pass over its tokens."""
+  for extra in (("REMAT='full'", "ACCUMULATION_STEPS=2"),
+                ("SCAN_LAYERS=True", "config.T5Config.num_layers=3")):
+    run = bench_compile.Run(("gin/fid/tiny.gin",), (
+        "BATCH_SIZE=4", "N_CONTEXT=3", "TEXT_MAXLENGTH=16",
+        "ANSWER_MAXLENGTH=5", *extra), ())
+    base = run.placeholders()
+    built = run.build(base)
+    shape = fid_bench.Shape(4, 3, 16, 5)
+    forward = fid_bench.forward_flops(built.task.model_config, shape)
+    assert bench_compile.train_model_flops(run, base) == [3 * forward]
+    fn, batch = built.task.decode_program(built.settings, 4)
+    assert aot.program_flops(fn, built.task.model.abstract_params(),
+                             batch) == fid_bench.forward_flops(
+                                 built.task.model_config, shape,
+                                 decoded_tokens=5)
+
+
+@pytest.mark.tpu
+def test_decode_program_compiles_reading_and_writing_nothing(capsys,
+                                                             tmp_path):
+  _needs_libtpu()
+  r = _compile(capsys, "--program", "decode", "--gin.EVAL_BATCH_SIZE=6",
+               f"--gin.TRAIN_DATA='{tmp_path / 'absent.json'}'",
+               f"--gin.MODEL_DIR='{tmp_path / 'run'}'")
+  assert list(tmp_path.iterdir()) == []
+  _consistent(r)
+  assert r["program"] == "decode" and r["fits"]
+  assert r["batch_size"] == 8  # 6 rounded up over the 4 data-parallel chips
+  assert r["alias_gb"] == 0  # nothing donated
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_a_batch_too_large_does_not_fit(capsys):
+  _needs_libtpu()
+  r = _compile(capsys, "--gin.MESH='data=4'", "--gin.BATCH_SIZE=512",
+               "--gin.N_CONTEXT=8", "--gin.TEXT_MAXLENGTH=1024")
+  captured = capsys.readouterr()
+  assert "Traceback" not in captured.err
+  assert r["fits"] is False
+  assert r["required_gb"] > r["hbm_gb_per_chip"]
+  assert "RESOURCE_EXHAUSTED" in r["compiler_message"]
+  assert set(FIELDS) <= set(r) and r["per_chip_gb"] is None
+  assert 0 < r["argument_gb"] < r["required_gb"]
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_search_finds_a_fitting_best_with_flags(capsys):
+  _needs_libtpu()
+  r = _compile(capsys, "--search", topology="v5e-2")  # 2 chips: 3 compiles
+  assert r["fits"] is True and r["compiles"] == len(r["search"]) == 3
+  assert {row["MESH"] for row in r["search"]} == {"data=2", "fsdp=2"}
+  assert r["chips"] == 2 and r["topology"] == "v5e-2"
+  fitting = [row for row in r["search"] if row.get("fits")]
+  assert r["roofline_step_s"] == min(row["roofline_step_s"]
+                                     for row in fitting)
+  assert all(f.startswith("--gin.") for f in r["flags"])
+  # a tiny model fits without remat: REMAT='none' on every split tried
+  assert {row["REMAT"] for row in r["search"]} == {"none"}
