@@ -248,3 +248,28 @@ def test_search_finds_a_fitting_best_with_flags(capsys):
   assert all(f.startswith("--gin.") for f in r["flags"])
   # a tiny model fits without remat: REMAT='none' on every split tried
   assert {row["REMAT"] for row in r["search"]} == {"none"}
+
+
+# Every method's tiny gin file, as a user would size it: no data given (the
+# tasks bind placeholders), only what the shapes need (ReAtt's
+# TARGET_MAXLENGTH, ReFusion's TASK and DB_DIM).
+METHODS = {
+    "reatt": ["--gin_file=gin/reatt/tiny.gin", "--gin.TARGET_MAXLENGTH=4"],
+    "refusion": ["--gin_file=gin/refusion/tiny.gin", "--gin.TASK='sst-2'",
+                 "--gin.DB_DIM=16"],
+    "dual_encoder": ["--gin_file=gin/retrieval/dual_encoder_tiny.gin"],
+    "distill": ["--gin_file=gin/retrieval/distill_tiny.gin"],
+}
+
+
+@pytest.mark.tpu
+@pytest.mark.slow  # FiD's programs compile in the fast tier
+@pytest.mark.parametrize("program", ["train", "decode"])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_compiles_both_programs(method, program, capsys):
+  _needs_libtpu()
+  assert cli.main(["bench", "compile", "--topology", "v5e:2x2",
+                   *METHODS[method], "--program", program]) == 0
+  r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  _consistent(r)
+  assert r["program"] == program and r["fits"]

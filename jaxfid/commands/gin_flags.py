@@ -120,6 +120,9 @@ def macro_value(name: str):
     value = gin.query_parameter(f"%{name}")
   except ValueError:
     return None
+  if (isinstance(value, gin.config.ConfigurableReference)
+      and value.configurable.name in ("constant", "macro")):
+    value = value.scoped_configurable_fn()  # %gin.REQUIRED, NAME = %OTHER
   if isinstance(value, gin.config.ConfigurableReference):
     return value.configurable.wrapped
   if value is gin.REQUIRED:

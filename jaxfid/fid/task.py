@@ -248,10 +248,11 @@ class FidTask(Task):
             "decoder_target_tokens": jax.ShapeDtypeStruct(
                 (b, self.target_length), jnp.int32)}
 
-  def decode_program(self, settings: Settings, batch_size: int):
+  def decode_program(self, settings: Settings, batch_size: int, model=None):
     """The evaluation's program: greedy or EVAL_BEAMS beam decoding of
-    DECODE_MAXLENGTH tokens over N_CONTEXT passages."""
-    fn = predict_program(self.model,
+    DECODE_MAXLENGTH tokens over N_CONTEXT passages, by ``model`` (default
+    this task's; ReAtt's task gives its own)."""
+    fn = predict_program(model or self.model,
                          max_decode_len=self.lengths.decode_maxlength,
                          num_beams=self.reader.eval_beams)
     p, length = self.n_context, self.text_maxlength

@@ -38,7 +38,6 @@ from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
-from jaxfid.fid.predict import make_predict_fn
 from jaxfid.fid.task import FidTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
@@ -171,33 +170,25 @@ class ReAttTask(Task):
     self.settings = settings
     self.model = self._make_model()
 
+  compile_bindings = FidTask.compile_bindings  # the reader's TRAIN_DATA
+
   def abstract_batch(self, settings: Settings, phase: int) -> dict:
-    """:class:`ReAttBatcher`'s global batch: FiD's rows [B, P, L], passage
-    mask [B, P] and targets [B, T], plus ``question_length`` and
-    ``kl_weight`` [B] (the KL term's inputs; the in-batch documents are the
-    batch's own rows)."""
+    """:class:`ReAttBatcher`'s global batch: the FiD reader's (rows
+    [B, P, L], passage mask [B, P], targets [B, T]) plus
+    ``question_length`` and ``kl_weight`` [B] (the KL term's inputs; the
+    in-batch documents are the batch's own rows)."""
     if phase != 0:
       raise ValueError(f"ReAtt trains in one phase, not phase {phase}")
-    r, b = self.reader, settings.batch_size
-    shape = jax.ShapeDtypeStruct
-    return {"encoder_input_tokens": shape((b, r.n_context, r.text_maxlength),
-                                          jnp.int32),
-            "passage_mask": shape((b, r.n_context), jnp.bool_),
-            "decoder_target_tokens": shape((b, r.target_length), jnp.int32),
-            "question_length": shape((b,), jnp.int32),
-            "kl_weight": shape((b,), jnp.float32)}
+    b = settings.batch_size
+    return {**self.reader.abstract_batch(settings, phase),
+            "question_length": jax.ShapeDtypeStruct((b,), jnp.int32),
+            "kl_weight": jax.ShapeDtypeStruct((b,), jnp.float32)}
 
   def decode_program(self, settings: Settings, batch_size: int):
-    """The reader's evaluation program (:class:`QaEvaluator`'s): the split
-    encoder, then greedy or beam decoding of DECODE_MAXLENGTH tokens."""
-    r = self.reader
-    fn = make_predict_fn(self.model,
-                         max_decode_len=r.lengths.decode_maxlength,
-                         num_beams=r.reader.eval_beams)
-    shape = jax.ShapeDtypeStruct
-    return fn, {"encoder_input_tokens": shape(
-        (batch_size, r.n_context, r.text_maxlength), jnp.int32),
-                "passage_mask": shape((batch_size, r.n_context), jnp.bool_)}
+    """The reader's evaluation program (:class:`QaEvaluator`'s) with this
+    model: the split encoder, then greedy or beam decoding of
+    DECODE_MAXLENGTH tokens."""
+    return self.reader.decode_program(settings, batch_size, model=self.model)
 
   def run_config(self) -> dict:
     return {**self.reader.run_config(), **reatt.run_config_fields(self.config),
