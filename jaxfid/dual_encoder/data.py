@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,12 +46,33 @@ class PairExample:
   hard_negatives: tuple[tuple[str, str], ...] = ()
 
 
-def _records(path) -> Iterator[tuple[object, dict]]:
+def records(path) -> Iterator[tuple[object, dict]]:
+  """(where, record) of a JSON list (``record N``, 1-based) or JSON lines
+  file (the line number)."""
   if starts_json_array(path):
-    for i, record in enumerate(read_json_document(path)):
-      yield f"element {i}", record
+    document = read_json_document(path)
+    if not isinstance(document, list):
+      raise InputError(path, "expected a JSON list of examples")
+    for i, record in enumerate(document):
+      yield f"record {i + 1}", record
     return
   yield from iter_json_lines(path)
+
+
+def read_examples(path: str | os.PathLike, parse: Callable,
+                  limit: int | None = None) -> list:
+  """``parse(path, where, record)`` of each record, None (an example without
+  passages) dropped, at most ``limit``; none at all is an InputError."""
+  out = []
+  for where, record in records(path):
+    example = parse(path, where, record)
+    if example is not None:
+      out.append(example)
+    if limit is not None and len(out) >= limit:
+      break
+  if not out:
+    raise InputError(path, "no training examples with passages")
+  return out
 
 
 def _passage(path, where, ctx) -> tuple[str, str]:
@@ -109,16 +130,7 @@ def parse_example(path, where, record) -> PairExample | None:
 def read_pair_examples(path: str | os.PathLike,
                        limit: int | None = None) -> list[PairExample]:
   """Reads FiD or DPR training data; examples without passages are dropped."""
-  out = []
-  for where, record in _records(path):
-    example = parse_example(path, where, record)
-    if example is not None:
-      out.append(example)
-    if limit is not None and len(out) >= limit:
-      break
-  if not out:
-    raise InputError(path, "no training examples with passages")
-  return out
+  return read_examples(path, parse_example, limit)
 
 
 class PairBatcher:

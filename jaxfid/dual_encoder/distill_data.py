@@ -25,9 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.textio import (iter_json_lines, read_json_document,
-                                starts_json_array)
 from jaxfid.core.tokenization import encode_padded
+from jaxfid.dual_encoder.data import read_examples
 from jaxfid.dual_encoder.model import passage_text
 from jaxfid.training.sampling import epoch_batch_indices
 
@@ -41,17 +40,6 @@ class ScoredExample:
   question: str
   passages: tuple[tuple[str, str], ...]
   scores: tuple[float, ...]
-
-
-def _records(path):
-  if starts_json_array(path):
-    document = read_json_document(path)
-    if not isinstance(document, list):
-      raise InputError(path, "expected a JSON list of examples")
-    for i, record in enumerate(document):
-      yield f"record {i + 1}", record
-    return
-  yield from iter_json_lines(path)
 
 
 def _score(path, where, value) -> float:
@@ -97,16 +85,8 @@ def parse_scored(path, where, record, n_context: int) -> ScoredExample | None:
 def read_scored_examples(path: str | os.PathLike, n_context: int,
                          limit: int | None = None) -> list[ScoredExample]:
   """Reads scored FiD data; examples without passages are dropped."""
-  out = []
-  for where, record in _records(path):
-    example = parse_scored(path, where, record, n_context)
-    if example is not None:
-      out.append(example)
-    if limit is not None and len(out) >= limit:
-      break
-  if not out:
-    raise InputError(path, "no training examples with passages")
-  return out
+  return read_examples(
+      path, lambda p, where, r: parse_scored(p, where, r, n_context), limit)
 
 
 class ScoredBatcher:
