@@ -133,7 +133,32 @@ def read_pair_examples(path: str | os.PathLike,
   return read_examples(path, parse_example, limit)
 
 
-class PairBatcher:
+class QuestionBatcher:
+  """What a dual encoder's batchers share: the examples, the tokenizer, the
+  lengths, and which examples make each step's batch (every epoch cut into
+  whole batches, a function of (seed, step) only)."""
+
+  def __init__(self, examples: Sequence, tokenizer, *, batch_size: int,
+               query_maxlength: int, passage_maxlength: int,
+               passage_format: str, seed: int):
+    if len(examples) < batch_size:
+      raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
+                       f"the training data has only {len(examples)}")
+    self.examples = list(examples)
+    self.tokenizer = tokenizer
+    self.batch_size = batch_size
+    self.query_maxlength = query_maxlength
+    self.passage_maxlength = passage_maxlength
+    self.passage_format = passage_format
+    self.seed = seed
+
+  def indices(self, step: int) -> np.ndarray:
+    """The examples of ``step`` (every epoch cut into whole batches)."""
+    return epoch_batch_indices(len(self.examples), self.seed, step,
+                               self.batch_size)
+
+
+class PairBatcher(QuestionBatcher):
   """Deterministic batches of questions, positives and hard negatives.
 
   Args:
@@ -150,24 +175,13 @@ class PairBatcher:
                batch_size: int, hard_negatives: int = 1,
                query_maxlength: int = 64, passage_maxlength: int = 256,
                passage_format: str = "title_text", seed: int = 0):
-    if len(examples) < batch_size:
-      raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
-                       f"the training data has only {len(examples)}")
+    super().__init__(examples, tokenizer, batch_size=batch_size,
+                     query_maxlength=query_maxlength,
+                     passage_maxlength=passage_maxlength,
+                     passage_format=passage_format, seed=seed)
     if hard_negatives < 0:
       raise InputError("HARD_NEGATIVES", f"must be >= 0, got {hard_negatives}")
-    self.examples = list(examples)
-    self.tokenizer = tokenizer
-    self.batch_size = batch_size
     self.hard_negatives = hard_negatives
-    self.query_maxlength = query_maxlength
-    self.passage_maxlength = passage_maxlength
-    self.passage_format = passage_format
-    self.seed = seed
-
-  def indices(self, step: int) -> np.ndarray:
-    """The examples of ``step`` (every epoch cut into whole batches)."""
-    return epoch_batch_indices(len(self.examples), self.seed, step,
-                               self.batch_size)
 
   def _negatives(self, step: int, indices: np.ndarray) -> list[list]:
     """Each question's H negatives (None = an empty, masked-out row).

@@ -26,9 +26,8 @@ import numpy as np
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import encode_padded
-from jaxfid.dual_encoder.data import read_examples
+from jaxfid.dual_encoder.data import QuestionBatcher, read_examples
 from jaxfid.dual_encoder.model import passage_text
-from jaxfid.training.sampling import epoch_batch_indices
 
 SCORE_HINT = ("score the passages with `jaxfid predict --passage-scores "
               "--scored-data OUT.json`")
@@ -89,7 +88,7 @@ def read_scored_examples(path: str | os.PathLike, n_context: int,
       path, lambda p, where, r: parse_scored(p, where, r, n_context), limit)
 
 
-class ScoredBatcher:
+class ScoredBatcher(QuestionBatcher):
   """Deterministic batches of questions, their passages and gold scores.
 
   Args:
@@ -106,22 +105,11 @@ class ScoredBatcher:
                batch_size: int, n_context: int, query_maxlength: int = 64,
                passage_maxlength: int = 256,
                passage_format: str = "title_text", seed: int = 0):
-    if len(examples) < batch_size:
-      raise InputError("BATCH_SIZE", f"{batch_size} questions per batch, but "
-                       f"the training data has only {len(examples)}")
-    self.examples = list(examples)
-    self.tokenizer = tokenizer
-    self.batch_size = batch_size
+    super().__init__(examples, tokenizer, batch_size=batch_size,
+                     query_maxlength=query_maxlength,
+                     passage_maxlength=passage_maxlength,
+                     passage_format=passage_format, seed=seed)
     self.n_context = n_context
-    self.query_maxlength = query_maxlength
-    self.passage_maxlength = passage_maxlength
-    self.passage_format = passage_format
-    self.seed = seed
-
-  def indices(self, step: int) -> np.ndarray:
-    """The examples of ``step`` (every epoch cut into whole batches)."""
-    return epoch_batch_indices(len(self.examples), self.seed, step,
-                               self.batch_size)
 
   def batch(self, step: int, rows: slice | None = None) -> dict:
     """Rows ``rows`` (default: all) of the global batch of step ``step``:
