@@ -75,7 +75,8 @@ def read_examples(path: str | os.PathLike, parse: Callable,
   return out
 
 
-def _passage(path, where, ctx) -> tuple[str, str]:
+def passage(path, where, ctx) -> tuple[str, str]:
+  """(title, text) of a passage object, checked."""
   if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
     raise InputError(path, "each passage must be an object with a string "
                      "'text'", where=where)
@@ -99,7 +100,7 @@ def parse_example(path, where, record) -> PairExample | None:
     if not all(isinstance(x, list) for x in lists):
       raise InputError(path, "positive_ctxs, hard_negative_ctxs and "
                        "negative_ctxs must be lists", where=where)
-    positives, hard, plain = [[_passage(path, where, c) for c in x]
+    positives, hard, plain = [[passage(path, where, c) for c in x]
                               for x in lists]
     if not positives:
       return None
@@ -116,7 +117,7 @@ def parse_example(path, where, record) -> PairExample | None:
   matcher = AnswerMatcher(answers) if answers else None
   passages, hits = [], []
   for ctx in ctxs:
-    passages.append(_passage(path, where, ctx))
+    passages.append(passage(path, where, ctx))
     flag = ctx.get("has_answer")
     if flag is None:
       flag = bool(matcher and matcher(ctx["text"]))
@@ -215,10 +216,10 @@ class PairBatcher(QuestionBatcher):
     for i, picked in zip(indices[rows], negatives):
       example = self.examples[int(i)]
       questions.append(example.question)
-      for passage in (example.positive, *picked):
-        texts.append("" if passage is None else
-                     passage_text(*passage, self.passage_format))
-        mask.append(passage is not None)
+      for title_text in (example.positive, *picked):
+        texts.append("" if title_text is None else
+                     passage_text(*title_text, self.passage_format))
+        mask.append(title_text is not None)
     passages = encode_padded(self.tokenizer, texts, self.passage_maxlength)
     passages[~np.asarray(mask, dtype=bool)] = 0
     return {"query_tokens": encode_padded(self.tokenizer, questions,

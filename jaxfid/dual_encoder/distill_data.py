@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import encode_padded
-from jaxfid.dual_encoder.data import QuestionBatcher, read_examples
+from jaxfid.dual_encoder.data import QuestionBatcher, passage, read_examples
 from jaxfid.dual_encoder.model import passage_text
 
 SCORE_HINT = ("score the passages with `jaxfid predict --passage-scores "
@@ -68,13 +68,7 @@ def parse_scored(path, where, record, n_context: int) -> ScoredExample | None:
                      f"({SCORE_HINT})", where=where)
   passages, scores = [], []
   for ctx in ctxs[:n_context]:
-    if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
-      raise InputError(path, "each passage must be an object with a string "
-                       "'text'", where=where)
-    title = ctx.get("title") or ""
-    if not isinstance(title, str):
-      raise InputError(path, "passage 'title' must be a string", where=where)
-    passages.append((title, ctx["text"]))
+    passages.append(passage(path, where, ctx))
     scores.append(_score(path, where, ctx.get("score")))
   if not passages:
     return None
