@@ -11,8 +11,9 @@ their own registry beside the command
 
 ``jaxfid --help`` lists the commands by :attr:`Command.order`: the shared
 and FiD commands hold 10..110 in steps of 10 (convert, predict, train, eval,
-index, retrieve, corpus, eval-retrieval, plot, bench, demo), ReAtt 120,
-ReFusion 130; a new method takes the next free number. ``jaxfid index
+index, retrieve, corpus, eval-retrieval, plot, bench, demo), FiD's serve
+115, ReAtt 120, FiD's distill 125, ReFusion 130; a new method takes the
+next free number. ``jaxfid index
 --help`` lists ``bm25`` (shared) first, then the registered types in
 registration order (the order :mod:`jaxfid.methods` imports the methods).
 """

@@ -13,10 +13,10 @@
   evaluator of checkpoints without a run config,
   :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), with the gin checks
   of its parameters;
-* its commands ``jaxfid predict``, ``plot``, ``demo`` and ``distill
-  iterate`` (FiD-KD's rounds, which train the dual encoder too)
-  (:mod:`jaxfid.fid.commands`), with the gin reads of ``demo`` and
-  ``distill iterate``;
+* its commands ``jaxfid predict``, ``plot``, ``demo``, ``distill
+  iterate`` (FiD-KD's rounds, which train the dual encoder too) and
+  ``serve`` (QA over HTTP, with a page) (:mod:`jaxfid.fid.commands`), with
+  the gin reads of ``demo`` and ``distill iterate``;
 * its modes of the shared ``jaxfid bench``: ``train``, ``decode`` and
   ``memory`` (:mod:`jaxfid.fid.commands.bench`), read as gin command
   ``bench``.
@@ -29,7 +29,7 @@ from jaxfid.commands.gin_specs import OPTIONAL_SIZE, SIZE, TABLE
 from jaxfid.commands.registry import register_command
 from jaxfid.core.gin_checks import number, text
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.fid.commands import bench, demo, distill, plot, predict
+from jaxfid.fid.commands import bench, demo, distill, plot, predict, serve
 from jaxfid.t5.config import DTYPES
 
 METHOD = "fid"
@@ -45,7 +45,7 @@ TABLE.add(  # gin/fid/base.gin's bindings for `jaxfid eval`
     num_beams=SIZE,                                     # EVAL_BEAMS
     alpha=number(0), dtype=text(DTYPES, optional=True))
 for _command in (predict.COMMAND, plot.COMMAND, demo.COMMAND,
-                 distill.COMMAND):
+                 distill.COMMAND, serve.COMMAND):
   register_command(_command)
 for _mode in bench.MODES:
   shared_bench.register_mode(_mode)

@@ -72,9 +72,16 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
   for _, real, batch in tqdm(batches, total=total, desc="predict",
                              disable=not progress, file=sys.stderr,
                              leave=False):
-    tokens = np.asarray(jax.device_get(predict_fn(params, put_batch(batch))))
-    out.extend(tokenizer.decode(row.tolist()) for row in tokens[:real])
+    out.extend(decode_rows(tokenizer, predict_fn(params, put_batch(batch)),
+                           real))
   return out
+
+
+def decode_rows(tokenizer, tokens, real: int) -> list[str]:
+  """The answer strings of the first ``real`` rows of a batch's generated
+  ``tokens`` [B, T] (the rest pad the batch to its compiled size)."""
+  tokens = np.asarray(jax.device_get(tokens))
+  return [tokenizer.decode(row.tolist()) for row in tokens[:real]]
 
 
 def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
@@ -102,17 +109,30 @@ def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
   ``mode``: 'probs' (post-softmax attention mass) or 'logits' (the original
   FiD's averaged pre-softmax logits); see ``t5.passages.scores_from_attention``.
   """
-  fn = jax.jit(lambda p, b: model.passage_scores(
-      p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
+  fn = make_passage_scores_fn(model, mode=mode)
   out: list[list[float]] = []
-  for start, real, batch in pipeline.eval_batches(
+  for _, real, batch in pipeline.eval_batches(
       examples, tokenizer, batch_size=batch_size, n_context=n_context,
       text_maxlength=text_maxlength, passage_eos=passage_eos):
-    scores = np.asarray(fn(params, jax.tree.map(jnp.asarray, batch)))
-    for i in range(real):
-      n = int(batch["passage_mask"][i].sum())
-      out.append([float(s) for s in scores[i, :n]])
+    out.extend(passage_score_rows(
+        fn(params, jax.tree.map(jnp.asarray, batch)), batch["passage_mask"],
+        real))
   return out
+
+
+def make_passage_scores_fn(model, *, mode: str = "probs"):
+  """The jitted ``fn(params, batch) -> float [B, P]``: each passage's
+  cross-attention score (``mode`` as in :func:`passage_scores`)."""
+  return jax.jit(lambda p, b: model.passage_scores(
+      p, b["encoder_input_tokens"], passage_mask=b["passage_mask"], mode=mode))
+
+
+def passage_score_rows(scores, passage_mask, real: int) -> list[list[float]]:
+  """The first ``real`` rows of a batch's passage ``scores`` [B, P], each
+  cut to its real passages (``passage_mask`` [B, P])."""
+  scores = np.asarray(jax.device_get(scores))
+  return [[float(s) for s in scores[i, :int(np.sum(passage_mask[i]))]]
+          for i in range(real)]
 
 
 def write_predictions(path: str, examples: Sequence[FidExample],

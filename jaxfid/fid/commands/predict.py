@@ -14,17 +14,14 @@ checkpoint, else the latest). ``--answer-maxlength`` is the older name of
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
-from jaxfid.checkpoints.model_dir import CONFIG_FILE, WHICH, chosen_checkpoint
+from jaxfid.checkpoints.model_dir import WHICH
 from jaxfid.commands.registry import Command
-from jaxfid.core import paths
 from jaxfid.core.errors import InputError
-from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import predict as predict_lib
 from jaxfid.fid.examples import read_fid_examples
+from jaxfid.fid.reader import PASSAGE_EOS, load_reader
 from jaxfid.fid.scored_data import same_file, write_scored_data
 
 
@@ -58,7 +55,7 @@ def add_parser(subparsers) -> None:
                  "passage's score the reader's (FiD's "
                  "--write_crossattention_scores); the passages beyond "
                  "--n-context keep theirs")
-  p.add_argument("--passage-eos", choices=("auto", "on", "off"),
+  p.add_argument("--passage-eos", choices=PASSAGE_EOS,
                  default="auto",
                  help="passages end with EOS (auto: as the checkpoint was "
                  "trained)")
@@ -79,18 +76,10 @@ def run(args) -> int:
       "logits" if args.scored_data is not None else "probs")
   # Validate the data before loading anything heavy.
   examples = read_fid_examples(args.data)
-  if paths.exists(paths.join(args.checkpoint, CONFIG_FILE)):
-    chosen = chosen_checkpoint(args.checkpoint, args.which)
-    if chosen is None:
-      raise InputError(args.checkpoint, f"no {args.which} checkpoint" if
-                       args.which != "auto" else "no checkpoint")
-    print(f"loading the {chosen[0]} checkpoint (step {chosen[1]}) of "
-          f"{args.checkpoint}", file=sys.stderr)
-  model, params, spiece = load_checkpoint(args.checkpoint, dtype=args.dtype,
-                                          which=args.which)
-  tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
-  passage_eos = (checkpoint_passage_eos(args.checkpoint)
-                 if args.passage_eos == "auto" else args.passage_eos == "on")
+  reader = load_reader(args.checkpoint, which=args.which, dtype=args.dtype,
+                       passage_eos=args.passage_eos)
+  model, params, tokenizer = reader.model, reader.params, reader.tokenizer
+  passage_eos = reader.passage_eos
   preds = predict_lib.generate(
       model, params, tokenizer, examples, n_context=args.n_context,
       text_maxlength=args.text_maxlength,

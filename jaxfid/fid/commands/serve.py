@@ -1,0 +1,215 @@
+"""``jaxfid serve``: open-domain QA over HTTP, with a page.
+
+  jaxfid serve --checkpoint MODEL_DIR_OR_HF_DIR --index INDEX_DIR
+      [--host 127.0.0.1] [--port 8000] [--n-context 10]
+      [--text-maxlength 250] [--decode-maxlength 20] [--beam-size 1]
+      [--max-batch 16] [--max-wait-ms 10]
+
+One process owns the devices. It opens the index (any type ``jaxfid
+retrieve`` opens: BM25, dense, ReAtt), starts the HTTP server (uvicorn, on
+Starlette: :mod:`jaxfid.fid.commands.serve_app`), and loads the checkpoint
+and compiles the reader's programs for every batch bucket and beam size in
+the background (``/healthz`` answers 503 meanwhile); then it prints one line
+with the URL on stdout. SIGTERM or Ctrl-C stops accepting connections,
+finishes the requests in flight and exits 0. Bad flags, a missing index or
+checkpoint: exit 2 with one line, as every command.
+
+A request may ask for fewer passages than ``--n-context`` (they are padded
+to it, as ``jaxfid predict`` pads an example with fewer passages) and for
+any beam size from 1 to ``--beam-size`` (each one is compiled).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+
+from jaxfid.commands.registry import Command
+from jaxfid.core import paths
+from jaxfid.core.errors import InputError
+from jaxfid.fid.commands.serve_app import ServerState, build_app
+from jaxfid.fid.reader import load_reader
+from jaxfid.fid.serving.batcher import Batcher, bucket_sizes
+from jaxfid.fid.serving.metrics import Metrics
+from jaxfid.fid.serving.service import QaService
+from jaxfid.retrieval.search import open_index
+
+LOG = logging.getLogger("jaxfid.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+  """``jaxfid serve``'s flags, checked once."""
+  checkpoint: str
+  index: str
+  host: str = "127.0.0.1"
+  port: int = 8000
+  n_context: int = 10
+  text_maxlength: int = 250
+  decode_maxlength: int = 20
+  beam_size: int = 1
+  max_batch: int = 16
+  max_wait_ms: float = 10.0
+
+  def __post_init__(self):
+    for name in ("n_context", "text_maxlength", "decode_maxlength",
+                 "beam_size", "max_batch"):
+      if getattr(self, name) < 1:
+        raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+    if not 0 <= self.port <= 65535:
+      raise InputError("--port", "must be between 0 and 65535 (0: any free "
+                       "port)")
+    if not 0 <= self.max_wait_ms <= 60_000:
+      raise InputError("--max-wait-ms", "must be between 0 and 60000")
+    if not paths.exists(self.checkpoint):
+      raise InputError(self.checkpoint, "no such checkpoint")
+
+  @property
+  def beam_sizes(self) -> tuple[int, ...]:
+    return tuple(range(1, self.beam_size + 1))
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser(
+      "serve", help="answer questions over HTTP (API and page) with a "
+      "checkpoint and an index",
+      description="Serve open-domain QA: retrieve from INDEX_DIR, read with "
+      "the checkpoint; POST /v1/answer, POST /v1/answer:batch, GET /healthz, "
+      "GET /metrics and a page at GET /.")
+  p.add_argument("--checkpoint", required=True,
+                 help="a MODEL_DIR, HF T5 directory, original-FiD reader or "
+                 "T5X checkpoint (as jaxfid predict)")
+  p.add_argument("--index", required=True, help="index directory (as "
+                 "jaxfid retrieve)")
+  p.add_argument("--host", default="127.0.0.1")
+  p.add_argument("--port", type=int, default=8000, help="0: any free port")
+  p.add_argument("--n-context", type=int, default=10,
+                 help="passages read per question (the most a request may "
+                 "ask for)")
+  p.add_argument("--text-maxlength", type=int, default=250)
+  p.add_argument("--decode-maxlength", type=int, default=20,
+                 help="maximum number of generated tokens (EOS included)")
+  p.add_argument("--beam-size", type=int, default=1,
+                 help="the default beam size, and the largest a request may "
+                 "ask for")
+  p.add_argument("--max-batch", type=int, default=16,
+                 help="the most questions of one device batch")
+  p.add_argument("--max-wait-ms", type=float, default=10.0,
+                 help="how long a question waits for others to batch with")
+  p.set_defaults(func=run)
+
+
+def _url(host: str, port: int) -> str:
+  return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+  """The listening socket (bound here so that ``--port 0`` can name its
+  port in the ready line)."""
+  try:
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                              flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(info[0], socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(info[4])
+  except OSError as e:
+    raise InputError("--host/--port", f"cannot listen on {host}:{port}: "
+                     f"{e.strerror or e}") from None
+  sock.listen(2048)
+  sock.set_inheritable(True)
+  return sock
+
+
+class _Loader:
+  """Loads the checkpoint and compiles in a thread while the server runs;
+  then makes the state ready and prints the ready line."""
+
+  def __init__(self, config: ServeConfig, searcher, state: ServerState,
+               server, url: str):
+    self.config, self.searcher, self.state = config, searcher, state
+    self.server, self.url = server, url
+    self.error: BaseException | None = None
+    self.batcher: Batcher | None = None
+    self.thread = threading.Thread(target=self._run, name="jaxfid-load",
+                                   daemon=True)
+
+  def _run(self) -> None:
+    try:
+      self._load()
+    except BaseException as e:  # pylint: disable=broad-except
+      self.error = e  # run() reports it once the server has stopped
+      self.server.should_exit = True
+
+  def _load(self) -> None:
+    c = self.config
+    reader = load_reader(c.checkpoint)
+    self.batcher = Batcher(
+        reader, n_context=c.n_context, text_maxlength=c.text_maxlength,
+        decode_maxlength=c.decode_maxlength, beam_sizes=c.beam_sizes,
+        max_batch=c.max_batch, max_wait_ms=c.max_wait_ms,
+        on_batch=self.state.metrics.batch)
+    print(f"compiling the reader for batch sizes {self.batcher.buckets} and "
+          f"beam sizes {self.batcher.beam_sizes}", file=sys.stderr,
+          flush=True)
+    start = time.perf_counter()
+    count = self.batcher.compile()
+    self.batcher.start()
+    self.state.service = QaService(self.searcher, self.batcher,
+                                   n_context=c.n_context,
+                                   beam_size=c.beam_size)
+    self.state.metrics.ready = True
+    while not self.server.started and not self.server.should_exit:
+      time.sleep(0.01)
+    print(f"compiled {count} programs in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
+    print(f"jaxfid serve: ready at {self.url}", flush=True)
+
+
+def run(args) -> int:
+  config = ServeConfig(
+      checkpoint=args.checkpoint, index=args.index, host=args.host,
+      port=args.port, n_context=args.n_context,
+      text_maxlength=args.text_maxlength,
+      decode_maxlength=args.decode_maxlength, beam_size=args.beam_size,
+      max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+  import uvicorn  # pylint: disable=import-outside-toplevel
+  searcher = open_index(config.index)
+  handler = logging.StreamHandler(sys.stderr)
+  handler.setFormatter(logging.Formatter("jaxfid serve: %(message)s"))
+  LOG.addHandler(handler)
+  LOG.propagate = False
+  state = ServerState(Metrics(bucket_sizes(config.max_batch)))
+  sock = _bind(config.host, config.port)
+  url = _url(config.host, sock.getsockname()[1])
+  server = uvicorn.Server(uvicorn.Config(
+      build_app(state), log_level="warning", access_log=False,
+      lifespan="off", timeout_graceful_shutdown=None))
+  loader = _Loader(config, searcher, state, server, url)
+  # uvicorn takes SIGTERM/SIGINT while it runs, shuts down gracefully, then
+  # raises the signal again for the handler it found: a no-op one here, so
+  # that a stop by signal is a clean exit 0.
+  previous = {s: signal.signal(s, lambda *_: None)
+              for s in (signal.SIGTERM, signal.SIGINT)}
+  loader.thread.start()
+  try:
+    server.run(sockets=[sock])
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
+    sock.close()
+    if loader.batcher is not None:
+      loader.batcher.close()
+    if state.service is not None:
+      state.service.close()
+    LOG.removeHandler(handler)
+  if loader.error is not None:
+    raise loader.error
+  print("jaxfid serve: stopped", file=sys.stderr)
+  return 0
+
+
+COMMAND = Command("serve", add_parser, order=115, model=True)

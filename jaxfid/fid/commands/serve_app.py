@@ -1,0 +1,130 @@
+"""``jaxfid serve``'s HTTP routes: a Starlette application over a
+:class:`ServerState`.
+
+* ``GET /``: the page; ``GET /static/{page.css,page.js}``: its files;
+* ``GET /healthz``: 200 ``{"status": "ready"}`` once the programs are
+  compiled, 503 ``{"status": "loading"}`` before;
+* ``GET /metrics``: Prometheus text (:mod:`jaxfid.fid.serving.metrics`);
+* ``POST /v1/answer`` ``{"question", "n_context"?, "beam_size"?}`` -> one
+  answer; ``POST /v1/answer:batch`` ``{"questions": [...], ...}`` ->
+  ``{"answers": [...]}`` (:mod:`jaxfid.fid.serving.service`).
+
+Every error is JSON ``{"error": "..."}``: 4xx for a bad request (an unknown
+path or method too), 503 while loading, 500 for a failure inside, which
+also writes one line to the log; the server goes on serving.
+
+Starlette (the ``serve`` extra) is imported inside :func:`build_app`, so that
+the command line starts without it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from jaxfid.fid.serving import page
+from jaxfid.fid.serving.metrics import Metrics
+from jaxfid.fid.serving.service import MAX_BODY_BYTES, QaService, RequestError
+
+LOG = logging.getLogger("jaxfid.serve")
+ANSWER, BATCH = "/v1/answer", "/v1/answer:batch"
+
+
+@dataclasses.dataclass
+class ServerState:
+  """What the routes serve: the service once loaded (None before) and the
+  metrics."""
+  metrics: Metrics
+  service: QaService | None = None
+
+
+def one_line(error: BaseException) -> str:
+  """``Type: message`` on one line (for the log)."""
+  return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def build_app(state: ServerState):
+  """The Starlette application of ``state``."""
+  # pylint: disable=import-outside-toplevel
+  from starlette.applications import Starlette
+  from starlette.exceptions import HTTPException
+  from starlette.responses import JSONResponse, Response
+  from starlette.routing import Route
+
+  async def body_of(request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+      raise RequestError(413, f"the body has {declared} bytes; at most "
+                         f"{MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+      size += len(chunk)
+      if size > MAX_BODY_BYTES:
+        raise RequestError(413, f"the body has more than {MAX_BODY_BYTES} "
+                           "bytes")
+      chunks.append(chunk)
+    return b"".join(chunks)
+
+  async def answered(request, batch: bool) -> tuple[int, dict]:
+    service = state.service
+    if service is None:
+      return 503, {"error": "loading: the server is not ready yet"}
+    try:
+      parsed = service.parse(await body_of(request), batch)
+      answers = await service.answer(parsed)
+    except RequestError as e:
+      return e.status, {"error": e.message}
+    except Exception as e:  # pylint: disable=broad-except
+      LOG.error("POST %s failed: %s", request.url.path, one_line(e))
+      return 500, {"error": f"internal error ({type(e).__name__}); the "
+                   "server log has the details"}
+    return 200, ({"answers": answers} if batch else answers[0])
+
+  def route(endpoint: str, batch: bool):
+    async def handle(request):
+      start = time.perf_counter()
+      status, content = await answered(request, batch)
+      state.metrics.request(endpoint, status, time.perf_counter() - start)
+      return JSONResponse(content, status_code=status)
+    return handle
+
+  async def healthz(request):
+    del request
+    if state.service is None:
+      return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+  async def metrics(request):
+    del request
+    return Response(state.metrics.text(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+  def static(name: str):
+    async def handle(request):
+      del request
+      content, content_type = page.read(name)
+      return Response(content, media_type=content_type,
+                      headers={"cache-control": "no-cache"})
+    return handle
+
+  async def http_error(request, error):
+    state.metrics.request("other", error.status_code, 0.0)
+    what = (f"no {request.url.path}" if error.status_code == 404
+            else f"{request.method} {request.url.path}: {error.detail}")
+    return JSONResponse({"error": what}, status_code=error.status_code,
+                        headers=getattr(error, "headers", None))
+
+  async def internal_error(request, error):
+    LOG.error("%s %s failed: %s", request.method, request.url.path,
+              one_line(error))
+    return JSONResponse({"error": f"internal error ({type(error).__name__})"},
+                        status_code=500)
+
+  routes = [Route("/", static("index.html")),
+            Route("/static/page.css", static("page.css")),
+            Route("/static/page.js", static("page.js")),
+            Route("/healthz", healthz), Route("/metrics", metrics),
+            Route(ANSWER, route(ANSWER, False), methods=["POST"]),
+            Route(BATCH, route(BATCH, True), methods=["POST"])]
+  return Starlette(routes=routes, exception_handlers={
+      HTTPException: http_error, Exception: internal_error})
