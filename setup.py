@@ -15,9 +15,10 @@ tests marked ``tpu``.
 
 Other extras: ``seqio`` (TensorFlow, seqio, TFDS, tensorflow-text: only the
 seqio tasks in ``tasks/`` need them; FiD files train without), ``bench``
-(what benchmarks/ compares with: bm25s), ``test`` (pytest and what the
-tests compare with, the seqio stack included) and ``torch`` (PyTorch, the
-reference of the PyTorch-parity tests; they skip without it). The T5
+(what benchmarks/ compares with: bm25s), ``serve`` (uvicorn and
+Starlette: ``jaxfid serve``), ``test`` (pytest and what the tests compare
+with, the seqio stack and the serve extra included) and ``torch`` (PyTorch,
+the reference of the PyTorch-parity tests; they skip without it). The T5
 SentencePiece vocabulary ships inside the package (``jaxfid/assets``).
 """
 import os
@@ -75,15 +76,23 @@ BENCH_REQUIRES = [
     "bm25s>=0.3.16",
 ]
 
+# `jaxfid serve`: an ASGI server (uvicorn) and the routing, request and
+# response layer under it (Starlette); imported only when the command runs.
+SERVE_REQUIRES = [
+    "uvicorn>=0.55.0",
+    "starlette>=1.10.0",
+]
+
 # The suite's own needs; its seqio tests need SEQIO_REQUIRES, its BM25
-# comparisons bm25s, and transformers writes the tiny HF checkpoints;
-# pytest-xdist runs `make test` on two workers.
+# comparisons bm25s, its server tests SERVE_REQUIRES, and transformers
+# writes the tiny HF checkpoints; pytest-xdist runs `make test` on two
+# workers.
 TEST_REQUIRES = [
     "pytest>=9.2.0",
     "pytest-xdist>=3.8.0",
     "scipy>=1.17.1",
     "transformers>=5.24.0,<6",
-] + SEQIO_REQUIRES + BENCH_REQUIRES
+] + SEQIO_REQUIRES + BENCH_REQUIRES + SERVE_REQUIRES
 
 # The PyTorch reference (transformers' T5) of the parity tests; without it
 # those tests skip. A CPU wheel is enough (https://download.pytorch.org/whl/cpu).
@@ -116,11 +125,14 @@ setup(
     # it as package data of "jaxfid.assets".
     packages=find_packages(include=["jaxfid", "jaxfid.*", "tasks",
                                     "tasks.*"]) + ["jaxfid.assets"],
-    package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]},
+    # jaxfid serve's page (HTML, CSS, JavaScript).
+    package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"],
+                  "jaxfid.fid.serving": ["static/*"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={"seqio": SEQIO_REQUIRES,
                     "bench": BENCH_REQUIRES,
+                    "serve": SERVE_REQUIRES,
                     "test": TEST_REQUIRES,
                     "torch": TORCH_REQUIRES,
                     **ACCELERATOR_EXTRAS},

@@ -10,7 +10,8 @@ edge to ``pkg.name`` when that is a module, else to ``pkg``). Three rules:
 * imports at module top: a function-level import is allowed only for a heavy
   optional stack (:data:`HEAVY_STACKS`), and only in ``jaxfid/commands/``;
   nothing else under ``jaxfid/`` imports a heavy stack (``tasks/`` imports
-  them at its top).
+  them at its top); the serve extra (:data:`SERVE_STACK`) only inside
+  functions of a method's commands (``jaxfid/<method>/commands``).
 """
 from __future__ import annotations
 
@@ -47,10 +48,15 @@ LAYERS = (
 )
 
 # Imported inside functions, and only by jaxfid/commands/: nothing else
-# under jaxfid/ may pull them in.
+# under jaxfid/ may pull them in. The serve extra's web stack (uvicorn,
+# Starlette) is optional too: imported inside the functions of a method's
+# commands (`jaxfid serve`, jaxfid/fid/commands/), so that the command line
+# starts without it.
 HEAVY_STACKS = ("tensorflow", "tensorflow_text", "tensorflow_datasets",
                 "seqio", "tasks", "torch", "transformers")
+SERVE_STACK = ("uvicorn", "starlette")
 FUNCTION_IMPORTS_ALLOWED_IN = ("jaxfid.commands",)
+SERVE_IMPORTS_ALLOWED_IN = ("jaxfid.*.commands",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +264,12 @@ def function_import_violations(modules: set[str],
   out = []
   for imp in imports:
     heavy = _top_name(imp.target) in HEAVY_STACKS
+    if _top_name(imp.target) in SERVE_STACK:
+      if not (imp.in_function and any(
+          _within(imp.importer, p) for p in SERVE_IMPORTS_ALLOWED_IN)):
+        out.append(f"{_where(imp)}: {imp.target} (the serve extra) outside "
+                   "a function of a method's commands")
+      continue
     if not imp.in_function:
       if heavy and _within(imp.importer, "jaxfid.commands"):
         out.append(f"{_where(imp)}: {imp.target} at module top: import it "
@@ -407,6 +419,16 @@ def test_the_checker_sees_what_it_should():
       "function-level import of torch", "function-level import of json",
       "seqio at module top: import it inside the command function that "
       "needs it", "transformers"]
+  # the serve stack: inside a function of a method's commands, nowhere else
+  assert function_import_violations(modules, [
+      imp("jaxfid.fid.commands.serve", "uvicorn", True),
+      imp("jaxfid.reatt.commands", "starlette.routing", True)]) == []
+  found = function_import_violations(modules, [
+      imp("jaxfid.fid.commands.serve", "uvicorn"),
+      imp("jaxfid.fid.serving.app", "starlette", True),
+      imp("jaxfid.commands.c", "starlette.routing", True)])
+  assert len(found) == 3 and all("(the serve extra) outside" in v
+                                 for v in found)
   methods = {"jaxfid.reatt.plugin", "jaxfid.reatt.model", "jaxfid.fid.plugin",
              "jaxfid.fid.task", "jaxfid.commands.c", "jaxfid.methods",
              "jaxfid.core.x", "tasks.qa"}

@@ -30,7 +30,7 @@ def test_every_plugin_is_registered():
 # gin-driven subcommands), `jaxfid index` types, `jaxfid eval` evaluators
 PLUGINS = {
     "fid": ({"predict": (), "plot": (), "demo": ("demo",),
-             "distill": ("distill iterate",)}, (),
+             "distill": ("distill iterate",), "serve": ()}, (),
             FidCheckpointEvaluator),
     "dual_encoder": ({}, ("dense",), None),
     "reatt": ({"reatt": ("reatt iterate",)}, ("reatt",),
@@ -75,11 +75,11 @@ def test_the_registered_commands_are_the_methods_and_the_shared_ones():
   # `jaxfid --help`'s order, and the CPU malloc tuning of the model commands
   assert [c.name for c in registry.commands()] == [
       "convert", "predict", "train", "eval", "index", "retrieve", "corpus",
-      "eval-retrieval", "plot", "bench", "demo", "reatt", "distill",
+      "eval-retrieval", "plot", "bench", "demo", "serve", "reatt", "distill",
       "refusion"]
   assert jaxfid.cli.MODEL_COMMANDS == {
       "train", "predict", "eval", "bench", "demo", "reatt", "distill",
-      "refusion"}
+      "refusion", "serve"}
   assert [n for n, _ in registry.INDEX_COMMANDS.items()] == ["dense", "reatt"]
   assert set(gin_specs.COMMANDS) == {
       "train", "eval", "bench", "bench compile", "demo", "reatt iterate",

@@ -107,7 +107,8 @@ def test_accelerator_extras_follow_jax():
 
 def test_heavy_stacks_are_extras():
   """TensorFlow / seqio only for the seqio tasks, bm25s only for benchmarks,
-  torch only for the PyTorch-reference tests. jaxfid/ imports none of them,
+  torch only for the PyTorch-reference tests, uvicorn and Starlette only for
+  `jaxfid serve` (the serve extra). jaxfid/ imports none of them,
   except the seqio stack inside jaxfid/commands' functions (tests/
   test_imports.py) for tasks/, which imports it."""
   base = {r.name for r in _requirements()}
@@ -115,8 +116,10 @@ def test_heavy_stacks_are_extras():
   bench = {r.name for r in _requirements("bench")}
   assert seqio == SEQIO_STACK and bench == {"bm25s"}
   assert {r.name for r in _requirements("torch")} == {"torch"}
-  assert {r.name for r in _requirements("test")} >= seqio | bench
-  assert not (seqio | bench | {"torch", "transformers"}) & base
+  serve = {r.name for r in _requirements("serve")}
+  assert serve == {"uvicorn", "starlette"}
+  assert {r.name for r in _requirements("test")} >= seqio | bench | serve
+  assert not (seqio | bench | serve | {"torch", "transformers"}) & base
   assert not {"bm25s", "torch", "transformers"} & _imported_top_names("jaxfid")
   library = set()
   for name in os.listdir(os.path.join(ROOT, "jaxfid")):
@@ -129,10 +132,12 @@ def test_heavy_stacks_are_extras():
 
 def test_every_import_is_a_requirement():
   """Each third-party module jaxfid/ imports comes from a distribution
-  setup.py requires: the base install, or the seqio extra for the seqio
-  stack (imported inside jaxfid/commands' functions only)."""
+  setup.py requires: the base install, the seqio extra for the seqio
+  stack (imported inside jaxfid/commands' functions only), or the serve
+  extra for uvicorn and Starlette (inside `jaxfid serve`'s functions)."""
   declared = {_canonical(r.name) for r in _requirements()}
   seqio = {_canonical(r.name) for r in _requirements("seqio")}
+  serve = {_canonical(r.name) for r in _requirements("serve")}
   distributions = importlib.metadata.packages_distributions()
   names = (_imported_top_names("jaxfid") - set(sys.stdlib_module_names)
            - {"jaxfid", "tasks", "__future__"})
@@ -140,17 +145,19 @@ def test_every_import_is_a_requirement():
   for name in sorted(names):
     dists = {_canonical(d) for d in distributions.get(name, [])}
     assert dists, f"jaxfid imports {name}, which no installed package provides"
-    assert dists & (declared | seqio), (name, dists)
+    assert dists & (declared | seqio | serve), (name, dists)
     if dists & seqio:
       assert name in {"seqio", "tensorflow"}, name
+    if dists & serve:
+      assert name in {"uvicorn", "starlette"}, name
 
 
 def test_lock_pins_every_requirement_at_the_lower_end():
   """requirements-lock.txt pins every requirement of the base and of the
-  test, seqio, bench and torch extras inside its range; the JAX stack's
+  test, seqio, bench, serve and torch extras inside its range; the JAX stack's
   ranges start at the lock's versions (so `make test` tests the lower end)."""
   lock = _lock()
-  for extra in (None, "test", "seqio", "bench", "torch", "tpu"):
+  for extra in (None, "test", "seqio", "bench", "serve", "torch", "tpu"):
     for req in _requirements(extra):
       name = _canonical(req.name)
       assert name in lock, f"{req.name} is not in requirements-lock.txt"
@@ -297,9 +304,13 @@ def test_vocab_and_licence_are_package_data():
   assert os.path.getsize(os.path.join(assets, "spiece.model")) == 791656
   with open(os.path.join(assets, "LICENSE.spiece"), encoding="utf-8") as f:
     assert "Apache License" in f.read()
-  with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
-    assert ('package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"]}'
-            in f.read())
+  package_data = _setup_kwargs()["package_data"]
+  assert package_data["jaxfid.assets"] == ["*", "lmbff/*", "lmbff/*/*/*"]
+  # jaxfid serve's page
+  assert package_data["jaxfid.fid.serving"] == ["static/*"]
+  static = os.path.join(os.path.dirname(jaxfid.__file__), "fid", "serving",
+                        "static")
+  assert sorted(os.listdir(static)) == ["index.html", "page.css", "page.js"]
 
 
 def _modules_after(statement: str) -> set[str]:

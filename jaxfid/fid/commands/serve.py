@@ -189,6 +189,8 @@ def run(args) -> int:
       build_app(state), log_level="warning", access_log=False,
       lifespan="off", timeout_graceful_shutdown=None))
   loader = _Loader(config, searcher, state, server, url)
+  print(f"jaxfid serve: listening on {url}, loading {config.checkpoint} "
+        "(GET /healthz answers 503 until ready)", file=sys.stderr, flush=True)
   # uvicorn takes SIGTERM/SIGINT while it runs, shuts down gracefully, then
   # raises the signal again for the handler it found: a no-op one here, so
   # that a stop by signal is a clean exit 0.

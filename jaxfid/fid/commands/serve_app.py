@@ -44,7 +44,7 @@ def one_line(error: BaseException) -> str:
 
 
 def build_app(state: ServerState):
-  """The Starlette application of ``state``."""
+  """The ASGI application of ``state`` (Starlette's, guarded)."""
   # pylint: disable=import-outside-toplevel
   from starlette.applications import Starlette
   from starlette.exceptions import HTTPException
@@ -115,8 +115,7 @@ def build_app(state: ServerState):
                         headers=getattr(error, "headers", None))
 
   async def internal_error(request, error):
-    LOG.error("%s %s failed: %s", request.method, request.url.path,
-              one_line(error))
+    del request  # `guarded` logs the error: Starlette raises it again
     return JSONResponse({"error": f"internal error ({type(error).__name__})"},
                         status_code=500)
 
@@ -126,5 +125,16 @@ def build_app(state: ServerState):
             Route("/healthz", healthz), Route("/metrics", metrics),
             Route(ANSWER, route(ANSWER, False), methods=["POST"]),
             Route(BATCH, route(BATCH, True), methods=["POST"])]
-  return Starlette(routes=routes, exception_handlers={
+  app = Starlette(routes=routes, exception_handlers={
       HTTPException: http_error, Exception: internal_error})
+
+  async def guarded(scope, receive, send):
+    """The app; an error that escaped a route (answered 500 JSON by
+    ``internal_error``, then raised again by Starlette for the server to
+    log) is logged here as one line instead of uvicorn's traceback."""
+    try:
+      await app(scope, receive, send)
+    except Exception as e:  # pylint: disable=broad-except
+      LOG.error("%s %s failed: %s", scope.get("method", ""),
+                scope.get("path", ""), one_line(e))
+  return guarded
