@@ -3,6 +3,7 @@ the full run) and the same command resumes; the remaining-time estimate."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+from jaxfid.cli import build_parser
 from jaxfid.fid.commands import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +111,16 @@ def test_a_signal_in_training_stops_the_demo_and_it_resumes_in_process(
   summary = json.loads(stdout.strip().splitlines()[-1])
   assert summary["steps"] == 4 and summary["test_questions"] == 40
   assert os.path.exists(out / "test_predictions.jsonl")
+  # it ends with the command that serves what it trained
+  prefix, _, command = err.strip().splitlines()[-1].partition(": ")
+  assert prefix == "look at it (API and page)"
+  words = shlex.split(command)
+  assert words[:2] == ["jaxfid", "serve"]
+  served = build_parser().parse_args(words[1:])
+  assert (served.checkpoint, served.index) == (str(out / "model"),
+                                               str(out / "data" / "bm25"))
+  assert (served.n_context, served.text_maxlength,
+          served.decode_maxlength) == (4, 40, 6)
 
 
 def test_remaining_time_from_the_second_training_record(tmp_path):

@@ -8,7 +8,9 @@
    written as FiD JSON.
 3. Train a tiny FiD from scratch (``gin/fid/tiny.gin``).
 4. Answer the held-out questions with the saved checkpoint (as ``jaxfid
-   predict`` does) and report EM, with the retrieval recall beside it.
+   predict`` does) and report EM, with the retrieval recall beside it; the
+   last line is the ``jaxfid serve`` command that serves the checkpoint and
+   the index (API and page).
 
 Everything lands in ``--output`` (default ``demo_out``); the checkpoint there
 is a MODEL_DIR that ``jaxfid predict --checkpoint demo_out/model`` uses.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -158,6 +161,15 @@ def prepare_data(output: str, *, n_context: int, train_entities: int,
           len(world["test_docs"])}
 
 
+def serve_command(model_dir: str, index: str, *, n_context: int,
+                  text_maxlength: int, decode_maxlength: int) -> str:
+  """The ``jaxfid serve`` command of the demo's checkpoint and index (its
+  last line: what a newcomer runs to look at what was trained)."""
+  return (f"jaxfid serve --checkpoint {shlex.quote(model_dir)} --index "
+          f"{shlex.quote(index)} --n-context {n_context} --text-maxlength "
+          f"{text_maxlength} --decode-maxlength {decode_maxlength}")
+
+
 # The flags that set a macro of the demo's run (named in its errors).
 FLAG_MACROS = {"TRAIN_STEPS": "--steps", "BATCH_SIZE": "--batch-size",
                "N_CONTEXT": "--n-context", "LEARNING_RATE": "--learning-rate",
@@ -258,6 +270,10 @@ def run(args) -> int:
         f" --n-context {args.n_context} --text-maxlength {text_maxlength}"
         f" --answer-maxlength {answer_maxlength} --output pred.jsonl",
         file=sys.stderr)
+  print("look at it (API and page): "
+        + serve_command(model_dir, paths["bm25"], n_context=args.n_context,
+                        text_maxlength=text_maxlength,
+                        decode_maxlength=answer_maxlength), file=sys.stderr)
   print(json.dumps(summary))
   return 0
 
