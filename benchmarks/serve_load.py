@@ -2,8 +2,9 @@
 predict`` in one batch.
 
   python benchmarks/serve_load.py --checkpoint demo_out/model \\
-      --index demo_out/data/bm25 --questions demo_out/data/test_questions.jsonl \\
-      --n-context 4 --text-maxlength 40 --decode-maxlength 6 \\
+      --index demo_out/data/bm25 \\
+      --questions demo_out/data/test_questions.jsonl --n-context 4 \\
+      --text-maxlength 40 --decode-maxlength 6 \\
       [--clients 16] [--seconds 30] [--max-batch 16] [--max-wait-ms 10]
 
 1. Starts ``jaxfid serve`` (``--port 0``) and times it until its ready line.
@@ -86,9 +87,11 @@ def hardware() -> dict:
 
 
 def _questions(path: str, limit: int | None) -> list[dict]:
+  # the queries as `jaxfid retrieve` reads them (jaxfid from this checkout)
   sys.path.insert(0, ROOT)
-  from jaxfid.retrieval.store.queries import read_queries  # pylint: disable=import-outside-toplevel
-  queries = read_queries(path)[:limit]
+  # pylint: disable-next=import-outside-toplevel
+  from jaxfid.retrieval.store import queries as reader
+  queries = reader.read_queries(path)[:limit]
   return [{"id": q.id, "question": q.text} for q in queries]
 
 

@@ -120,7 +120,6 @@ def _bind(host: str, port: int) -> socket.socket:
     raise InputError("--host/--port", f"cannot listen on {host}:{port}: "
                      f"{e.strerror or e}") from None
   sock.listen(2048)
-  sock.set_inheritable(True)
   return sock
 
 

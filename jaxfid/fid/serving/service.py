@@ -187,8 +187,8 @@ class QaService:
     futures = [self.batcher.submit(e, request.beam_size) for e in examples]
     reads = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     done = time.perf_counter()
-    timings = {"retrieve": _ms(retrieved - start), "read": _ms(done - retrieved),
-               "total": _ms(done - start)}
+    timings = {"retrieve": _ms(retrieved - start),
+               "read": _ms(done - retrieved), "total": _ms(done - start)}
     return [response(e, r, timings) for e, r in zip(examples, reads)]
 
   def close(self) -> None:
