@@ -1,5 +1,6 @@
-"""`jaxfid serve`'s HTTP layer without a model (fast): request checks, error
-answers, loading, internal failures, metrics and the batch buckets.
+"""`jaxfid serve` without a model (fast): request checks, error answers,
+loading, internal failures, metrics, the batch buckets and the batcher's
+policy (over a stand-in device read).
 
 The routes are called as ASGI (no socket, no uvicorn) over a stand-in
 service; tests/test_serve.py runs the real server on a trained checkpoint.
@@ -12,7 +13,8 @@ import pytest
 
 from jaxfid.fid.commands.serve_app import ServerState, build_app
 from jaxfid.fid.serving import page
-from jaxfid.fid.serving.batcher import bucket_sizes
+from jaxfid.fid.examples import FidExample
+from jaxfid.fid.serving.batcher import Batcher, Read, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
 from jaxfid.fid.serving.service import (MAX_QUESTION_CHARS, AnswerRequest,
                                         RequestError, parse_request)
@@ -216,3 +218,62 @@ def test_bucket_sizes_and_the_batch_histogram():
   assert 'jaxfid_serve_batch_size_bucket{le="+Inf"} 3' in text
   assert "jaxfid_serve_batch_size_sum 20" in text
   assert 'jaxfid_serve_batches_total{bucket="16"} 1' in text
+
+
+def _batcher_recording(max_batch, max_wait_ms, fail_on=None):
+  """A Batcher whose device read is a stand-in that records each batch
+  (its questions and beam size); questions named ``fail_on`` raise."""
+  batcher = Batcher(reader=None, n_context=1, text_maxlength=4,
+                    decode_maxlength=2, beam_sizes=(1, 2), max_batch=max_batch,
+                    max_wait_ms=max_wait_ms)
+  batcher._programs = {(beam, bucket): None  # pylint: disable=protected-access
+                       for beam in (1, 2) for bucket in batcher.buckets}
+  seen = []
+
+  def read(examples, beam_size):
+    seen.append(([e.question for e in examples], beam_size))
+    if fail_on in [e.question for e in examples]:
+      raise RuntimeError("boom")
+    return [Read(e.question.upper(), [], len(examples), max_batch)
+            for e in examples]
+  batcher.read = read
+  return batcher, seen
+
+
+def test_the_batcher_gathers_one_beam_size_up_to_max_batch():
+  batcher, seen = _batcher_recording(max_batch=3, max_wait_ms=30)
+  beams = [1, 1, 2, 1, 1]
+  futures = [batcher.submit(FidExample(f"q{i}"), beam)
+             for i, beam in enumerate(beams)]
+  batcher.start()
+  assert [f.result(timeout=10).answer for f in futures] == [
+      f"Q{i}" for i in range(5)]
+  batcher.close()
+  # the oldest first, with the next ones of its beam size, at most 3
+  assert seen == [(["q0", "q1", "q3"], 1), (["q2"], 2), (["q4"], 1)]
+  with pytest.raises(RuntimeError, match="stopped"):
+    batcher.submit(FidExample("late"), 1)
+  with pytest.raises(ValueError, match="beam size 3 was not compiled"):
+    _batcher_recording(3, 30)[0].submit(FidExample("q"), 3)
+
+
+def test_a_failed_batch_fails_its_questions_and_the_batcher_goes_on():
+  batcher, seen = _batcher_recording(max_batch=2, max_wait_ms=30,
+                                     fail_on="bad")
+  futures = [batcher.submit(FidExample(q), 1) for q in ("bad", "q1", "q2")]
+  batcher.start()
+  for future in futures[:2]:  # one batch: both fail
+    with pytest.raises(RuntimeError, match="boom"):
+      future.result(timeout=10)
+  assert futures[2].result(timeout=10).answer == "Q2"
+  batcher.close()
+  assert seen == [(["bad", "q1"], 1), (["q2"], 1)]
+
+
+def test_close_reads_what_is_queued():
+  batcher, seen = _batcher_recording(max_batch=4, max_wait_ms=10_000)
+  futures = [batcher.submit(FidExample(f"q{i}"), 1) for i in range(2)]
+  batcher.start()
+  batcher.close()  # does not wait the 10 s for more questions
+  assert [f.result(timeout=0).answer for f in futures] == ["Q0", "Q1"]
+  assert seen == [(["q0", "q1"], 1)]
