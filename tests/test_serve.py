@@ -246,6 +246,31 @@ def test_the_page_shows_the_answer_and_the_passages(server, tmp_path):
   assert shot.stat().st_size > 10_000
 
 
+def test_sigterm_while_loading_exits_0(world, tmp_path):
+  """Its own short-lived server: stopped while it compiles (three beam
+  sizes, three buckets: nine programs), it ends after the program at hand,
+  never says ready, and exits 0."""
+  log = tmp_path / "serve.log"
+  with open(log, "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxfid.cli", "serve", "--checkpoint",
+         str(world / "model"), "--index", str(world / "index"), "--port", "0",
+         "--n-context", str(N_CONTEXT), "--text-maxlength",
+         str(TEXT_MAXLENGTH), "--decode-maxlength", str(DECODE_MAXLENGTH),
+         "--beam-size", "3", "--max-batch", "16"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+        stdout=subprocess.PIPE, stderr=err, text=True)
+    deadline = time.time() + 300
+    while "compiling the reader" not in log.read_text():
+      assert proc.poll() is None and time.time() < deadline, log.read_text()
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0, log.read_text()
+  assert stdout == ""  # never ready
+  assert log.read_text().rstrip().endswith("jaxfid serve: stopped")
+
+
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
   """Last: it stops the module's server. The request's headers arrive
   before SIGTERM and its body after: it is in flight when the signal lands,

@@ -143,9 +143,14 @@ class _Loader:
       self.error = e  # run() reports it once the server has stopped
       self.server.should_exit = True
 
+  def _stopped(self) -> bool:
+    return self.server.should_exit
+
   def _load(self) -> None:
     c = self.config
     reader = load_reader(c.checkpoint)
+    if self._stopped():
+      return
     self.batcher = Batcher(
         reader, n_context=c.n_context, text_maxlength=c.text_maxlength,
         decode_maxlength=c.decode_maxlength, beam_sizes=c.beam_sizes,
@@ -155,14 +160,18 @@ class _Loader:
           f"beam sizes {self.batcher.beam_sizes}", file=sys.stderr,
           flush=True)
     start = time.perf_counter()
-    count = self.batcher.compile()
+    count = self.batcher.compile(stopped=self._stopped)
+    if self._stopped():  # stopped while loading: nothing to serve
+      return
     self.batcher.start()
     self.state.service = QaService(self.searcher, self.batcher,
                                    n_context=c.n_context,
                                    beam_size=c.beam_size)
     self.state.metrics.ready = True
-    while not self.server.started and not self.server.should_exit:
+    while not self.server.started and not self._stopped():
       time.sleep(0.01)
+    if self._stopped():
+      return
     print(f"compiled {count} programs in {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     print(f"jaxfid serve: ready at {self.url}", flush=True)
@@ -199,6 +208,8 @@ def run(args) -> int:
   try:
     server.run(sockets=[sock])
   finally:
+    server.should_exit = True  # a loader still at work stops soon
+    loader.thread.join()  # (after the checkpoint or program at hand)
     for s, h in previous.items():
       signal.signal(s, h)
     sock.close()

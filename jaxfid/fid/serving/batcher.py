@@ -110,9 +110,11 @@ class Batcher:
         passage_eos=self.reader.passage_eos)
     return real, batch
 
-  def compile(self) -> int:
+  def compile(self, stopped: Callable[[], bool] = lambda: False) -> int:
     """Compiles the predict and score programs of every (beam size, bucket);
-    returns how many programs. Must run before :meth:`start`."""
+    returns how many (beam size, bucket) pairs. Must run before
+    :meth:`start`. ``stopped()`` true (a server stopped while loading) ends
+    it after the program being compiled."""
     probe = [FidExample(question="?")]
     scores = predict_lib.make_passage_scores_fn(self.reader.model,
                                                 mode=SCORE_MODE)
@@ -122,6 +124,8 @@ class Batcher:
                             batch)
       scored = scores.lower(self.reader.params, shapes).compile()
       for beam in self.beam_sizes:
+        if stopped():
+          return len(self._programs)
         predict = predict_lib.make_predict_fn(
             self.reader.model, max_decode_len=self.decode_maxlength,
             num_beams=beam, alpha=self.alpha)
