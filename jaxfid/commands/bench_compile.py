@@ -39,7 +39,6 @@ import jax
 
 from jaxfid.commands import bench_search, gin_flags
 from jaxfid.core import topologies
-from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
 from jaxfid.training import aot, launch
 from jaxfid.training.settings import OptimizerSettings, Settings
