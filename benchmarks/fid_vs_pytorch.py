@@ -317,11 +317,6 @@ def run_jax(cfg, shapes, args, peak, log, *, paired=False) -> list[dict]:
               "hardware-rng"]), cfg.replace(remat=last), True))
     for name, c, hardware_rng in variants:
       shape = shapes["train"]
-      try:
-        estimate = bench.memory_estimate(c, shape)["lower_bound_gb"]
-      except RuntimeError as e:  # a JAX without the residuals helper
-        log(f"no memory estimate: {e}")
-        estimate = None
       log(f"{name} train b={shape.batch_size} ...")
       with JaxMemory() as mem, launch.prng_context(hardware_rng):
         t0 = time.perf_counter()
@@ -331,7 +326,6 @@ def run_jax(cfg, shapes, args, peak, log, *, paired=False) -> list[dict]:
                        r["step_time_s"], r["flops"], peak, mem.gb, mem.exact,
                        mem.source, total - args.steps * r["step_time_s"],
                        {"remat": c.remat, "scan_layers": c.scan_layers,
-                        "memory_lower_bound_gb": estimate,
                         "hardware_rng": hardware_rng}))
       log(brief(rows[-1]))
   return rows
@@ -459,11 +453,6 @@ def main(argv=None) -> int:
         f"start, {hw['load_average_at_end']} at the end")
   print()
   print(table(rows))
-  estimates = [f"{r['name']} {r['memory_lower_bound_gb']:.1f} GB" for r in rows
-               if r.get("memory_lower_bound_gb") is not None]
-  if estimates:
-    print("\nmemory lower bounds from shapes (params, Adam, gradients, saved "
-          "activations; jaxfid.fid.bench.memory_estimate): " + "; ".join(estimates))
   result = {"hardware": hw, "args": {k: v for k, v in vars(args).items()},
             "model": cfg.to_dict(), "peak_tflops": peak, "peaks": peaks,
             "rows": rows, "ratios": summary}

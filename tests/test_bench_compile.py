@@ -5,6 +5,8 @@ The compiles use the real TPU compiler (libtpu, on this CPU host) for
 installed. The topology names and the one-line errors need no libtpu.
 """
 import json
+import signal
+import subprocess
 import sys
 
 import gin
@@ -27,7 +29,8 @@ TINY = ["--gin_file=gin/fid/tiny.gin", "--gin.config.T5Config.vocab_size=128",
 FIELDS = ("topology", "chips", "device_kind", "hbm_gb_per_chip", "mesh",
           "program", "argument_gb", "output_gb", "alias_gb", "temp_gb",
           "per_chip_gb", "fits", "flops_per_chip", "bytes_accessed_per_chip",
-          "model_flops_per_chip", "collectives", "roofline_step_s",
+          "model_flops_per_chip", "program_flops_per_chip", "collectives",
+          "roofline_step_s",
           "examples_per_sec_at_roofline", "compile_s")
 
 
@@ -59,8 +62,10 @@ def _consistent(r: dict, chips: int = 4) -> None:
       + r["generated_code_gb"])
   assert r["fits"] == (r["per_chip_gb"] <= r["hbm_gb_per_chip"])
   chip = topologies.CHIPS["v5e"]
+  # the compiler counts a loop's body once; the program's FLOPs every trip
   assert r["roofline_step_s"] == pytest.approx(max(
-      r["flops_per_chip"] / chip.peak_bf16_flops,
+      max(r["flops_per_chip"], r["program_flops_per_chip"])
+      / chip.peak_bf16_flops,
       r["bytes_accessed_per_chip"] / chip.hbm_bytes_per_s))
   assert r["examples_per_sec_at_roofline"] == pytest.approx(
       r["batch_size"] / r["roofline_step_s"])
@@ -119,9 +124,20 @@ def test_hlo_collectives_are_counted_once_each():
   %rs = f32[2] reduce-scatter(f32[8] %g), dimensions={0}
   %ar = f32[] all-reduce(f32[] %l), to_apply=%add
   %cp = f32[2] collective-permute(f32[2] %x), source_target_pairs={{0,1}}
+}
+
+%all-reduce-scatter.3 (input_0: bf16[8,4]) -> (bf16[2,4]) {
+  %input_0 = bf16[8,4]{1,0} parameter(0)
+  %all-reduce.7 = (bf16[8,4]{1,0}) all-reduce(%input_0), to_apply=%add
+  ROOT %tuple = (bf16[2,4]) tuple(%dynamic-slice.1)
+}
+
+ENTRY %main.1 (p: bf16[8,4]) -> bf16[2,4] {
+  %fusion.1 = (bf16[2,4]) fusion(%p), kind=kCustom, calls=%all-reduce-scatter.3
+  %ar2 = f32[] all-reduce(f32[] %m), to_apply=%add
   """
   assert aot.count_collectives(hlo) == {
-      "all-gather": 2, "reduce-scatter": 1, "all-reduce": 1, "all-to-all": 0,
+      "all-gather": 2, "reduce-scatter": 2, "all-reduce": 2, "all-to-all": 0,
       "collective-permute": 1}
 
 
@@ -205,6 +221,44 @@ def test_model_flops_are_the_models_without_recomputation():
                                  decoded_tokens=5)
 
 
+def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
+  """--search compiles each configuration in a child process: one killed
+  by a compiler crash, or exiting with an error, is one line of its own."""
+  args = cli.build_parser().parse_args(
+      ["bench", "compile", "--topology", "v5e-4", "--gin_file=x.gin"])
+  args.gin_bindings = ["BATCH_SIZE=8"]
+  seen = []
+
+  def crashed(argv, **_):
+    seen.append(argv)
+    return subprocess.CompletedProcess(argv, -signal.SIGSEGV, "", "")
+  monkeypatch.setattr(subprocess, "run", crashed)
+  with pytest.raises(bench_search.CompileFailed, match="killed by SIGSEGV"):
+    bench_compile.compile_in_child(args, {"REMAT": "full"}, [1.0])
+  assert seen[0][-3:] == ["--gin.BATCH_SIZE=8", "--gin.REMAT='full'",
+                          "--model-flops=[1.0]"]
+  monkeypatch.setattr(subprocess, "run", lambda argv, **_: (
+      subprocess.CompletedProcess(argv, 2, "", "note\njaxfid bench: error: "
+                                  "MESH: cannot lay out\n")))
+  with pytest.raises(bench_search.CompileFailed) as e:
+    bench_compile.compile_in_child(args, {}, None)
+  assert e.value.message == "MESH: cannot lay out"
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_a_scanned_step_counts_every_layer(capsys):
+  """The compiler's cost analysis counts a scanned layer once; the report's
+  roofline counts the program's FLOPs, every layer (_consistent)."""
+  _needs_libtpu()
+  r = _compile(capsys, "--gin.SCAN_LAYERS=True",
+               "--gin.config.T5Config.num_layers=4")
+  _consistent(r)
+  assert r["flops_per_chip"] < r["program_flops_per_chip"]
+  assert r["roofline_step_s"] >= (r["program_flops_per_chip"]
+                                  / topologies.CHIPS["v5e"].peak_bf16_flops)
+
+
 @pytest.mark.tpu
 def test_decode_program_compiles_reading_and_writing_nothing(capsys,
                                                              tmp_path):
@@ -242,9 +296,13 @@ def test_search_finds_a_fitting_best_with_flags(capsys):
   assert r["fits"] is True and r["compiles"] == len(r["search"]) == 3
   assert {row["MESH"] for row in r["search"]} == {"data=2", "fsdp=2"}
   assert r["chips"] == 2 and r["topology"] == "v5e-2"
-  fitting = [row for row in r["search"] if row.get("fits")]
+  fitting = [row for row in r["search"]
+             if row.get("fits") and row.get("ranked", True)]
   assert r["roofline_step_s"] == min(row["roofline_step_s"]
                                      for row in fitting)
+  # the last compile flips SCAN_LAYERS on the best: shown, not ranked
+  assert r["search"][-1]["ranked"] is False
+  assert r["search"][-1]["SCAN_LAYERS"] is True
   assert all(f.startswith("--gin.") for f in r["flags"])
   # a tiny model fits without remat: REMAT='none' on every split tried
   assert {row["REMAT"] for row in r["search"]} == {"none"}

@@ -146,9 +146,6 @@ def test_script_times_each_remat_policy(capsys):
       "jaxfid train": False, "jaxfid remat-dots train": False,
       "jaxfid remat-dots hardware-rng train": True}
   assert trains["jaxfid remat-dots hardware-rng train"]["remat"] == "dots"
-  assert (trains["jaxfid train"]["memory_lower_bound_gb"]
-          < trains["jaxfid remat-dots train"]["memory_lower_bound_gb"])
-  assert "memory lower bounds from shapes" in out
   assert result["args"]["remat"] == ["full", "dots"]
   assert all(r["scan_layers"] for r in trains.values())
 

@@ -224,13 +224,13 @@ def test_eval_refuses_bad_gin(tmp_path, capsys):
 
 def test_bench_refuses_bad_gin(capsys):
   tiny = ["--gin_file=gin/fid/tiny.gin"]
-  _fails(capsys, ["bench", "memory", *tiny, "--gin.N_CONTEXT=2.0"],
+  _fails(capsys, ["bench", "train", *tiny, "--gin.N_CONTEXT=2.0"],
          "N_CONTEXT: must be an int >= 1, got 2.0 (float)")
-  _fails(capsys, ["bench", "memory", *tiny, "--gin.REMAT='all'"],
+  _fails(capsys, ["bench", "train", *tiny, "--gin.REMAT='all'"],
          "REMAT: must be one of")
-  _fails(capsys, ["bench", "memory", *tiny, "--gin.CHECKPOINT_PATH='x'"],
+  _fails(capsys, ["bench", "train", *tiny, "--gin.CHECKPOINT_PATH='x'"],
          "nothing `jaxfid bench` runs reads CHECKPOINT_PATH")
-  _fails(capsys, ["bench", "memory", "--gin_file=gin/refusion/tiny.gin"],
+  _fails(capsys, ["bench", "train", "--gin_file=gin/refusion/tiny.gin"],
          "N_CONTEXT: `jaxfid bench` reads it but the gin files do not "
          "define it")
 

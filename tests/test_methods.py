@@ -43,7 +43,7 @@ SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
           "bench": ("bench", "bench compile")}
 # `jaxfid bench`'s modes: the shared one and each method's (module prefix)
 BENCH_MODES = {"compile": "jaxfid.commands.", "train": "jaxfid.fid.",
-               "decode": "jaxfid.fid.", "memory": "jaxfid.fid."}
+               "decode": "jaxfid.fid."}
 
 
 @pytest.mark.parametrize("method", sorted(PLUGINS))

@@ -23,11 +23,14 @@ the compiler cannot fit is ``"fits": false`` with ``required_gb``, exit 0.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -36,7 +39,6 @@ import jax
 
 from jaxfid.commands import bench_search, gin_flags
 from jaxfid.core import topologies
-from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
 from jaxfid.training import aot, launch
 from jaxfid.training.settings import OptimizerSettings, Settings
@@ -62,6 +64,10 @@ def add_arguments(p) -> None:
   p.add_argument("--search", action="store_true",
                  help="try remat, mesh splits, accumulation and scanned "
                  "layers; print what fits and the best as --gin. flags")
+  # --search's child processes: the train step's FLOPs without remat, per
+  # phase (the search traces them once)
+  p.add_argument("--model-flops", type=json.loads, default=None,
+                 help=argparse.SUPPRESS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +206,32 @@ def summary(result: dict) -> str:
                  f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
+def compile_in_child(args, macros: dict, model_flops) -> dict:
+  """One configuration of ``--search`` compiled by ``jaxfid bench compile``
+  in a process of its own (a compiler crash costs that row only, and each
+  compile's host memory is freed when it ends); its report, or
+  :class:`~jaxfid.commands.bench_search.CompileFailed`."""
+  argv = [sys.executable, "-m", "jaxfid", "bench", "compile",
+          "--topology", args.topology, "--slices", str(args.slices),
+          "--program", args.program,
+          *(f"--gin_file={f}" for f in args.gin_file),
+          *(f"--gin_search_path={p}" for p in args.gin_search_path),
+          *(f"--gin.{b}" for b in args.gin_bindings),
+          *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
+  if model_flops is not None:
+    argv.append(f"--model-flops={json.dumps(model_flops)}")
+  child = subprocess.run(argv, capture_output=True, text=True, check=False)
+  if child.returncode == 0:
+    return json.loads(child.stdout.strip().splitlines()[-1])
+  if child.returncode < 0:
+    raise bench_search.CompileFailed(
+        f"the compile was killed by {signal.Signals(-child.returncode).name}"
+        " (a compiler crash, or the host's memory)")
+  lines = child.stderr.strip().splitlines() or [f"exit {child.returncode}"]
+  raise bench_search.CompileFailed(
+      lines[-1].removeprefix("jaxfid bench: error: "))
+
+
 def run(args) -> int:
   target = aot.Target.of(topologies.parse(args.topology, args.slices))
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
@@ -209,13 +241,14 @@ def run(args) -> int:
   with _compile_only():
     if args.search:
       result = bench_search.search(
-          lambda macros, flops=None: compile_once(
-              gin_run, {**base, **macros}, args.program, target, flops),
+          lambda macros, flops=None: compile_in_child(
+              args, {**base, **macros}, flops),
           lambda: (train_model_flops(gin_run, base)
                    if args.program == "train" else None),
           gin_run.build(base), target, args.program)
     else:
-      result = compile_once(gin_run, base, args.program, target)
+      result = compile_once(gin_run, base, args.program, target,
+                            args.model_flops)
       print(summary(result), file=sys.stderr)
   print(json.dumps(result))
   return 0

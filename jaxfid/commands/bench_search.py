@@ -16,7 +16,14 @@ fits):
   same global batch) only when nothing fits at the run's own, stopping at
   the first number of microbatches where something fits; there remat is
   tried from ``full`` down to the lightest that still fits;
-* scanned layers (``SCAN_LAYERS``) flipped once, on the best.
+* scanned layers (``SCAN_LAYERS``) flipped once, on the best, for its
+  memory and compile time: it is the same computation, so its row is shown
+  but not ranked (the compiler's cost analysis counts a scanned body once,
+  so the two rooflines differ by how each counts, not by the work).
+
+Each configuration compiles in a process of its own (``compile_fn``): a
+compiler that crashes on one costs that row, not the search, and each
+compile's host memory is returned when it ends.
 
 The table goes to stderr as the compiles finish, then what fits ranked
 fastest first, then the best as the ``--gin.`` flags to add;
@@ -31,6 +38,16 @@ from typing import Callable
 from jaxfid.core.errors import InputError
 
 REMATS = ("none", "dots", "full")
+
+
+class CompileFailed(Exception):
+  """One configuration's compile failed (its process exited with an error
+  or was killed); ``message`` is one line."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.message = message
+
 MAX_ACCUMULATION = 64
 
 
@@ -81,6 +98,8 @@ def _table(rows: list[dict]) -> str:
       tail = (f"{'' if gb is None else f'{gb:.2f}':>8} {str(r['fits']):<5} "
               f"{'' if ms is None else f'{ms * 1e3:.2f}':>9} "
               f"{'' if eps is None else f'{eps:.1f}':>11}")
+    if r.get("ranked") is False:
+      tail += "  (SCAN_LAYERS flipped: the same computation, not ranked)"
     lines.append(f"{r['REMAT']:<6} {r['MESH']:<22} "
                  f"{r['ACCUMULATION_STEPS']:>5} {str(r['SCAN_LAYERS']):<5} "
                  + tail)
@@ -102,14 +121,19 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
   fitting: list[tuple[float, dict, dict]] = []
   smallest: list[tuple[float, dict]] = []
 
-  def attempt(macros: dict) -> dict | None:
+  def attempt(macros: dict, ranked: bool = True) -> dict | None:
     try:
       result = compile_fn(macros, flops)
-    except InputError as e:
+    except (InputError, CompileFailed) as e:
       rows.append(_row(macros, None, e.message))
+      print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
       return None
     rows.append(_row(macros, result, None))
+    if not ranked:
+      rows[-1]["ranked"] = False
     print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
+    if not ranked:
+      return result
     if result["fits"]:
       fitting.append((result["roofline_step_s"], macros, result))
     else:
@@ -143,7 +167,8 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
       attempt({**base, "MESH": mesh})
   if fitting:
     _, macros, _ = min(fitting, key=lambda f: f[0])
-    attempt({**macros, "SCAN_LAYERS": not macros["SCAN_LAYERS"]})
+    attempt({**macros, "SCAN_LAYERS": not macros["SCAN_LAYERS"]},
+            ranked=False)
   compiles = sum("error" not in r for r in rows)
   if not fitting:
     need, best = min(smallest, key=lambda s: s[0]) if smallest else (None,

@@ -1,4 +1,4 @@
-"""Speed and memory of FiD training steps and greedy decoding (``jaxfid bench``).
+"""Speed of FiD training steps and greedy decoding (``jaxfid bench``).
 
 Synthetic batches of exactly the configured shapes (every passage full
 length, every answer ``answer_maxlength`` tokens; decoding never stops early),
@@ -7,12 +7,8 @@ TFLOP/s (analytic model FLOPs, not counting remat recomputation), MFU against
 a peak TFLOP/s that is measured (a large matmul in the activation dtype) or
 given, peak device memory, and the device.
 
-``memory_estimate`` works from shapes alone (nothing is allocated or
-compiled), so it runs at full sizes on any host: the bytes a train step must
-hold whatever the compiler does — parameters, Adam's two moments, gradients,
-and the activations the backward pass keeps (JAX's saved residuals under the
-configured remat policy). It is a lower bound: one layer's recomputation and
-backward working set and the compiler's temporaries come on top.
+A run's memory is the compiler's: ``jaxfid bench compile`` compiles the
+train step for a TPU slice from shapes alone (:mod:`jaxfid.training.aot`).
 """
 from __future__ import annotations
 
@@ -33,11 +29,6 @@ from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.training.step import make_train_step
-
-try:  # the private helper behind jax.ad_checkpoint.print_saved_residuals
-  from jax._src.ad_checkpoint import saved_residuals
-except ImportError:  # another JAX: memory_estimate says so
-  saved_residuals = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,65 +99,6 @@ def abstract_batch(shape: Shape) -> dict:
                 shape.answer_maxlength)
   return {"encoder_input_tokens": jax.ShapeDtypeStruct((b, p, l), jnp.int32),
           "decoder_target_tokens": jax.ShapeDtypeStruct((b, t), jnp.int32)}
-
-
-def _nbytes(aval) -> int:
-  if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
-    return 0  # a key is a few words
-  return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
-
-
-def memory_estimate(cfg: T5Config, shape: Shape, *, accumulation_steps: int = 1,
-                    optimizer_moments: int = 2, top: int = 5) -> dict:
-  """Lower bound of a train step's memory, from shapes (see module docstring).
-
-  For one device holding the whole batch and all parameters: under data
-  parallelism over N devices the activations divide by N (and with ``fsdp``
-  the parameters, moments and gradients too). Saved activations are JAX's
-  residuals of the loss on one microbatch (``shape.batch_size /
-  accumulation_steps`` examples) under ``cfg.remat`` —
-  ``jax.ad_checkpoint.print_saved_residuals`` lists the same — not counting
-  those that are parameters; ``largest_saved`` names the biggest kinds.
-  Accumulation adds a second gradient-sized buffer (the running sum).
-  """
-  if accumulation_steps < 1 or shape.batch_size % accumulation_steps:
-    raise ValueError(f"batch of {shape.batch_size} does not split into "
-                     f"{accumulation_steps} microbatches")
-  micro = dataclasses.replace(
-      shape, batch_size=shape.batch_size // accumulation_steps)
-  if saved_residuals is None:
-    raise RuntimeError(f"this JAX ({jax.__version__}) has no saved_residuals "
-                       "helper")
-  model = EncoderDecoderModel(cfg)
-  params = model.abstract_params()
-  param_bytes = sum(_nbytes(x) for x in jax.tree.leaves(params))
-
-  def loss(p, batch, rng):
-    return model.loss(p, batch, rng, normalizer=jnp.float32(1.0))[0]
-
-  residuals = saved_residuals(loss, params, abstract_batch(micro),
-                              jax.random.key(0))
-  saved, kinds = 0, {}
-  for aval, source in residuals:
-    if "from the argument" in source:
-      continue  # parameters (counted above) and the batch
-    n = _nbytes(aval)
-    saved += n
-    kind = f"{aval.str_short()}: {source.split(' from ')[0]}"
-    kinds[kind] = kinds.get(kind, 0) + n
-  gb = lambda n: n / 1e9  # noqa: E731
-  parts = {"params_gb": gb(param_bytes),
-           "optimizer_gb": gb(optimizer_moments * param_bytes),
-           "gradients_gb": gb((1 if accumulation_steps == 1 else 2)
-                              * param_bytes),
-           "saved_activations_gb": gb(saved)}
-  largest = sorted(kinds.items(), key=lambda kv: -kv[1])[:top]
-  return {"mode": "memory", **parts,
-          "lower_bound_gb": sum(parts.values()),
-          "largest_saved": [{"what": k, "gb": gb(v)} for k, v in largest],
-          "remat": cfg.remat, "dtype": cfg.dtype,
-          "accumulation_steps": accumulation_steps,
-          "shape": dataclasses.asdict(shape)}
 
 
 def timed(step_fn: Callable[[], Any]) -> tuple[float, float]:

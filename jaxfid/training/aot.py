@@ -29,13 +29,21 @@ What a compiled executable says (:func:`report`), per chip:
   a ``while`` loop's body, as in decoding, counts once);
 * ``collectives``: how many all-gather, reduce-scatter, all-reduce,
   all-to-all and collective-permute instructions the optimized HLO holds
-  (an async ``-start``/``-done`` pair counts once);
+  (an async ``-start``/``-done`` pair counts once; XLA:TPU's reduce-scatter,
+  a fusion of an all-reduce and a slice, counts as a reduce-scatter);
 * ``model_flops_per_chip``: the matmul FLOPs of the program's jaxpr (2 per
   multiply-add; scans times their length, a decoding loop times its bound)
   divided over the chips, traced without remat by the caller
   (:func:`program_flops`), so recomputation is not counted;
-* ``roofline_step_s = max(flops / peak bf16 FLOP/s, bytes / HBM bandwidth)``
-  with the chip's public figures, and ``examples_per_sec_at_roofline``.
+  ``program_flops_per_chip``: the same count of the compiled program itself
+  (its remat's recomputation included);
+* ``roofline_step_s = max(F / peak bf16 FLOP/s, B / HBM bandwidth)`` with
+  the chip's public figures, and ``examples_per_sec_at_roofline``. The
+  compiler's cost analysis counts a ``while`` loop's body once (scanned
+  layers: one layer; decoding: one token), so ``F`` is the larger of its
+  FLOPs and the program's; ``B`` is its bytes, which for a loop are then a
+  lower bound (a train step at paper size is compute-bound; decoding is
+  not, and its roofline is optimistic).
 
 All sizes are in GB of 10^9 bytes.
 """
@@ -61,6 +69,9 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                "collective-permute")
 _COLLECTIVE_OP = re.compile(
     r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+# a computation's first line: `%name (params) -> shape {` or `ENTRY %name ...`
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.-]+) ")
+_REDUCE_SCATTER = "all-reduce-scatter"  # XLA:TPU's reduce-scatter fusions
 # XLA:TPU's out-of-memory messages: "... Used 24.10G of 15.75G hbm ..." or
 # "... the total memory required for HLO temporaries (16.00G) exceeds
 # available HBM (15.75G)"; sizes in GiB (G), MiB (M), KiB (K) or bytes.
@@ -74,8 +85,8 @@ _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 REPORT_FIELDS = ("argument_gb", "output_gb", "alias_gb", "temp_gb",
                  "generated_code_gb", "per_chip_gb", "fits", "flops_per_chip",
                  "bytes_accessed_per_chip", "model_flops_per_chip",
-                 "collectives", "roofline_step_s",
-                 "examples_per_sec_at_roofline")
+                 "program_flops_per_chip", "collectives",
+                 "roofline_step_s", "examples_per_sec_at_roofline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +143,24 @@ def out_of_memory(error: Exception) -> OutOfMemory | None:
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:
-  """Collective instructions of an optimized HLO module, by kind."""
+  """Collective instructions of an optimized HLO module, by kind.
+
+  XLA:TPU writes a reduce-scatter as a fusion computation named
+  ``all-reduce-scatter...`` whose body is an ``all-reduce`` and a slice of
+  each chip's shard: its all-reduce counts as the reduce-scatter it is.
+  """
   counts = dict.fromkeys(COLLECTIVES, 0)
-  for match in _COLLECTIVE_OP.finditer(hlo_text):
-    counts[match.group(1)] += 1
+  computation = ""
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      computation = header.group(1)
+      continue
+    for match in _COLLECTIVE_OP.finditer(line):
+      kind = match.group(1)
+      if kind == "all-reduce" and computation.startswith(_REDUCE_SCATTER):
+        kind = "reduce-scatter"
+      counts[kind] += 1
   return counts
 
 
@@ -232,14 +257,16 @@ def shard_bytes(abstract_args: Any) -> int:
 
 
 def _compile(jitted, mesh, *args):
-  """``(compiled or OutOfMemory, seconds)``: lowered and compiled inside the
-  mesh (the activations' sharding constraints name its axes). When the
-  compiler names only its temporaries, the arguments' shards are added to
-  what it needs."""
+  """``(compiled or OutOfMemory, seconds, program FLOPs)``: traced, lowered
+  and compiled inside the mesh (the activations' sharding constraints name
+  its axes); the FLOPs are :func:`jaxpr_flops` of the traced program itself
+  (its remat's recomputation included). When the compiler names only its
+  temporaries, the arguments' shards are added to what it needs."""
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
     try:
-      lowered = jitted.lower(*args)
+      traced = jitted.trace(*args)
+      lowered = traced.lower()
     except ValueError as e:  # a shape the mesh's axes do not divide
       raise InputError("MESH", f"{dict(mesh.shape)} cannot lay out the "
                        f"program: {str(e).splitlines()[0]}") from None
@@ -253,24 +280,26 @@ def _compile(jitted, mesh, *args):
       if oom.temporaries_only and oom.required_bytes is not None:
         oom.required_bytes += oom.argument_bytes
       compiled = oom
-  return compiled, time.perf_counter() - t0
+  return compiled, time.perf_counter() - t0, jaxpr_flops(traced.jaxpr)
 
 
 def report(compiled, *, target: Target, batch_size: int,
-           model_flops: float | None) -> dict:
+           model_flops: float | None, program_flops: float) -> dict:
   """The fields of a compiled program (module docstring); ``compiled`` may
-  be the compiler's :class:`OutOfMemory`."""
+  be the compiler's :class:`OutOfMemory`. ``program_flops``: the program's
+  own matmul FLOPs over the global batch (:func:`jaxpr_flops`)."""
   chip, chips = target.chip, len(target.devices)
   out = {"chips": chips, "device_kind": target.devices[0].device_kind,
          "hbm_gb_per_chip": chip.hbm_bytes / GB}
   model = None if model_flops is None else model_flops / chips
+  program = program_flops / chips
   if isinstance(compiled, OutOfMemory):  # every field, None where unknown
     required = (None if compiled.required_bytes is None
                 else compiled.required_bytes / GB)
     out.update(dict.fromkeys(REPORT_FIELDS))
     out.update(argument_gb=compiled.argument_bytes / GB, fits=False,
                required_gb=required, compiler_message=compiled.message,
-               model_flops_per_chip=model)
+               model_flops_per_chip=model, program_flops_per_chip=program)
     return out
   memory = compiled.memory_analysis()
   argument = memory.argument_size_in_bytes / GB
@@ -283,14 +312,15 @@ def report(compiled, *, target: Target, batch_size: int,
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get("flops", 0.0))
   accessed = float(cost.get("bytes accessed", 0.0))
-  roofline = max(flops / chip.peak_bf16_flops,
+  # the compiler counts a loop's body once; the program's count, every trip
+  roofline = max(max(flops, program) / chip.peak_bf16_flops,
                  accessed / chip.hbm_bytes_per_s)
   out.update(
       argument_gb=argument, output_gb=output, alias_gb=alias, temp_gb=temp,
       generated_code_gb=code, per_chip_gb=per_chip,
       fits=per_chip <= chip.hbm_bytes / GB,
       flops_per_chip=flops, bytes_accessed_per_chip=accessed,
-      model_flops_per_chip=model,
+      model_flops_per_chip=model, program_flops_per_chip=program,
       collectives=count_collectives(compiled.as_text()),
       roofline_step_s=roofline,
       examples_per_sec_at_roofline=(batch_size / roofline if roofline > 0
@@ -325,12 +355,13 @@ def compile_train(task: Task, settings: Settings,
   for i, phase in enumerate(plan.phases):
     state = state_lib.abstract_with(plan.abstract_states[i], plan.shardings[i])
     batch = _with_sharding(task.abstract_batch(settings, i), place.batch)
-    compiled, took = _compile(loop.jit_step(phase, plan.shardings[i], place),
-                              plan.mesh, state, batch)
+    compiled, took, flops = _compile(
+        loop.jit_step(phase, plan.shardings[i], place), plan.mesh, state,
+        batch)
     seconds += took
     fields = report(compiled, target=target, batch_size=settings.batch_size,
                     model_flops=None if model_flops is None
-                    else model_flops[i])
+                    else model_flops[i], program_flops=flops)
     best = _larger({**_header(target, plan.mesh, "train"),
                     "phase": phase.name, "batch_size": settings.batch_size,
                     **fields}, best)
@@ -352,9 +383,8 @@ def compile_decode(task: Task, settings: Settings,
   batch = _with_sharding(abstract_batch, place.batch)
   jitted = jax.jit(fn, in_shardings=(place.params, place.batch),
                    out_shardings=place.replicated)
-  compiled, seconds = _compile(jitted, plan.mesh, params, batch)
+  compiled, seconds, flops = _compile(jitted, plan.mesh, params, batch)
   fields = report(compiled, target=target, batch_size=rows,
-                  model_flops=program_flops(fn, plan.abstract_params,
-                                            abstract_batch))
+                  model_flops=flops, program_flops=flops)
   return {**_header(target, plan.mesh, "decode"), "batch_size": rows,
           **fields, "compile_s": seconds}

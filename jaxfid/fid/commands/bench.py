@@ -1,20 +1,17 @@
-"""``jaxfid bench train|decode|memory``: speed and memory of a gin-configured FiD.
+"""``jaxfid bench train|decode``: the speed of a gin-configured FiD.
 
 FiD's modes of the shared ``jaxfid bench`` (:mod:`jaxfid.commands.bench`).
 
 Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
 train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH come from them,
 and the answer length: DECODE_MAXLENGTH for ``decode``, TARGET_MAXLENGTH for
-``train`` and ``memory``, None meaning 50, FiD's decoding bound, as no data
+``train``, None meaning 50, FiD's decoding bound, as no data
 is read) plus ``--steps N``; the last line printed is
 one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
 mfu, peak_memory_gb, device, model and shape.
 
-``memory`` times nothing and allocates nothing: it prints the lower bound of a
-train step's memory from the shapes alone (parameters, Adam moments,
-gradients and the activations kept for the backward pass under the
-configured remat; ``jaxfid.fid.bench.memory_estimate``), so a full-size
-configuration can be sized on a laptop before it is sent to a pod.
+A run's memory, before it is sent to a pod, is what the TPU compiler says:
+``jaxfid bench compile`` (the shared mode; :mod:`jaxfid.training.aot`).
 """
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ BENCH_READS = Reads(
     macros={"BATCH_SIZE": SIZE, "N_CONTEXT": SIZE,
             "TEXT_MAXLENGTH": SIZE, "ANSWER_MAXLENGTH": OPTIONAL_SIZE,
             "TARGET_MAXLENGTH": OPTIONAL_SIZE,
-            "DECODE_MAXLENGTH": OPTIONAL_SIZE,
-            "ACCUMULATION_STEPS": SIZE, "USE_HARDWARE_RNG": flag()},
+            "DECODE_MAXLENGTH": OPTIONAL_SIZE, "USE_HARDWARE_RNG": flag()},
     needs=("BATCH_SIZE", "N_CONTEXT", "TEXT_MAXLENGTH"),
     accepts=(launch.run,))
 
@@ -94,36 +90,17 @@ def run(args) -> int:
     raise InputError("--steps", "must be at least 1")
   header = (f"jaxfid bench {args.mode}: {shape} on {cfg.d_model=} "
             f"{cfg.num_layers=} {cfg.dtype=} {cfg.remat=}")
-  if args.mode == "memory":
-    result = _memory(cfg, shape)
-    print(header, file=sys.stderr)
-    for part in ("params", "optimizer", "gradients", "saved_activations"):
-      print(f"  {part:<18} {result[part + '_gb']:9.2f} GB", file=sys.stderr)
-    print(f"  {'lower bound':<18} {result['lower_bound_gb']:9.2f} GB",
-          file=sys.stderr)
-  else:
-    print(header, file=sys.stderr)
-    with launch.prng_context(_macro_or("USE_HARDWARE_RNG", False)):
-      result = bench.run(args.mode, cfg, shape, steps=args.steps,
-                         peak_tflops=args.peak_tflops)
+  print(header, file=sys.stderr)
+  with launch.prng_context(_macro_or("USE_HARDWARE_RNG", False)):
+    result = bench.run(args.mode, cfg, shape, steps=args.steps,
+                       peak_tflops=args.peak_tflops)
   print(json.dumps(result))
   return 0
 
 
-def _memory(cfg, shape) -> dict:
-  """``bench.memory_estimate`` per microbatch of the gin ACCUMULATION_STEPS."""
-  accumulation = _macro_or("ACCUMULATION_STEPS", 1)
-  try:
-    return bench.memory_estimate(cfg, shape, accumulation_steps=accumulation)
-  except ValueError as e:
-    raise InputError("gin", f"BATCH_SIZE / ACCUMULATION_STEPS: {e}") from None
-
-
 HELPS = {"train": "time FiD train steps on this host's devices",
-         "decode": "time FiD greedy decoding on this host's devices",
-         "memory": "a FiD train step's memory from shapes (a lower bound)"}
-# `jaxfid bench train|decode|memory`, registered by FiD's plug-in
+         "decode": "time FiD greedy decoding on this host's devices"}
+# `jaxfid bench train|decode`, registered by FiD's plug-in
 MODES = tuple(Mode(name, HELPS[name], add_arguments, run, "bench", BENCH_READS,
                    order=order)
-              for order, name in ((10, "train"), (20, "decode"),
-                                  (30, "memory")))
+              for order, name in ((10, "train"), (20, "decode")))
