@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -272,3 +274,36 @@ def test_projection_when_database_width_differs():
   same = F.FusionConfig(modules="encoder.ffn", top_k=K, db_dim=CFG.d_model)
   wo = ReFusionModel(CFG, same).init_params(0)["encoder"]["layers_0"]["mlp"]["wo"]
   assert "fusion_proj" not in wo
+
+
+def _gin_macro(path: str, name: str) -> str:
+  """A string macro's value as a gin file sets it (``NAME = 'value'``)."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
+  return re.search(rf"^{name} = '([^']*)'", text, re.M).group(1)
+
+
+def test_t5_base_recipe_fuses_a_gtr_database_at_the_projections_scale():
+  """Issue #27 item 2: a GTR database (768-d, L2-normalised: entries of RMS
+  1/sqrt(768)) has T5-base's key/value width, so there is no projection; the
+  recipe's FUSED_NORM must still bring the reranker's fused vector (k = 64,
+  a further 1/K) to the projection outputs' scale. Added as stored it has
+  RMS ~3e-4 against outputs of RMS ~1."""
+  width, k = 768, 64
+  norm = _gin_macro("gin/refusion/t5_base.gin", "FUSED_NORM")
+  rng = np.random.default_rng(7)
+  db = rng.normal(size=(2, 2, k, width)).astype(np.float32)
+  db /= np.linalg.norm(db, axis=-1, keepdims=True)             # [B, S, K, R]
+  base = layers.Dense(width, width, ("embed", "kv"), dtype=jnp.float32,
+                      stddev=width ** -0.5, rngs=nnx.Rngs(0))
+  module = F.FusedProjection(
+      base, out_features=width, slot=0, choice="reranker", rngs=nnx.Rngs(1),
+      config=F.FusionConfig(modules="encoder.key", top_k=k, db_dim=width,
+                            fused_norm=norm))
+  assert not module.has_proj
+  x = jnp.asarray(rng.normal(size=(2, 3, width)), jnp.float32)  # RMS-normed input
+  plain = base(x)                                               # [B, L, O]
+  fused = module(x, {"neighbours": jnp.asarray(db)})
+  added = fused[:, 0] - plain[:, 0]                             # [B, O]
+  ratio = float(jnp.sqrt(jnp.mean(added ** 2)) / jnp.sqrt(jnp.mean(plain ** 2)))
+  assert 0.3 < ratio < 3.0, (norm, ratio)
+  np.testing.assert_array_equal(fused[:, 1:], plain[:, 1:])

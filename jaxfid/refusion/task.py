@@ -332,15 +332,8 @@ class ReFusionTask(Task):
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
     steps = settings.train_steps
-    schedule = optimizer.schedule_fn(steps)
-    options = self.search_config
-    model_opt, arch_opt = search_lib.group_optimizers(
-        self.model.abstract_params(), optimizer.make(schedule),
-        search_lib.arch_optimizer(
-            options.arch_learning_rate, kind=options.arch_optimizer,
-            weight_decay=options.arch_weight_decay,
-            warmup_steps=options.arch_warmup_steps, total_steps=steps),
-        fusion_lr_scale=options.fusion_lr_scale)
+    schedule, model_opt, arch_opt = search_lib.optimizers(
+        self.model.abstract_params(), optimizer, self.search_config, steps)
 
     def make_state(with_arch: bool):
       def make(params, step):
