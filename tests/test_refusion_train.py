@@ -459,3 +459,20 @@ def test_t5_base_optimizers_are_the_originals():
       total_steps=1000, clip_norm=1.0)
   assert not np.allclose(run(clipped), unclipped, rtol=1e-3)
   assert optimizer.clip_norm in (None, 0)
+
+
+@pytest.mark.slow  # a tiny run end to end, scored by generation
+def test_original_t5_protocol_trains_and_scores_by_generation(db, tmp_path):
+  """Issue #27 item 4: TEMPLATES='original_t5' with SCORING='generate' (the
+  original T5 script's protocol) runs end to end and records its scoring."""
+  out = tmp_path / "t5_protocol"
+  assert main(_args(out, db, steps=2, extra=[
+      "--gin.TEMPLATES='original_t5'", "--gin.SCORING='generate'",
+      "--gin.EVAL_EVERY=2"])) == 0
+  last = _lines(out)[-1]
+  assert 0.0 <= last["test_accuracy"] <= 1.0 and "flops_per_example" in last
+  assert any("eval_accuracy" in line for line in _lines(out))
+  config = json.loads((out / "jaxfid_config.json").read_text())
+  assert config["scoring"] == "generate"
+  assert config["label_words"] == ["negative", "positive"]
+  assert "{mask}" not in config["template"]

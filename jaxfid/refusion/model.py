@@ -15,6 +15,8 @@ parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.EncoderDecod
 Classification is rank classification: every class's label word (tokens
 ``[C, T]``) is scored by its log-likelihood under teacher forcing, the
 encoder running once per example; the prediction is the best-scoring class.
+:meth:`ReFusionModel.generate` decodes instead (the original T5 script's
+evaluation, :mod:`jaxfid.refusion.scoring`).
 """
 from __future__ import annotations
 
@@ -131,6 +133,14 @@ class ReFusionModel(EncoderDecoderModel):
   def classify(self, params, batch: dict, label_tokens: Array) -> Array:
     """int32 [B]: the best-scoring class."""
     return jnp.argmax(self.label_scores(params, batch, label_tokens), axis=-1)
+
+  def generate(self, params, batch: dict, max_decode_len: int) -> Array:
+    """int32 [B, max_decode_len]: greedy decoding of at most that many new
+    tokens (EOS kept, 0 after it), the neighbours fused as in
+    :meth:`label_scores` — the original T5 script's evaluation."""
+    return self.predict(params, batch["encoder_input_tokens"],
+                        max_decode_len=max_decode_len,
+                        extras=self.make_extras(batch))
 
   # ---- the search -----------------------------------------------------------
 

@@ -20,9 +20,11 @@ Phases:
   * without search, every fusion module uses ``fusion_scheme`` (or there are
     none: ``FUSION_MODULES='none'`` is the plain prompt-tuned backbone).
 
-Evaluation is rank classification over the label words with the discrete
-structure and the ordered mask's evaluation mask (the mean of what training
-draws, :mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
+Evaluation is rank classification over the label words (or, with
+``SCORING='generate'``, greedy generation matched to them: the original T5
+script's, :mod:`jaxfid.refusion.scoring`) with the discrete structure and
+the ordered mask's evaluation mask (the mean of what training draws,
+:mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
 ``structure_<scheme>`` counts) on the dev set every ``EVAL_EVERY`` steps,
 and at the end a line with ``test_accuracy`` (plus the task's own metric,
 ``test_f1`` or ``test_mcc``), ``test_examples`` and ``flops_per_example``
@@ -51,7 +53,7 @@ from jaxfid.refusion import neighbours as nb_lib
 from jaxfid.refusion import search as search_lib
 from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
 from jaxfid.refusion.model import ReFusionModel
-from jaxfid.refusion.scoring import SplitScorer
+from jaxfid.refusion.scoring import SCORINGS, SplitScorer
 from jaxfid.t5.config import T5Config
 from jaxfid.training.metrics_log import read_records
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
@@ -95,7 +97,9 @@ class ReFusionData(Config):
   Attributes:
     task: ``TASK``, one of :data:`jaxfid.refusion.lmbff.TASK_NAMES`.
     data_dir: ``DATA_DIR``, LM-BFF's ``k-shot/<TASK>/16-<seed>``.
-    templates: ``TEMPLATES``, ``'paper'`` (Table 5) or ``'original'``.
+    templates: ``TEMPLATES``, ``'paper'`` (Table 5), ``'original'`` (the
+      original code's RoBERTa templates) or ``'original_t5'`` (its T5
+      script's instruction templates and label words).
     max_length: ``MAX_LENGTH``, tokens of an input.
     eval_batch_size: ``EVAL_BATCH_SIZE``, examples per scoring batch.
     retrieval_db: ``RETRIEVAL_DB``, the ``jaxfid index dense`` output (needed
@@ -111,6 +115,13 @@ class ReFusionData(Config):
       from the database (and checks it when given); ``jaxfid bench
       compile``, which reads no database, needs it with fusion modules in
       'input' mode ('hidden' mode's is the model's width).
+    scoring: ``SCORING``, how dev and test examples are classified:
+      ``'rank'`` (the label words' log-likelihoods) or ``'generate'``
+      (greedy decoding, exact match to a label word: the original T5
+      script's).
+    generate_tokens: ``GENERATE_TOKENS``, ``'generate'``: new tokens decoded
+      at most (2: the original's ``generate(max_length=3)``, which counts
+      the decoder start token).
   """
   task: str = option(test=_task_problem)
   data_dir: str = option()
@@ -123,6 +134,8 @@ class ReFusionData(Config):
   neighbour_cache: str | None = None
   retrieval_mode: str = option("input", choices=RETRIEVAL_MODES)
   db_dim: int | None = option(None, low=1)
+  scoring: str = option("rank", choices=SCORINGS)
+  generate_tokens: int = option(2, low=1)
 
 
 class ReFusionTask(Task):
@@ -194,7 +207,10 @@ class ReFusionTask(Task):
     self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
                                        top_k=data.top_k, hidden=self.hidden)
     self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
-                              self.neighbours, data.eval_batch_size)
+                              self.neighbours, data.eval_batch_size,
+                              scoring=data.scoring,
+                              generate_tokens=data.generate_tokens,
+                              spec=self.spec, tokenizer=tokenizer)
 
   def _use_model(self, db_dim: int) -> None:
     """The run's fusion settings (K, the database width R, the search) and
@@ -283,11 +299,16 @@ class ReFusionTask(Task):
     return out
 
   def decode_program(self, settings: Settings, batch_size: int):
-    """Rank classification (:class:`SplitScorer`'s program): every label
-    word scored under teacher forcing with the final structure's model,
-    int32 [N] best classes, on an evaluation batch (which keeps its gold
-    label word, unused)."""
+    """The final structure's classification (:class:`SplitScorer`'s
+    program) on an evaluation batch (which keeps its gold label word,
+    unused): every label word scored under teacher forcing, int32 [N] best
+    classes, or with ``SCORING='generate'`` int32 [N, GENERATE_TOKENS]
+    generated tokens."""
     model, labels = self.final_model(), self.label_tokens    # [C, T]
+    if self.data.scoring == "generate":
+      tokens = self.data.generate_tokens
+      return (lambda params, batch: model.generate(params, batch, tokens),
+              self._abstract_part(batch_size))
     return (lambda params, batch: model.classify(params, batch, labels),
             self._abstract_part(batch_size))
 
@@ -297,6 +318,7 @@ class ReFusionTask(Task):
             "max_length": self.data.max_length,
             "label_words": list(self.spec.label_words),
             "templates": self.data.templates, "template": self.spec.template,
+            "scoring": self.data.scoring,
             "retrieval_db": self.data.retrieval_db,
             "concat_neighbours": self.data.concat_neighbours,
             "search": self.search,
