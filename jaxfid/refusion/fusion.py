@@ -52,7 +52,8 @@ from-scratch model ignored them (benchmarks/RESULTS.md). ``'rms'``
 normalises without a projection too, ``'none'`` never (runs written before
 the option load with ``'none'``). Corrections to the original code: the
 Gumbel-softmax runs over the ranks (the original's runs over the embedding
-dimension) and evaluation is deterministic (the original's stays random).
+dimension) and evaluation is deterministic (the original's stays random);
+``mask_sampler='original'`` keeps the original's formula.
 
 Parameters added per wrapped projection (beside the original ``kernel``, so
 checkpoints of plain T5 load by name): ``fusion_rerank`` [K],
