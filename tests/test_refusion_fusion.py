@@ -158,6 +158,41 @@ def test_original_sampler_is_the_original_codes_mask_one_per_call():
                                                     rel=1e-5)
 
 
+def test_layer_retrieval_searches_with_each_modules_input():
+  """Issue #27 item 5: in 'layer' retrieval a module searches the database
+  with the first position of its own input (the original's
+  ``_get_neighbors``: ``x[:, 0]``) by the index's metric, then fuses those
+  rows' stored vectors exactly as given neighbours; zeros past N rows."""
+  rng = np.random.default_rng(9)
+  n, b = 7, 3
+  vectors = rng.normal(size=(n, R)).astype(np.float32)
+  x = rng.normal(size=(b, 4, R)).astype(np.float32)
+  base = layers.Dense(R, R, ("embed", "kv"), dtype=jnp.float32, stddev=0.5,
+                      rngs=nnx.Rngs(0))
+  module = F.FusedProjection(
+      base, out_features=R, slot=0, choice="reranker", rngs=nnx.Rngs(1),
+      config=F.FusionConfig(modules="encoder.key", top_k=K, db_dim=R,
+                            fused_norm="none"))
+  module.fusion_rerank[...] = jnp.asarray(rng.normal(size=(K,)), jnp.float32)
+  q = x[:, 0]
+  for metric, bias, order in (
+      ("ip", np.zeros(n, np.float32), -(q @ vectors.T)),
+      ("l2", -0.5 * (vectors ** 2).sum(1),
+       ((q[:, None] - vectors[None]) ** 2).sum(-1))):
+    best = np.argsort(order, axis=1, kind="stable")[:, :K]         # [B, K]
+    given = jnp.asarray(vectors[best][:, None])                   # [B, 1, K, R]
+    searched, direct = jax.jit(lambda x, v, c, h: (
+        module(x, {"database": v, "database_bias": c}),
+        module(x, {"neighbours": h})))(jnp.asarray(x), jnp.asarray(vectors),
+                                        jnp.asarray(bias), given)
+    np.testing.assert_allclose(searched, direct, rtol=1e-5, atol=1e-6,
+                               err_msg=metric)
+  padded = F.layer_neighbours(jnp.asarray(q), jnp.asarray(vectors),
+                              jnp.zeros(n), n + 2)                # [B, 1, N+2, R]
+  assert padded.shape == (b, 1, n + 2, R)
+  assert not np.any(padded[:, :, n:]) and np.all(np.any(padded[:, :, :n], -1))
+
+
 def test_xavier_initialisation_is_the_originals():
   k, r = 8, 24
   fusion = F.FusionConfig(modules="encoder.key", top_k=k, db_dim=r,

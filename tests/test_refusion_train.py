@@ -374,6 +374,32 @@ def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):
   np.testing.assert_allclose(got[:, 0], allv[best], rtol=1e-6)
 
 
+@pytest.mark.slow  # two tiny runs: every module searches in the program
+def test_layer_mode_retrieves_in_every_module(tmp_path, capsys):
+  """Issue #27 item 5: RETRIEVAL_MODE='layer' (the paper's 'Hidden') trains
+  and evaluates with each key/value module searching the database with its
+  own input; modules whose input is not the hidden state are refused."""
+  d = tmp_path
+  (d / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+  ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=16,
+                                 d_kv=4, d_ff=32, num_heads=2, num_layers=1,
+                                 num_decoder_layers=1)
+  build_dense_index(None, d / "sentences.txt", d / "db16",
+                    encoder=load_dual_encoder(ckpt), progress=False)
+  out = d / "layer"
+  assert main(_args(out, d / "db16", steps=2, extra=[
+      "--gin.RETRIEVAL_MODE='layer'"])) == 0
+  test = [l for l in _lines(out) if "test_accuracy" in l]
+  assert len(test) == 1 and test[0]["step"] == 2
+  assert json.loads((out / "jaxfid_config.json").read_text())[
+      "retrieval_mode"] == "layer"
+  assert not (d / "db16" / "neighbour_cache").exists()   # nothing offline
+  capsys.readouterr()
+  assert main(_args(d / "ffn", d / "db16", steps=2, extra=[
+      "--gin.RETRIEVAL_MODE='layer'", "--gin.FUSION_MODULES='ffn'"])) == 2
+  assert "only query, key, value modules" in capsys.readouterr().err
+
+
 def test_hidden_mode_needs_a_database_of_the_model_width(db, tmp_path, capsys):
   assert main(_args(tmp_path / "h", db, extra=[
       "--gin.RETRIEVAL_MODE='hidden'"])) == 2

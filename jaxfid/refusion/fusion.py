@@ -302,6 +302,22 @@ def original_ordered_mask(beta: Array, rng: Array, clip: float,
   return jnp.flip(jnp.cumsum(c, axis=1), axis=1)                       # [N, K, R]
 
 
+def layer_neighbours(queries: Array, vectors: Array, bias: Array,
+                     top_k: int) -> Array:
+  """Per-module retrieval ('layer' mode) float32 [B, 1, K, R]: the stored
+  vectors of the ``top_k`` database rows best for each query [B, R] by
+  ``q . v + bias`` (bias 0: inner product; ``-|v|^2 / 2``: L2), searched
+  in the program over the whole database ``vectors`` [N, R]; zeros past N.
+  The queries are detached, as the original's ``x[:, 0].detach()``."""
+  q = jax.lax.stop_gradient(queries.astype(jnp.float32))          # [B, R]
+  scores = jnp.einsum("br,nr->bn", q, vectors) + bias[None]       # [B, N]
+  k = min(top_k, vectors.shape[0])
+  _, rows = jax.lax.top_k(scores, k)                              # [B, k]
+  found = vectors[rows]                                           # [B, k, R]
+  found = jnp.pad(found, ((0, 0), (0, top_k - k), (0, 0)))        # [B, K, R]
+  return found[:, None]                                           # [B, 1, K, R]
+
+
 def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
   """(1/K) sum_i v_i * h_i: [B, S, K, R] with v [K, R] or [B, K, R] -> [B, S, R]."""
   k = neighbours.shape[2]
@@ -320,9 +336,12 @@ class FusedProjection(nnx.Module):
   Replaces a :class:`jaxfid.t5.layers.Dense` (keeping its ``kernel``
   parameter under the same name). ``extras`` is the dict built by
   :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
-  ``neighbours`` float [B, S, K, R] (zeros where missing), optional ``rng``
-  (training: sampled ordered masks; absent: the evaluation mask). Without
-  extras it is the plain projection.
+  ``neighbours`` float [B, S, K, R] (zeros where missing), or ('layer'
+  retrieval) ``database`` [N, R] and ``database_bias`` [N], which this
+  module searches with the first position of its own input
+  (:func:`layer_neighbours`); optional ``rng`` (training: sampled ordered
+  masks; absent: the evaluation mask). Without extras it is the plain
+  projection.
   """
 
   def __init__(self, base: layers.Dense, *, out_features: int,
@@ -360,6 +379,7 @@ class FusedProjection(nnx.Module):
     self.hard = config.mask_sampler == "straight_through"
     self.original = config.mask_sampler == "original"
     self.eval_samples = config.mask_eval_samples
+    self.top_k = k
     self.normalize = (config.fused_norm == "rms"
                       or (config.fused_norm == "auto" and self.has_proj))
 
@@ -401,7 +421,12 @@ class FusedProjection(nnx.Module):
     y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel)  # [B, L, O]
     if extras is None or self.choice == "original":
       return y
-    neighbours, rng = extras["neighbours"], extras.get("rng")
+    rng = extras.get("rng")
+    if "database" in extras:                         # 'layer' retrieval
+      neighbours = layer_neighbours(x[:, 0], extras["database"],
+                                    extras["database_bias"], self.top_k)
+    else:
+      neighbours = extras["neighbours"]                             # [B, S, K, R]
     if self.choice is not None:
       delta = self._delta(self.choice, neighbours, rng)             # [B, O]
     else:

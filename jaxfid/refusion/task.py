@@ -59,7 +59,10 @@ from jaxfid.training.metrics_log import read_records
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
 
-RETRIEVAL_MODES = ("input", "hidden")
+RETRIEVAL_MODES = ("input", "hidden", "layer")
+# The modules whose input is the layer's hidden state (width d_model): those
+# 'layer' retrieval can query with it.
+LAYER_QUERY_MODULES = ("query", "key", "value")
 
 
 def merge_backbone(params: dict, backbone: dict, source: str) -> dict:
@@ -110,7 +113,10 @@ class ReFusionData(Config):
     neighbour_cache: ``NEIGHBOUR_CACHE``, the offline retrieval cache
       (default: in the database's directory).
     retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (once, offline, from the
-      text) or ``'hidden'`` (on-line, from the encoder states).
+      text), ``'hidden'`` (on-line, once per batch, from the mean-pooled
+      final encoder states) or ``'layer'`` (the paper's 'Hidden': every
+      fusion module searches the database, held in the program, with the
+      first position of its own input).
     db_dim: ``DB_DIM``, the width of RETRIEVAL_DB's vectors: a run reads it
       from the database (and checks it when given); ``jaxfid bench
       compile``, which reads no database, needs it with fusion modules in
@@ -159,6 +165,7 @@ class ReFusionTask(Task):
     self.fusion, self.search_config = fusion, search
     self.search = search.search and fusion.enabled
     self.hidden = data.retrieval_mode == "hidden" and fusion.enabled
+    self.layer = data.retrieval_mode == "layer" and fusion.enabled
     self._structure_model: ReFusionModel | None = None
     self._start_step = 0
     self._replicate = None
@@ -192,18 +199,26 @@ class ReFusionTask(Task):
     if fused and data.db_dim is not None and data.db_dim != db_dim:
       raise InputError(data.retrieval_db, f"holds {db_dim}-d vectors, but "
                        f"DB_DIM is {data.db_dim}")
-    if self.hidden and db_dim != self.model_config.d_model:
-      raise InputError(data.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
+    if (self.hidden or self.layer) and db_dim != self.model_config.d_model:
+      raise InputError(data.retrieval_db, f"RETRIEVAL_MODE "
+                       f"{data.retrieval_mode!r} queries "
                        f"the database with the model's "
                        f"{self.model_config.d_model}-d hidden states, but it "
                        f"holds {db_dim}-d vectors: build it with `jaxfid index "
                        "dense --checkpoint` of this backbone")
+    if self.layer and any(t.split(".")[1] not in LAYER_QUERY_MODULES
+                          for t in self.fusion.targets):
+      raise InputError("FUSION_MODULES", "RETRIEVAL_MODE 'layer' queries "
+                       "with each module's input, the hidden state: only "
+                       f"{', '.join(LAYER_QUERY_MODULES)} modules")
     self.arrays = encode_splits(
         self.spec, splits, tokenizer, label_tokens, max_length=data.max_length,
         retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
-        hidden=self.hidden, concat_neighbours=data.concat_neighbours,
+        hidden=self.hidden or self.layer,
+        concat_neighbours=data.concat_neighbours,
         neighbour_cache=data.neighbour_cache, progress=settings.progress)
-    self._use_model(db_dim)
+    self._use_model(db_dim, nb_lib.layer_database(data.retrieval_db)
+                    if self.layer else None)
     self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
                                        top_k=data.top_k, hidden=self.hidden)
     self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
@@ -212,13 +227,13 @@ class ReFusionTask(Task):
                               generate_tokens=data.generate_tokens,
                               spec=self.spec, tokenizer=tokenizer)
 
-  def _use_model(self, db_dim: int) -> None:
+  def _use_model(self, db_dim: int, database: tuple | None = None) -> None:
     """The run's fusion settings (K, the database width R, the search) and
-    model."""
+    model (holding the database in 'layer' retrieval)."""
     self.fusion = self.fusion.replace(top_k=self.data.top_k,
                                       db_dim=max(db_dim, 1),
                                       search=self.search)
-    self.model = ReFusionModel(self.model_config, self.fusion)
+    self.model = ReFusionModel(self.model_config, self.fusion, database)
 
   # ---- ahead-of-time compilation ------------------------------------------
 
@@ -243,6 +258,9 @@ class ReFusionTask(Task):
     """
     self.settings = settings
     data, fused = self.data, self.fusion.enabled
+    if self.layer:
+      raise InputError("RETRIEVAL_MODE", "'layer' puts its database into "
+                       "the programs: they are not compiled ahead of time")
     self.spec = lmbff.get_task(data.task, data.templates)
     self.label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
                                                      load_tokenizer())
@@ -269,7 +287,7 @@ class ReFusionTask(Task):
   def _segments(self) -> int:
     """S, the neighbour segments of an example: one per input sentence
     ('input' retrieval), one pooled query ('hidden')."""
-    return 2 if self.spec.pair and not self.hidden else 1
+    return 2 if self.spec.pair and not (self.hidden or self.layer) else 1
 
   def _abstract_part(self, rows: int) -> dict:
     """One batch of ``rows`` examples (:func:`batch_lib.train_batch` after
@@ -280,7 +298,7 @@ class ReFusionTask(Task):
                                           jnp.int32),
             "decoder_target_tokens": shape(
                 (rows, self.label_tokens.shape[1]), jnp.int32)}
-    if self.fusion.enabled:
+    if self.fusion.enabled and not self.layer:
       f = self.fusion
       part["neighbours"] = shape((rows, self._segments(), f.top_k, f.db_dim),
                                  jnp.float32)
@@ -322,7 +340,8 @@ class ReFusionTask(Task):
             "retrieval_db": self.data.retrieval_db,
             "concat_neighbours": self.data.concat_neighbours,
             "search": self.search,
-            "retrieval_mode": "hidden" if self.hidden else "input",
+            "retrieval_mode": ("hidden" if self.hidden else
+                               "layer" if self.layer else "input"),
             "retrain": self.search_config.retrain,
             "train_steps": self.settings.train_steps}
 
