@@ -502,3 +502,21 @@ def test_original_t5_protocol_trains_and_scores_by_generation(db, tmp_path):
   assert config["scoring"] == "generate"
   assert config["label_words"] == ["negative", "positive"]
   assert "{mask}" not in config["template"]
+
+
+def test_layer_mode_is_refused_where_its_database_cannot_follow(tmp_path):
+  """'layer' retrieval keeps its database in the programs: `jaxfid bench
+  compile` (no database read) and `jaxfid eval` (which rebuilds the
+  neighbours itself) refuse it in one line."""
+  from jaxfid.core.errors import InputError
+  from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
+  from jaxfid.refusion.task import ReFusionData, ReFusionTask
+  task = ReFusionTask(data=ReFusionData(task="sst-2", data_dir="d",
+                                        retrieval_db="db",
+                                        retrieval_mode="layer"))
+  with pytest.raises(InputError, match="not compiled ahead of time"):
+    task.prepare_shapes(None)
+  with pytest.raises(InputError, match="RETRIEVAL_MODE 'layer' run"):
+    ReFusionCheckpointEvaluator(str(tmp_path), {
+        "method": "refusion", "max_length": 8, "fusion": {}, "model": {},
+        "retrieval_mode": "layer"})
