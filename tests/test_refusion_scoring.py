@@ -105,3 +105,29 @@ def test_generation_fuses_the_neighbours_as_ranking_does():
   logits0, _ = net.decode(enc0.hidden, enc0.mask, shift_right(tokens),
                           extras=zero)
   assert not np.allclose(logits[:, 0], logits0[:, 0], atol=1e-3)
+
+
+def test_original_t5_inputs_carry_no_eos():
+  """The original T5 script encodes its source with add_special_tokens=False:
+  under TEMPLATES='original_t5' the inputs have no EOS (and the prompt may
+  use that token); the other template sets end every input with EOS."""
+  from jaxfid.refusion import template_sets
+  from jaxfid.refusion.batches import label_token_matrix
+  from jaxfid.refusion.data import encode_splits
+  tok = Tokenizer()
+  ex = lmbff.Example("a fine film .", None, 1, "x:1")
+  rows = {}
+  for templates in ("paper", "original_t5"):
+    spec = lmbff.get_task("sst-2", templates)
+    rows[templates] = encode_splits(
+        spec, {"train": [ex]}, tok, label_token_matrix(spec.label_words, tok),
+        max_length=32, retrieval_db=None, top_k=1, fused=False, hidden=False,
+        concat_neighbours=False, neighbour_cache=None, progress=False,
+        input_eos=template_sets.input_eos(templates))["train"][
+            "encoder_input_tokens"][0]
+  t5 = tok.encode(lmbff.render_input(SPEC, ex))
+  np.testing.assert_array_equal(rows["original_t5"][:len(t5)], t5)
+  assert not np.any(rows["original_t5"][len(t5):])
+  paper = tok.encode(lmbff.render_input(lmbff.TASKS["sst-2"], ex))
+  np.testing.assert_array_equal(rows["paper"][:len(paper) + 1],
+                                paper + [EOS_ID])

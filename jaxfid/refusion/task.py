@@ -51,6 +51,7 @@ from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib
 from jaxfid.refusion import search as search_lib
+from jaxfid.refusion import template_sets
 from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
 from jaxfid.refusion.model import ReFusionModel
 from jaxfid.refusion.scoring import SCORINGS, SplitScorer
@@ -215,6 +216,7 @@ class ReFusionTask(Task):
         self.spec, splits, tokenizer, label_tokens, max_length=data.max_length,
         retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
         hidden=self.hidden or self.layer,
+        input_eos=template_sets.input_eos(data.templates),
         concat_neighbours=data.concat_neighbours,
         neighbour_cache=data.neighbour_cache, progress=settings.progress)
     self._use_model(db_dim, nb_lib.layer_database(data.retrieval_db)

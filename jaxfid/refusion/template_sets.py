@@ -61,6 +61,15 @@ _ORIGINAL_T5 = {
 }
 
 
+def input_eos(templates: str) -> bool:
+  """Whether the encoder inputs end with EOS: not under ``'original_t5'``
+  (its ``tokenize_input_encoder_decoder`` encodes the source with
+  ``add_special_tokens=False``), as T5 inputs otherwise do."""
+  if templates not in TEMPLATE_SETS:
+    raise ValueError(f"template set {templates!r}: one of {TEMPLATE_SETS}")
+  return templates != "original_t5"
+
+
 def overrides(task: str, templates: str) -> dict:
   """The :class:`~jaxfid.refusion.lmbff.TaskSpec` fields that template set
   ``templates`` changes for ``task`` (a canonical name): ``template`` and,
