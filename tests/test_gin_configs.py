@@ -174,7 +174,7 @@ def test_refusion_base_has_the_papers_settings_and_trains_one_step(tmp_path):
                     "FUSION_MODULES": "key,value", "SEARCH": True,
                     "OPTIMIZER": "adamw", "ARCH_OPTIMIZER": "adamw",
                     "FUSION_INIT": "zeros", "MASK_SAMPLER": "soft",
-                    "FUSED_NORM": "auto", "TEMPLATES": "paper"}
+                    "FUSED_NORM": "rms", "TEMPLATES": "paper"}
   assert count_params(abstract_t5(cfg)) == count_params(
       abstract_t5(config_lib.preset("t5_base")))
   # Full size, abstractly: 12 layers x (key, value), each k + k*768 + 3.

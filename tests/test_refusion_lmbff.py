@@ -170,11 +170,12 @@ def test_rendered_examples_match_lmbff_templates():
   assert first("qnli").startswith(
       "Sanskrit is the primary sacred language of which religion ? "
       "<extra_id_0>, sanskrit (/ˈsænskrɪt/;")
-  assert first("qqp") == ("Can I develope mobile apps with c++ <extra_id_0>, "
+  # MRPC and QQP: x1 keeps its punctuation (LM-BFF's *sent_0*, issue #27)
+  assert first("qqp") == ("Can I develope mobile apps with c++? <extra_id_0>, "
                           "how can I develop mobile apps with C++?")
   assert first("mrpc", "dev").startswith(
       "The retailer said it came to the decision after hearing the opinions "
-      "of customers and associates <extra_id_0>, the decision came after \" "
+      "of customers and associates . <extra_id_0>, the decision came after \" "
       "listening")
 
 
@@ -318,8 +319,10 @@ def test_pair_rendering_rules():
   ex = lmbff.Example("No full stop", "NASA said so", 0, "x:2")
   assert lmbff.render_input(spec, ex) == (
       "No full stop ? <extra_id_0>, nASA said so")
-  assert lmbff.render_text(lmbff.TASKS["mrpc"], "A b .", "C d .") == (
-      "A b <extra_id_0>, c d .")
+  # MRPC and QQP keep x1's final punctuation (LM-BFF's *sent_0*)
+  for name in ("mrpc", "qqp"):
+    assert lmbff.render_text(lmbff.TASKS[name], "A b .", "C d .") == (
+        "A b . <extra_id_0>, c d .")
   with pytest.raises(ValueError, match="needs a sentence pair"):
     lmbff.render_text(spec, "only one")
 
@@ -341,6 +344,57 @@ def test_the_original_codes_templates_differ_for_cola_and_trec():
       "<extra_id_0>: Who ?")
   with pytest.raises(InputError, match="TEMPLATES"):
     lmbff.get_task("cola", "lmbff")
+
+
+T5_SCRIPT = {  # run_t5_refusion.sh's MAPPING: raw label -> label word
+    "sst-2": {"0": "negative", "1": "positive"},
+    "sst-5": {"0": "terrible", "1": "bad", "2": "okay", "3": "good",
+              "4": "great"},
+    "subj": {"0": "subjective", "1": "objective"},
+    "trec": {"0": "description", "1": "entity", "2": "expression",
+             "3": "person", "4": "location", "5": "quantity"},
+    "cola": {"0": "unacceptable", "1": "acceptable"},
+    "mnli": {"contradiction": "No", "entailment": "Yes", "neutral": "Maybe"},
+    "rte": {"not_entailment": "No", "entailment": "Yes"},
+    "mrpc": {"0": "No", "1": "Yes"},
+}
+
+
+def test_the_original_t5_scripts_templates_and_label_words():
+  """Issue #27 item 4: TEMPLATES='original_t5' is run_t5_refusion.sh's
+  TEMPLATE (up to *sep*) and MAPPING; every label word is one T5 token
+  (the original asserts it), and the pair rules are the tasks' own."""
+  t5 = {name: lmbff.get_task(name, "original_t5") for name in lmbff.TASK_NAMES}
+  for name, words in T5_SCRIPT.items():
+    assert dict(zip(t5[name].labels, t5[name].label_words)) == words, name
+  for name in ("mr", "cr", "mpqa"):
+    assert t5[name].label_words == ("negative", "positive")
+  tokenizer = Tokenizer()
+  assert all(len(tokenizer.encode(w)) == 1
+             for spec in t5.values() for w in spec.label_words)
+  assert all("{mask}" not in spec.template for spec in t5.values())
+  render = lambda name, *texts: lmbff.render_text(t5[name], *texts)
+  assert render("sst-2", "A fine film .") == (
+      "Does the following sentence have a positive or negative sentiment ? "
+      "A fine film . The answer is")
+  assert render("sst-5", "A fine film .") == (   # no space: as the script
+      "What sentiment does this sentence have? terrible, bad, okay, good or "
+      "greatA fine film . The answer is")
+  assert render("subj", "It is .") == (
+      "Is this a subjective or objective description ? It is . The answer is")
+  assert render("trec", "Who ?") == (
+      "Which category best describes the following question: Who ? Choose "
+      "from the following list: description, entity, expression, person, "
+      "location, quantity. The answer is")
+  assert render("cola", "He left .") == (
+      "The following sentence is either acceptable, meaning it is "
+      "grammatically correct and makes sense, or unacceptable. Which is "
+      "it?He left . The answer is")
+  assert render("rte", "It rained!", "Streets are wet.") == (
+      "It rained ?, streets are wet.")                  # *sent-_0*
+  assert render("qqp", "Is it?", "Was it?") == "Is it? ?, was it?"  # *sent_0*
+  # the other tasks' examples are unchanged by the choice
+  assert lmbff.get_task("sst-2", "original") is lmbff.TASKS["sst-2"]
 
 
 def test_label_words_and_back():

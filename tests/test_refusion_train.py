@@ -374,8 +374,149 @@ def test_hidden_mode_retrieves_online_with_the_model_states(tmp_path):
   np.testing.assert_allclose(got[:, 0], allv[best], rtol=1e-6)
 
 
+@pytest.mark.slow  # two tiny runs: every module searches in the program
+def test_layer_mode_retrieves_in_every_module(tmp_path, capsys):
+  """Issue #27 item 5: RETRIEVAL_MODE='layer' (the paper's 'Hidden') trains
+  and evaluates with each key/value module searching the database with its
+  own input; modules whose input is not the hidden state are refused."""
+  d = tmp_path
+  (d / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+  ckpt = make_tiny_hf_checkpoint(d / "t5", vocab_size=32128, d_model=16,
+                                 d_kv=4, d_ff=32, num_heads=2, num_layers=1,
+                                 num_decoder_layers=1)
+  build_dense_index(None, d / "sentences.txt", d / "db16",
+                    encoder=load_dual_encoder(ckpt), progress=False)
+  out = d / "layer"
+  assert main(_args(out, d / "db16", steps=2, extra=[
+      "--gin.RETRIEVAL_MODE='layer'"])) == 0
+  test = [l for l in _lines(out) if "test_accuracy" in l]
+  assert len(test) == 1 and test[0]["step"] == 2
+  assert json.loads((out / "jaxfid_config.json").read_text())[
+      "retrieval_mode"] == "layer"
+  assert not (d / "db16" / "neighbour_cache").exists()   # nothing offline
+  capsys.readouterr()
+  assert main(_args(d / "ffn", d / "db16", steps=2, extra=[
+      "--gin.RETRIEVAL_MODE='layer'", "--gin.FUSION_MODULES='ffn'"])) == 2
+  assert "only query, key, value modules" in capsys.readouterr().err
+
+
 def test_hidden_mode_needs_a_database_of_the_model_width(db, tmp_path, capsys):
   assert main(_args(tmp_path / "h", db, extra=[
       "--gin.RETRIEVAL_MODE='hidden'"])) == 2
   err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(err) == 1 and "hidden" in err[0] and "16-d" in err[0]
+
+
+def _gin_optimizers(gin_file: str):
+  """The run's OptimizerSettings and SearchConfig as ``gin_file`` binds them."""
+  import gin
+  from jaxfid.commands import gin_flags
+  gin_flags.parse_gin([gin_file], ["MODEL_DIR = 'x'", "TASK = 'sst-2'",
+                                   f"DATA_DIR = '{SST2}'"])
+  try:
+    return (gin.query_parameter("loop.train.optimizer").scoped_configurable_fn(),
+            gin.query_parameter(
+                "refusion_task.ReFusionTask.search").scoped_configurable_fn())
+  finally:
+    gin.clear_config()
+
+
+def test_t5_base_optimizers_are_the_originals():
+  """Issue #27 item 3 (``create_optimizer_and_scheduler`` and ``train_nas``
+  of the original's ``run_glue_encoder_decoder.py``): the model's AdamW
+  decays every weight by 1e-4 except the layer norms, warms up over 100
+  steps then decays linearly to 0, and neither step clips its gradients."""
+  optimizer, options = _gin_optimizers("gin/refusion/t5_base.gin")
+  cfg = dataclasses.replace(preset("tiny"), d_model=8, d_kv=4, d_ff=8,
+                            num_heads=2, vocab_size=16, num_layers=1,
+                            num_decoder_layers=1)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(                       # the tree, any values but 0
+      lambda a: rng.uniform(1.0, 2.0, a.shape).astype(np.float32),
+      ReFusionModel(cfg, F.FusionConfig(modules="key", top_k=3, db_dim=5,
+                                        search=True)).abstract_params())
+  schedule, model_opt, _ = search.optimizers(params, optimizer, options, 1000)
+  lr = 1e-5
+  np.testing.assert_allclose(schedule(np.array([0, 50, 100, 550, 1000])),
+                             [0.0, lr / 2, lr, lr / 2, 0.0], rtol=1e-6, atol=1e-12)
+  # Zero gradients: Adam's step is 0, what is left is the decay -lr * wd * p
+  # (the 51st update's rate is schedule(50)).
+  zeros = jax.tree.map(np.zeros_like, params)
+  update = jax.jit(model_opt.update)
+  state = model_opt.init(params)
+  for _ in range(51):
+    updates, state = update(zeros, state, params)
+  decayed = 0
+  for path, u in jax.tree_util.tree_leaves_with_path(updates):
+    name, p = str(path[-1].key), params
+    for k in path:
+      p = p[k.key]
+    want = (0.0 if name == "scale" or search.param_group(path) == "arch"
+            else -lr / 2 * 1e-4 * np.asarray(p))
+    np.testing.assert_allclose(np.asarray(u), want, rtol=1e-4, atol=1e-16)
+    decayed += name != "scale" and search.param_group(path) != "arch"
+  assert decayed and any(str(p[-1].key) == "scale" for p, _ in
+                         jax.tree_util.tree_leaves_with_path(params))
+  # No clipping: the arch step equals unclipped AdamW on gradients whose
+  # norms vary (clipping at 1 would change Adam's normalised steps).
+  arch = {"a": jnp.zeros((3,))}
+  arch_only = search.arch_optimizer(
+      1e-4, kind="adamw", weight_decay=1e-4, warmup_steps=100,
+      total_steps=1000, clip_norm=options.arch_clip_norm)
+  grads = [jnp.array([30.0, -40.0, 0.0]), jnp.array([0.1, 0.2, -0.3])]
+
+  def run(opt):
+    @jax.jit
+    def steps(p):
+      s = opt.init(p)
+      for g in grads * 3:
+        u, s = opt.update({"a": g}, s, p)
+        p = optax.apply_updates(p, u)
+      return p["a"]
+    return np.asarray(steps(arch))
+  schedule_arch = optax.join_schedules(
+      [optax.linear_schedule(0.0, 1e-4, 100),
+       optax.linear_schedule(1e-4, 0.0, 900)], [100])
+  unclipped = run(optax.adamw(schedule_arch, weight_decay=1e-4))
+  np.testing.assert_allclose(run(arch_only), unclipped, rtol=1e-6)
+  assert options.arch_warmup_steps == 100 and options.arch_weight_decay == 1e-4
+  clipped = search.arch_optimizer(
+      1e-4, kind="adamw", weight_decay=1e-4, warmup_steps=100,
+      total_steps=1000, clip_norm=1.0)
+  assert not np.allclose(run(clipped), unclipped, rtol=1e-3)
+  assert optimizer.clip_norm in (None, 0)
+
+
+@pytest.mark.slow  # a tiny run end to end, scored by generation
+def test_original_t5_protocol_trains_and_scores_by_generation(db, tmp_path):
+  """Issue #27 item 4: TEMPLATES='original_t5' with SCORING='generate' (the
+  original T5 script's protocol) runs end to end and records its scoring."""
+  out = tmp_path / "t5_protocol"
+  assert main(_args(out, db, steps=2, extra=[
+      "--gin.TEMPLATES='original_t5'", "--gin.SCORING='generate'",
+      "--gin.EVAL_EVERY=2"])) == 0
+  last = _lines(out)[-1]
+  assert 0.0 <= last["test_accuracy"] <= 1.0 and "flops_per_example" in last
+  assert any("eval_accuracy" in line for line in _lines(out))
+  config = json.loads((out / "jaxfid_config.json").read_text())
+  assert config["scoring"] == "generate"
+  assert config["label_words"] == ["negative", "positive"]
+  assert "{mask}" not in config["template"]
+
+
+def test_layer_mode_is_refused_where_its_database_cannot_follow(tmp_path):
+  """'layer' retrieval keeps its database in the programs: `jaxfid bench
+  compile` (no database read) and `jaxfid eval` (which rebuilds the
+  neighbours itself) refuse it in one line."""
+  from jaxfid.core.errors import InputError
+  from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
+  from jaxfid.refusion.task import ReFusionData, ReFusionTask
+  task = ReFusionTask(data=ReFusionData(task="sst-2", data_dir="d",
+                                        retrieval_db="db",
+                                        retrieval_mode="layer"))
+  with pytest.raises(InputError, match="not compiled ahead of time"):
+    task.prepare_shapes(None)
+  with pytest.raises(InputError, match="RETRIEVAL_MODE 'layer' run"):
+    ReFusionCheckpointEvaluator(str(tmp_path), {
+        "method": "refusion", "max_length": 8, "fusion": {}, "model": {},
+        "retrieval_mode": "layer"})

@@ -3,7 +3,8 @@
 Few-shot sets are tiny (16 examples per class), so each split is tokenized
 once into numpy arrays:
 
-  encoder_input_tokens   int32 [N, L]        the rendered template, EOS, 0-padded
+  encoder_input_tokens   int32 [N, L]        the rendered template, EOS (not
+                                             under 'original_t5'), 0-padded
   decoder_target_tokens  int32 [N, T]        the gold label word + EOS
   labels                 int32 [N]           class index
   neighbour_rows         int64 [N, S, K]     database rows of the neighbours
@@ -48,12 +49,14 @@ def with_neighbour_texts(inputs: Sequence[str], texts: Sequence[Sequence[str]]
 
 def encode_split(inputs: Sequence[str], label_ids: Sequence[int],
                  label_tokens: np.ndarray, tokenizer: Tokenizer,
-                 max_length: int, neighbours: np.ndarray | None = None
-                 ) -> dict[str, np.ndarray]:
-  """The arrays of one split (see the module docstring)."""
+                 max_length: int, neighbours: np.ndarray | None = None,
+                 add_eos: bool = True) -> dict[str, np.ndarray]:
+  """The arrays of one split (see the module docstring; ``add_eos``: the
+  inputs end with EOS)."""
   labels = np.asarray(label_ids, np.int32)
   arrays = {
-      "encoder_input_tokens": encode_padded(tokenizer, list(inputs), max_length),
+      "encoder_input_tokens": encode_padded(tokenizer, list(inputs), max_length,
+                                            add_eos=add_eos),
       "decoder_target_tokens": label_tokens[labels],  # [N, T]
       "labels": labels,
   }

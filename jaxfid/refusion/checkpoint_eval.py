@@ -70,6 +70,11 @@ class ReFusionCheckpointEvaluator:
       if field not in run:
         raise InputError(config_file, f"no {field!r}: not a ReFusion run "
                          "config")
+    if run.get("retrieval_mode") == "layer":
+      raise InputError(config_file, "a RETRIEVAL_MODE 'layer' run: its "
+                       "modules search the database inside the model; "
+                       "`jaxfid eval` does not rebuild that (the run's own "
+                       "test line in metrics.jsonl is its score)")
     try:
       self.model, self.params = load_refusion(checkpoint, which="latest")
     except FileNotFoundError as e:

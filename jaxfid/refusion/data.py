@@ -38,13 +38,16 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
                   tokenizer: Tokenizer, label_tokens: np.ndarray, *,
                   max_length: int, retrieval_db: str | None, top_k: int,
                   fused: bool, hidden: bool, concat_neighbours: bool,
-                  neighbour_cache: str | None, progress: bool
+                  neighbour_cache: str | None, progress: bool,
+                  input_eos: bool = True
                   ) -> dict[str, dict[str, np.ndarray]]:
   """The arrays of every split (see the module docstring).
 
   Args:
     fused: the model has fusion modules (the arrays need neighbours).
-    hidden: 'hidden' retrieval (no offline neighbours for fusion).
+    hidden: no offline neighbours for fusion ('hidden' or 'layer' retrieval).
+    input_eos: the inputs end with EOS (not the original T5 script's:
+      :func:`jaxfid.refusion.template_sets.input_eos`).
   """
   count_tokens = lambda text: len(tokenizer.encode(text))
   offline = concat_neighbours or (fused and not hidden)
@@ -52,8 +55,8 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
   for name, examples in splits.items():
     # The prompt is fitted to MAX_LENGTH by shortening the sentences, so the
     # mask (often at the end of the template) is never truncated away.
-    inputs = [lmbff.render_fitted(spec, ex, max_length - 1, count_tokens)
-              for ex in examples]
+    inputs = [lmbff.render_fitted(spec, ex, max_length - int(input_eos),
+                                  count_tokens) for ex in examples]
     rows = None
     if offline:
       rows = nb_lib.retrieve_neighbours(
@@ -65,7 +68,7 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
           inputs, nb_lib.neighbour_texts(retrieval_db, rows))
     arrays[name] = batch_lib.encode_split(
         inputs, [ex.label for ex in examples], label_tokens, tokenizer,
-        max_length)
+        max_length, add_eos=input_eos)
     if fused and not hidden:  # rows only: vectors are gathered per batch
       arrays[name]["neighbour_rows"] = rows
   return arrays

@@ -27,6 +27,15 @@ section 3; ``../shared/notes/methods.md``):
   - ``'straight_through'``: the forward pass uses the exact hard sample
     (Gumbel-max: stop at rank i with probability q_i), gradients the relaxed
     one; evaluation the exact expectation ``E[v_i] = prod_{j<i} b_j``;
+  - ``'original'``: the original code's ``_get_ordered_mask``
+    (``src/models/layers.py``) as written, not the paper's chain:
+    ``qz = cumprod(b) * (1 - b)`` (the product includes rank i), passed to
+    ``F.gumbel_softmax`` as logits (they are probabilities) over its default
+    last axis, the R dimensions, and ``v = flip(cumsum(c, ranks))``, so rank
+    i's row sums to exactly K - i whatever beta (masks near (K - i) / R);
+    one mask per module call, shared by the batch (the others draw one per
+    example). Evaluation: the mean of ``mask_eval_samples`` masks under a
+    fixed key (the original samples at test time too).
 * adaptive integrator: ``o = sum_c softmax(alpha)_c o_c`` over the candidates
   {original, reranker, ordered mask}; since every candidate is ``y + delta_c``
   (``delta_original = 0``) this is ``y + sum_c p_c delta_c``, which is exactly
@@ -43,7 +52,8 @@ from-scratch model ignored them (benchmarks/RESULTS.md). ``'rms'``
 normalises without a projection too, ``'none'`` never (runs written before
 the option load with ``'none'``). Corrections to the original code: the
 Gumbel-softmax runs over the ranks (the original's runs over the embedding
-dimension) and evaluation is deterministic (the original's stays random).
+dimension) and evaluation is deterministic (the original's stays random);
+``mask_sampler='original'`` keeps the original's formula.
 
 Parameters added per wrapped projection (beside the original ``kernel``, so
 checkpoints of plain T5 load by name): ``fusion_rerank`` [K],
@@ -69,7 +79,7 @@ Array = jax.Array
 
 SCHEMES = ("original", "reranker", "ordered_mask")
 INITS = ("zeros", "xavier")
-SAMPLERS = ("soft", "straight_through")
+SAMPLERS = ("soft", "straight_through", "original")
 FUSED_NORMS = ("auto", "rms", "none")
 MODULES = ("query", "key", "value", "output", "ffn")
 STACKS = ("encoder", "decoder")
@@ -117,7 +127,8 @@ class FusionConfig(Config):
       uniform reranker and integrator, b = 1/2) or ``'xavier'`` (the
       original's ``xavier_uniform_`` of its [K, 1], [K, R] and [3, 1]
       tensors).
-    mask_sampler: ``'soft'`` or ``'straight_through'`` (module docstring).
+    mask_sampler: ``'soft'``, ``'straight_through'`` or ``'original'``
+      (module docstring).
     mask_eval_samples: draws averaged for the ``'soft'`` evaluation mask.
     fused_norm: ``'auto'`` (divide the fused vector by its root mean square
       before a projection), ``'rms'`` (always) or ``'none'`` (never).
@@ -278,6 +289,35 @@ def mean_ordered_mask(beta: Array, clip: float, temperature: float,
                   axis=0)                                          # [K, R]
 
 
+def original_ordered_mask(beta: Array, rng: Array, clip: float,
+                          temperature: float, samples: int = 1) -> Array:
+  """The original code's ordered masks float32 [samples, K, R] (module
+  docstring, ``'original'``): ``c = softmax((qz + g) / tau)`` over the R
+  dimensions with ``qz = cumprod(b, ranks) * (1 - b)``, then ``v_i = sum_{j
+  <= K-1-i} c_j`` (``flip(cumsum(c, ranks))``)."""
+  b = jax.nn.sigmoid(jnp.clip(beta.astype(jnp.float32), -clip, clip))  # [K, R]
+  qz = jnp.cumprod(b, axis=0) * (1.0 - b)                              # [K, R]
+  g = jax.random.gumbel(rng, (samples, *qz.shape), jnp.float32)        # [N, K, R]
+  c = jax.nn.softmax((qz[None] + g) / temperature, axis=-1)            # [N, K, R]
+  return jnp.flip(jnp.cumsum(c, axis=1), axis=1)                       # [N, K, R]
+
+
+def layer_neighbours(queries: Array, vectors: Array, bias: Array,
+                     top_k: int) -> Array:
+  """Per-module retrieval ('layer' mode) float32 [B, 1, K, R]: the stored
+  vectors of the ``top_k`` database rows best for each query [B, R] by
+  ``q . v + bias`` (bias 0: inner product; ``-|v|^2 / 2``: L2), searched
+  in the program over the whole database ``vectors`` [N, R]; zeros past N.
+  The queries are detached, as the original's ``x[:, 0].detach()``."""
+  q = jax.lax.stop_gradient(queries.astype(jnp.float32))          # [B, R]
+  scores = jnp.einsum("br,nr->bn", q, vectors) + bias[None]       # [B, N]
+  k = min(top_k, vectors.shape[0])
+  _, rows = jax.lax.top_k(scores, k)                              # [B, k]
+  found = vectors[rows]                                           # [B, k, R]
+  found = jnp.pad(found, ((0, 0), (0, top_k - k), (0, 0)))        # [B, K, R]
+  return found[:, None]                                           # [B, 1, K, R]
+
+
 def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
   """(1/K) sum_i v_i * h_i: [B, S, K, R] with v [K, R] or [B, K, R] -> [B, S, R]."""
   k = neighbours.shape[2]
@@ -296,9 +336,12 @@ class FusedProjection(nnx.Module):
   Replaces a :class:`jaxfid.t5.layers.Dense` (keeping its ``kernel``
   parameter under the same name). ``extras`` is the dict built by
   :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
-  ``neighbours`` float [B, S, K, R] (zeros where missing), optional ``rng``
-  (training: sampled ordered masks; absent: the evaluation mask). Without
-  extras it is the plain projection.
+  ``neighbours`` float [B, S, K, R] (zeros where missing), or ('layer'
+  retrieval) ``database`` [N, R] and ``database_bias`` [N], which this
+  module searches with the first position of its own input
+  (:func:`layer_neighbours`); optional ``rng`` (training: sampled ordered
+  masks; absent: the evaluation mask). Without extras it is the plain
+  projection.
   """
 
   def __init__(self, base: layers.Dense, *, out_features: int,
@@ -334,7 +377,9 @@ class FusedProjection(nnx.Module):
     self.clip = config.mask_clip
     self.temperature = config.mask_temperature
     self.hard = config.mask_sampler == "straight_through"
+    self.original = config.mask_sampler == "original"
     self.eval_samples = config.mask_eval_samples
+    self.top_k = k
     self.normalize = (config.fused_norm == "rms"
                       or (config.fused_norm == "auto" and self.has_proj))
 
@@ -352,7 +397,13 @@ class FusedProjection(nnx.Module):
       fused = reranker_fuse(neighbours, self.fusion_rerank[...])    # [B, S, R]
     else:
       beta = self.fusion_beta[...]
-      if rng is not None:
+      if self.original:
+        key = (jax.random.fold_in(jax.random.key(0), self.slot) if rng is None
+               else jax.random.fold_in(rng, self.slot))
+        draws = 1 if rng is not None else self.eval_samples
+        mask = jnp.mean(original_ordered_mask(
+            beta, key, self.clip, self.temperature, draws), axis=0)  # [K, R]
+      elif rng is not None:
         mask = sample_ordered_mask(beta, jax.random.fold_in(rng, self.slot),
                                    neighbours.shape[0], self.clip,
                                    self.temperature, self.hard)       # [B, K, R]
@@ -370,7 +421,12 @@ class FusedProjection(nnx.Module):
     y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel)  # [B, L, O]
     if extras is None or self.choice == "original":
       return y
-    neighbours, rng = extras["neighbours"], extras.get("rng")
+    rng = extras.get("rng")
+    if "database" in extras:                         # 'layer' retrieval
+      neighbours = layer_neighbours(x[:, 0], extras["database"],
+                                    extras["database_bias"], self.top_k)
+    else:
+      neighbours = extras["neighbours"]                             # [B, S, K, R]
     if self.choice is not None:
       delta = self._delta(self.choice, neighbours, rng)             # [B, O]
     else:

@@ -43,10 +43,12 @@ CSV quoting, text that is not UTF-8, an unreadable file, or a file with no
 examples.
 
 Templates are the paper's Table 5 (``get_task(name, 'original')``: the
-original code's, which differ for CoLA and TREC); they follow LM-BFF's
-conventions: in the pair templates ``x1`` loses its final
-punctuation character (LM-BFF's ``*sent-_0*``) and ``x2`` starts with a
-lower-case letter (``*+sentl_1*``). Rendered inputs have runs of whitespace
+original code's RoBERTa script's, which differ for CoLA and TREC;
+``'original_t5'``: its T5 script's instruction templates and label words);
+they follow LM-BFF's conventions: in the NLI templates ``x1`` loses its
+final punctuation character (LM-BFF's ``*sent-_0*``), in MRPC's and QQP's
+it keeps it (``*sent_0*``), and ``x2`` starts with a lower-case letter
+(``*+sentl_1*``). Rendered inputs have runs of whitespace
 collapsed to one space and no space at either end (T5's SentencePiece
 normaliser does the same, so the tokens are unchanged). Most templates put
 the mask at the end, so a prompt must never be cut at a token limit:
@@ -66,6 +68,8 @@ from collections.abc import Callable
 from importlib import resources
 
 from jaxfid.core.errors import InputError
+from jaxfid.refusion import template_sets
+from jaxfid.refusion.template_sets import TEMPLATE_SETS
 
 SENTINEL = "<extra_id_0>"
 SEEDS = (13, 21, 42, 87, 100)
@@ -87,6 +91,9 @@ class TaskSpec:
       ``{mask}``.
     metric: ``'accuracy'``, ``'f1'`` (MRPC, QQP) or ``'mcc'`` (CoLA).
     pair: whether examples are sentence pairs.
+    keep_x1_punctuation: pairs: ``x1`` keeps its final punctuation
+      (LM-BFF's ``*sent_0*``: MRPC, QQP) instead of losing it
+      (``*sent-_0*``: the NLI tasks).
   """
   name: str
   lmbff_dir: str
@@ -95,6 +102,7 @@ class TaskSpec:
   template: str
   metric: str
   pair: bool
+  keep_x1_punctuation: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +126,11 @@ _NLI2 = ("entailment", "not_entailment")
 _NLI2_WORDS = ("Yes", "No")
 
 
-def _spec(name, lmbff_dir, labels, words, template, metric="accuracy"):
+def _spec(name, lmbff_dir, labels, words, template, metric="accuracy",
+          keep_x1=False):
   return TaskSpec(name=name, lmbff_dir=lmbff_dir, labels=tuple(labels),
                   label_words=tuple(words), template=template, metric=metric,
-                  pair="{x1}" in template)
+                  pair="{x1}" in template, keep_x1_punctuation=keep_x1)
 
 
 TASKS: dict[str, TaskSpec] = {s.name: s for s in (
@@ -142,19 +151,11 @@ TASKS: dict[str, TaskSpec] = {s.name: s for s in (
     _spec("snli", "SNLI", _NLI3, _NLI3_WORDS, _NLI),
     _spec("qnli", "QNLI", _NLI2, _NLI2_WORDS, _NLI),
     _spec("rte", "RTE", _NLI2, _NLI2_WORDS, _NLI),
-    _spec("mrpc", "MRPC", "01", ("No", "Yes"), _PARAPHRASE, "f1"),
-    _spec("qqp", "QQP", "01", ("No", "Yes"), _PARAPHRASE, "f1"),
+    # LM-BFF's *sent_0* (Table 5 too): x1 keeps its final punctuation
+    _spec("mrpc", "MRPC", "01", ("No", "Yes"), _PARAPHRASE, "f1", True),
+    _spec("qqp", "QQP", "01", ("No", "Yes"), _PARAPHRASE, "f1", True),
 )}
 TASK_NAMES = tuple(TASKS)
-
-# Template sets: 'paper' is ReFusion's Table 5 verbatim (the default, above);
-# 'original' is what the original code ran (run_roberta_refusion.sh, LM-BFF's
-# manual templates), which differs for two tasks.
-TEMPLATE_SETS = ("paper", "original")
-_ORIGINAL_TEMPLATES = {
-    "cola": "{x} This is {mask}.",   # Table 5: "It was"
-    "trec": "{mask}: {x}",           # Table 5: no colon
-}
 
 _ALIASES = {
     "sst2": "sst-2", "sst5": "sst-5", "mnli-m": "mnli",
@@ -166,9 +167,11 @@ _ALIASES = {
 def get_task(name: str, templates: str = "paper") -> TaskSpec:
   """The task called ``name`` (any case; ``_`` for ``-``; ``sst2``, ``mnli-m``).
 
-  ``templates``: ``'paper'`` (ReFusion's Table 5) or ``'original'`` (the
+  ``templates``: ``'paper'`` (ReFusion's Table 5), ``'original'`` (the
   original code's LM-BFF templates: CoLA ``{x} This is {mask}.``, TREC
-  ``{mask}: {x}``; the other tasks are the same in both).
+  ``{mask}: {x}``; the other tasks are the same in both) or
+  ``'original_t5'`` (the original T5 script's instruction templates, without
+  a mask, and label words).
 
   Raises:
     InputError: no such task or template set.
@@ -181,9 +184,8 @@ def get_task(name: str, templates: str = "paper") -> TaskSpec:
   if templates not in TEMPLATE_SETS:
     raise InputError("TEMPLATES", f"one of {TEMPLATE_SETS}, got "
                      f"{templates!r}")
-  if templates == "original" and key in _ORIGINAL_TEMPLATES:
-    return dataclasses.replace(TASKS[key], template=_ORIGINAL_TEMPLATES[key])
-  return TASKS[key]
+  changes = template_sets.overrides(key, templates)
+  return dataclasses.replace(TASKS[key], **changes) if changes else TASKS[key]
 
 
 # ------------------------------------------------------------------ layouts
@@ -378,8 +380,9 @@ def render_text(spec: TaskSpec, text_a: str, text_b: str | None = None,
   if spec.pair:
     if text_b is None:
       raise ValueError(f"task {spec.name} needs a sentence pair")
-    out = spec.template.format(x1=_drop_final_punctuation(text_a),
-                               x2=_lower_first(text_b), mask=mask)
+    x1 = (text_a.strip() if spec.keep_x1_punctuation
+          else _drop_final_punctuation(text_a))
+    out = spec.template.format(x1=x1, x2=_lower_first(text_b), mask=mask)
   else:
     out = spec.template.format(x=text_a.strip(), mask=mask)
   return " ".join(out.split())

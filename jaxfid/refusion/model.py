@@ -10,11 +10,15 @@ parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.EncoderDecod
 (with one passage per example). Batches add to EncoderDecoderModel's:
 
   neighbours      float32 [B, S, K, R]  the neighbours' stored vectors (zeros
-                                        where missing)
+                                        where missing); absent in 'layer'
+                                        retrieval, where the model holds the
+                                        database and each module searches it
 
 Classification is rank classification: every class's label word (tokens
 ``[C, T]``) is scored by its log-likelihood under teacher forcing, the
 encoder running once per example; the prediction is the best-scoring class.
+:meth:`ReFusionModel.generate` decodes instead (the original T5 script's
+evaluation, :mod:`jaxfid.refusion.scoring`).
 """
 from __future__ import annotations
 
@@ -53,9 +57,15 @@ def is_arch_path(path: tuple) -> bool:
 class ReFusionModel(EncoderDecoderModel):
   """EncoderDecoderModel's loss and sharding over a T5 with fusion modules."""
 
-  def __init__(self, config: T5Config, fusion: FusionConfig):
+  def __init__(self, config: T5Config, fusion: FusionConfig,
+               database: tuple | None = None):
+    """``database``: ('layer' retrieval) the database's stored vectors
+    float32 [N, R] and score bias [N] (:func:`~jaxfid.refusion.neighbours.
+    layer_database`), constants of every program, searched by each fusion
+    module; None: the neighbours come with the batch."""
     self.config = config
     self.fusion = fusion
+    self.database = database
     net = nnx.eval_shape(lambda: build_network(config, fusion, nnx.Rngs(0)))
     self.graphdef, self._abstract_state = nnx.split(net)
     self.paths = fusion_lib.wrapped_paths(
@@ -67,7 +77,7 @@ class ReFusionModel(EncoderDecoderModel):
 
   def with_fusion(self, fusion: FusionConfig) -> "ReFusionModel":
     """The same backbone with another fusion setting (e.g. a fixed structure)."""
-    return ReFusionModel(self.config, fusion)
+    return ReFusionModel(self.config, fusion, self.database)
 
   # ---- inputs ---------------------------------------------------------------
 
@@ -75,7 +85,12 @@ class ReFusionModel(EncoderDecoderModel):
     """The ``extras`` the fusion modules read (None: no fusion)."""
     if not self.fusion.enabled:
       return None
-    extras = {"neighbours": batch["neighbours"]}
+    if self.database is not None:
+      vectors, bias = self.database
+      extras = {"database": jnp.asarray(vectors, jnp.float32),
+                "database_bias": jnp.asarray(bias, jnp.float32)}
+    else:
+      extras = {"neighbours": batch["neighbours"]}
     if rng is not None:
       extras["rng"] = rng
     return extras
@@ -123,14 +138,23 @@ class ReFusionModel(EncoderDecoderModel):
     hidden = jnp.repeat(enc.hidden, c, axis=0)                   # [B*C, L, D]
     mask = jnp.repeat(enc.mask, c, axis=0)                       # [B*C, L]
     targets = jnp.tile(label_tokens, (b, 1))                     # [B*C, T]
-    rep = None if extras is None else jax.tree.map(
-        lambda x: jnp.repeat(x, c, axis=0), extras)
+    rep = None if extras is None else {   # per example: the neighbours
+        k: jnp.repeat(v, c, axis=0) if k == "neighbours" else v
+        for k, v in extras.items()}
     logits, _ = net.decode(hidden, mask, shift_right(targets), extras=rep)  # [B*C, T, V]
     return sequence_log_likelihood(logits, targets).reshape(b, c)  # [B, C]
 
   def classify(self, params, batch: dict, label_tokens: Array) -> Array:
     """int32 [B]: the best-scoring class."""
     return jnp.argmax(self.label_scores(params, batch, label_tokens), axis=-1)
+
+  def generate(self, params, batch: dict, max_decode_len: int) -> Array:
+    """int32 [B, max_decode_len]: greedy decoding of at most that many new
+    tokens (EOS kept, 0 after it), the neighbours fused as in
+    :meth:`label_scores` — the original T5 script's evaluation."""
+    return self.predict(params, batch["encoder_input_tokens"],
+                        max_decode_len=max_decode_len,
+                        extras=self.make_extras(batch))
 
   # ---- the search -----------------------------------------------------------
 

@@ -309,6 +309,7 @@ def db_width(db_dir: str | os.PathLike) -> int:
 
 __all__ = ["Neighbours", "retrieve_neighbours", "neighbour_texts", "db_width",
            "gather_vectors", "open_database", "online_neighbours",
+           "layer_database",
            "cache_key", "cache_path", "CACHE_SUBDIR"]
 
 
@@ -327,3 +328,19 @@ def online_neighbours(searcher, queries: np.ndarray, top_k: int) -> np.ndarray:
     if rows:
       out[i, 0, :len(rows)] = searcher.vectors(rows)
   return out
+
+
+def layer_database(db_dir: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+  """('layer' retrieval) every stored vector float32 [N, d] and the score
+  bias [N] that makes ``q . v + bias`` rank rows as the index's metric
+  does: 0 for inner product, ``-|v|^2 / 2`` for L2 (``|q - v|^2 = |q|^2 -
+  2 (q . v - |v|^2 / 2)``). The whole database goes into the program: meant
+  for databases that fit on the device."""
+  searcher = open_database(db_dir)
+  vectors = np.asarray(searcher.vectors(np.arange(len(searcher.embeddings))),
+                       np.float32)
+  if searcher.index().metric == "l2":
+    bias = -0.5 * np.sum(np.square(vectors), axis=1)
+  else:
+    bias = np.zeros((len(vectors),), np.float32)
+  return vectors, bias.astype(np.float32)

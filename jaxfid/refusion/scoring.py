@@ -1,10 +1,23 @@
-"""Rank classification of a few-shot split, and FLOPs per example.
+"""Classification of a few-shot split, and FLOPs per example.
 
 A split is scored with a given structure's model (the search's current
-argmax, a retrained structure, or the fixed scheme): every class's label
-word is scored by its log-likelihood, the best one is the prediction
-(:meth:`~jaxfid.refusion.model.ReFusionModel.classify`), and the task's
-metrics come from :func:`jaxfid.evaluation.classification.classification_metrics`.
+argmax, a retrained structure, or the fixed scheme), in one of two ways
+(``SCORING``, :data:`SCORINGS`):
+
+* ``'rank'`` (rank classification): every class's label word is scored by
+  its log-likelihood, the best one is the prediction
+  (:meth:`~jaxfid.refusion.model.ReFusionModel.classify`);
+* ``'generate'`` (the original T5 script's ``evaluation`` in
+  ``run_glue_encoder_decoder.py``): greedy decoding of at most
+  ``generate_tokens`` new tokens (the original's ``generate(max_length=3)``
+  counts the decoder start token: 2 new tokens, a label word and EOS),
+  decoded without special tokens (sentinels included), then an exact match,
+  ignoring case and the ends' whitespace, against the label words
+  (:func:`predicted_classes`); text that is no label word is class -1,
+  wrong for every metric.
+
+The task's metrics come from
+:func:`jaxfid.evaluation.classification.classification_metrics`.
 """
 from __future__ import annotations
 
@@ -14,12 +27,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfid.core.tokenization import Tokenizer
 from jaxfid.evaluation.classification import classification_metrics
 from jaxfid.refusion import batches as batch_lib
+from jaxfid.refusion import lmbff
 from jaxfid.refusion.data import NeighbourVectors
 from jaxfid.refusion.model import ReFusionModel
 
 Replicate = Callable[[Any], Any]
+SCORINGS = ("rank", "generate")
+
+
+def predicted_classes(spec: lmbff.TaskSpec, tokenizer: Tokenizer,
+                      generated: np.ndarray) -> list[int]:
+  """The class of each generated row int32 [N, T] (-1: no label word).
+
+  As the original's ``tokenizer.decode(skip_special_tokens=True)`` and
+  ``pre.strip().lower() == gold.strip().lower()``: the text up to EOS
+  without sentinels, matched to a label word ignoring case and whitespace
+  at its ends (:func:`lmbff.word_label`).
+  """
+  rows = [[i for i in row if i < tokenizer.vocab_size]
+          for row in np.asarray(generated).tolist()]
+  return [lmbff.word_label(spec, tokenizer.decode(row)) for row in rows]
 
 
 def flops_per_example(fn, *args, batch_size: int) -> float | None:
@@ -44,25 +74,44 @@ class SplitScorer:
     arrays: split name -> arrays (with ``labels``).
     neighbours: adds each batch's neighbour vectors.
     batch_size: examples per scoring call (the last batch is padded).
+    scoring: ``'rank'`` or ``'generate'`` (module docstring).
+    generate_tokens: ``'generate'``: new tokens decoded at most.
+    spec, tokenizer: ``'generate'``: the task (its label words) and the
+      tokenizer that decodes the generated tokens.
   """
 
   def __init__(self, metric: str, label_tokens: np.ndarray,
                arrays: dict[str, dict[str, np.ndarray]],
-               neighbours: NeighbourVectors, batch_size: int):
+               neighbours: NeighbourVectors, batch_size: int, *,
+               scoring: str = "rank", generate_tokens: int = 2,
+               spec: lmbff.TaskSpec | None = None,
+               tokenizer: Tokenizer | None = None):
+    if scoring not in SCORINGS:
+      raise ValueError(f"scoring {scoring!r}: one of {SCORINGS}")
+    if scoring == "generate" and (spec is None or tokenizer is None):
+      raise ValueError("scoring 'generate' needs the task and a tokenizer")
     self.metric = metric
     self.label_tokens = jnp.asarray(label_tokens)
     self.arrays = arrays
     self.neighbours = neighbours
     self.batch_size = batch_size
+    self.scoring, self.generate_tokens = scoring, generate_tokens
+    self.spec, self.tokenizer = spec, tokenizer
     self._classifiers: dict = {}
 
+  def program(self, model: ReFusionModel):
+    """``fn(params, batch)``: int32 [B] classes ('rank') or int32 [B, T]
+    generated tokens ('generate')."""
+    if self.scoring == "generate":
+      return lambda p, b: model.generate(p, b, self.generate_tokens)
+    return lambda p, b: model.classify(p, b, self.label_tokens)
+
   def _classifier(self, model: ReFusionModel, sharding):
-    """The jitted classifier; its output is placed like its (replicated)
-    input, so every process of a multi-host run can fetch it."""
+    """The jitted :meth:`program`; its output is placed like its
+    (replicated) input, so every process of a multi-host run can fetch it."""
     if model.fusion not in self._classifiers:
-      self._classifiers[model.fusion] = jax.jit(
-          lambda p, b: model.classify(p, b, self.label_tokens),
-          out_shardings=sharding)
+      self._classifiers[model.fusion] = jax.jit(self.program(model),
+                                                out_shardings=sharding)
     return self._classifiers[model.fusion]
 
   def __call__(self, model: ReFusionModel, params, split: str,
@@ -72,16 +121,21 @@ class SplitScorer:
     for b, real in batch_lib.eval_batches(self.arrays[split], self.batch_size):
       b = replicate(self.neighbours(params, b, replicate))
       classify = self._classifier(model, jax.tree.leaves(b)[0].sharding)
-      preds.append(np.asarray(jax.device_get(classify(params, b)))[:real])
+      out = np.asarray(jax.device_get(classify(params, b)))[:real]
+      if self.scoring == "generate":                             # [B, T]
+        out = np.asarray(predicted_classes(self.spec, self.tokenizer, out),
+                         np.int32).reshape(-1)
+      preds.append(out)
     preds = np.concatenate(preds) if preds else np.zeros((0,), np.int32)
     return classification_metrics(self.metric, preds.tolist(),
                                   self.arrays[split]["labels"].tolist())
 
   def flops(self, model: ReFusionModel, params, split: str,
             replicate: Replicate) -> float | None:
-    """XLA's FLOPs to score one example of ``split`` (all label words)."""
+    """XLA's FLOPs to classify one example of ``split`` (all label words,
+    or the decoding of ``generate_tokens`` tokens)."""
     one = {k: v[:1] for k, v in self.arrays[split].items() if k != "labels"}
     one = replicate(self.neighbours(params, one, replicate))
-    return flops_per_example(
-        lambda p, b: model.label_scores(p, b, self.label_tokens), params, one,
-        batch_size=1)
+    fn = (self.program(model) if self.scoring == "generate" else
+          lambda p, b: model.label_scores(p, b, self.label_tokens))
+    return flops_per_example(fn, params, one, batch_size=1)

@@ -23,6 +23,7 @@ from jaxfid.core import paths
 from jaxfid.core.config import Config, option
 from jaxfid.core.files import atomic_write
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
+from jaxfid.training.settings import OptimizerSettings
 from jaxfid.training.step import make_train_step
 
 STRUCTURE_FILE = "refusion_structure.json"
@@ -42,9 +43,15 @@ class SearchConfig(Config):
       (with fusion modules; without, there is nothing to search).
     retrain: ``RETRAIN``, after the search train the argmax structure again
       from the initial weights (fresh optimizer), as DARTS does.
-    arch_learning_rate, arch_optimizer, arch_weight_decay,
-      arch_warmup_steps: the architecture weights' optimizer
-      (:func:`arch_optimizer`; ``ARCH_*``).
+    arch_learning_rate: the architecture weights' peak learning rate.
+    arch_optimizer: ``'adam'`` (constant rate) or ``'adamw'`` (the
+      original's, :func:`arch_optimizer`).
+    arch_weight_decay: ``'adamw'``'s weight decay of the architecture
+      weights.
+    arch_warmup_steps: ``'adamw'``'s linear warm-up steps (then linear
+      decay to 0).
+    arch_clip_norm: clip the architecture gradients to this global norm;
+      None or 0: off (the original never clips them).
     fusion_lr_scale: ``FUSION_LR_SCALE``, the fusion parameters' learning
       rate relative to the backbone's (:func:`group_optimizers`).
   """
@@ -54,32 +61,67 @@ class SearchConfig(Config):
   arch_optimizer: str = option("adam", choices=ARCH_OPTIMIZERS)
   arch_weight_decay: float = option(0.0, low=0)
   arch_warmup_steps: int = option(0, low=0)
+  arch_clip_norm: float | None = option(None, low=0)
   fusion_lr_scale: float = option(1.0, above=0)
 
 
 def arch_optimizer(learning_rate: float, *, kind: str = "adam",
                    weight_decay: float = 0.0, warmup_steps: int = 0,
-                   total_steps: int = 0) -> optax.GradientTransformation:
+                   total_steps: int = 0, clip_norm: float | None = None
+                   ) -> optax.GradientTransformation:
   """The architecture weights' optimizer.
 
   ``'adam'``: Adam at a constant ``learning_rate``. ``'adamw'``: the
-  original code's (``models/trainer.py``): AdamW with ``weight_decay``,
-  gradients clipped to global norm 1, the learning rate warmed up linearly
-  over ``warmup_steps`` and then decayed linearly to 0 at ``total_steps``
-  (``get_linear_schedule_with_warmup``).
+  original code's (``create_optimizer_and_scheduler`` of
+  ``run_glue_encoder_decoder.py`` and ``models/trainer.py``): AdamW with
+  ``weight_decay``, the learning rate warmed up linearly over
+  ``warmup_steps`` and then decayed linearly to 0 at ``total_steps``
+  (``get_linear_schedule_with_warmup``). The original never clips the
+  architecture gradients (``--arch_max_grad_norm`` is parsed, never used);
+  ``clip_norm`` (0 or None: off, the default) clips them to that global norm.
   """
   if kind == "adam":
-    return optax.adam(learning_rate)
-  if kind != "adamw":
+    opt = optax.adam(learning_rate)
+  elif kind == "adamw":
+    decay = optax.linear_schedule(learning_rate, 0.0,
+                                  max(total_steps - warmup_steps, 1))
+    schedule = decay if warmup_steps <= 0 else optax.join_schedules(
+        [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay],
+        [warmup_steps])
+    opt = optax.adamw(schedule, weight_decay=weight_decay)
+  else:
     raise ValueError(f"architecture optimizer {kind!r}: one of "
                      f"{ARCH_OPTIMIZERS}")
-  decay = optax.linear_schedule(learning_rate, 0.0,
-                                max(total_steps - warmup_steps, 1))
-  schedule = decay if warmup_steps <= 0 else optax.join_schedules(
-      [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay],
-      [warmup_steps])
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, weight_decay=weight_decay))
+  if clip_norm:
+    opt = optax.chain(optax.clip_by_global_norm(clip_norm), opt)
+  return opt
+
+
+def decays(params):
+  """Which parameters AdamW's weight decay applies to (a tree of bools):
+  all but the layer norms' ``scale`` (and any ``bias``; T5 has none), as the
+  original's ``no_decay = ["bias", "LayerNorm.weight"]``."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: str(getattr(path[-1], "key", path[-1]))
+      not in ("scale", "bias"), params)
+
+
+def optimizers(params, optimizer: OptimizerSettings, options: SearchConfig,
+               total_steps: int):
+  """(learning-rate schedule, model step's optimizer, architecture step's
+  optimizer) of a run of ``total_steps`` (:func:`group_optimizers` over
+  OPTIMIZER ... with :func:`decays`, and :func:`arch_optimizer` over
+  ARCH_*). ``params`` may be abstract."""
+  schedule = optimizer.schedule_fn(total_steps)
+  model_opt, arch_opt = group_optimizers(
+      params, optimizer.make(schedule, decay_mask=decays),
+      arch_optimizer(
+          options.arch_learning_rate, kind=options.arch_optimizer,
+          weight_decay=options.arch_weight_decay,
+          warmup_steps=options.arch_warmup_steps, total_steps=total_steps,
+          clip_norm=options.arch_clip_norm),
+      fusion_lr_scale=options.fusion_lr_scale)
+  return schedule, model_opt, arch_opt
 
 
 def param_group(path) -> str:

@@ -20,9 +20,11 @@ Phases:
   * without search, every fusion module uses ``fusion_scheme`` (or there are
     none: ``FUSION_MODULES='none'`` is the plain prompt-tuned backbone).
 
-Evaluation is rank classification over the label words with the discrete
-structure and the ordered mask's evaluation mask (the mean of what training
-draws, :mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
+Evaluation is rank classification over the label words (or, with
+``SCORING='generate'``, greedy generation matched to them: the original T5
+script's, :mod:`jaxfid.refusion.scoring`) with the discrete structure and
+the ordered mask's evaluation mask (the mean of what training draws,
+:mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
 ``structure_<scheme>`` counts) on the dev set every ``EVAL_EVERY`` steps,
 and at the end a line with ``test_accuracy`` (plus the task's own metric,
 ``test_f1`` or ``test_mcc``), ``test_examples`` and ``flops_per_example``
@@ -49,15 +51,19 @@ from jaxfid.refusion import fusion as fusion_lib
 from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib
 from jaxfid.refusion import search as search_lib
+from jaxfid.refusion import template_sets
 from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
 from jaxfid.refusion.model import ReFusionModel
-from jaxfid.refusion.scoring import SplitScorer
+from jaxfid.refusion.scoring import SCORINGS, SplitScorer
 from jaxfid.t5.config import T5Config
 from jaxfid.training.metrics_log import read_records
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
 
-RETRIEVAL_MODES = ("input", "hidden")
+RETRIEVAL_MODES = ("input", "hidden", "layer")
+# The modules whose input is the layer's hidden state (width d_model): those
+# 'layer' retrieval can query with it.
+LAYER_QUERY_MODULES = ("query", "key", "value")
 
 
 def merge_backbone(params: dict, backbone: dict, source: str) -> dict:
@@ -95,7 +101,9 @@ class ReFusionData(Config):
   Attributes:
     task: ``TASK``, one of :data:`jaxfid.refusion.lmbff.TASK_NAMES`.
     data_dir: ``DATA_DIR``, LM-BFF's ``k-shot/<TASK>/16-<seed>``.
-    templates: ``TEMPLATES``, ``'paper'`` (Table 5) or ``'original'``.
+    templates: ``TEMPLATES``, ``'paper'`` (Table 5), ``'original'`` (the
+      original code's RoBERTa templates) or ``'original_t5'`` (its T5
+      script's instruction templates and label words).
     max_length: ``MAX_LENGTH``, tokens of an input.
     eval_batch_size: ``EVAL_BATCH_SIZE``, examples per scoring batch.
     retrieval_db: ``RETRIEVAL_DB``, the ``jaxfid index dense`` output (needed
@@ -106,11 +114,21 @@ class ReFusionData(Config):
     neighbour_cache: ``NEIGHBOUR_CACHE``, the offline retrieval cache
       (default: in the database's directory).
     retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (once, offline, from the
-      text) or ``'hidden'`` (on-line, from the encoder states).
+      text), ``'hidden'`` (on-line, once per batch, from the mean-pooled
+      final encoder states) or ``'layer'`` (the paper's 'Hidden': every
+      fusion module searches the database, held in the program, with the
+      first position of its own input).
     db_dim: ``DB_DIM``, the width of RETRIEVAL_DB's vectors: a run reads it
       from the database (and checks it when given); ``jaxfid bench
       compile``, which reads no database, needs it with fusion modules in
       'input' mode ('hidden' mode's is the model's width).
+    scoring: ``SCORING``, how dev and test examples are classified:
+      ``'rank'`` (the label words' log-likelihoods) or ``'generate'``
+      (greedy decoding, exact match to a label word: the original T5
+      script's).
+    generate_tokens: ``GENERATE_TOKENS``, ``'generate'``: new tokens decoded
+      at most (2: the original's ``generate(max_length=3)``, which counts
+      the decoder start token).
   """
   task: str = option(test=_task_problem)
   data_dir: str = option()
@@ -123,6 +141,8 @@ class ReFusionData(Config):
   neighbour_cache: str | None = None
   retrieval_mode: str = option("input", choices=RETRIEVAL_MODES)
   db_dim: int | None = option(None, low=1)
+  scoring: str = option("rank", choices=SCORINGS)
+  generate_tokens: int = option(2, low=1)
 
 
 class ReFusionTask(Task):
@@ -146,6 +166,7 @@ class ReFusionTask(Task):
     self.fusion, self.search_config = fusion, search
     self.search = search.search and fusion.enabled
     self.hidden = data.retrieval_mode == "hidden" and fusion.enabled
+    self.layer = data.retrieval_mode == "layer" and fusion.enabled
     self._structure_model: ReFusionModel | None = None
     self._start_step = 0
     self._replicate = None
@@ -179,30 +200,42 @@ class ReFusionTask(Task):
     if fused and data.db_dim is not None and data.db_dim != db_dim:
       raise InputError(data.retrieval_db, f"holds {db_dim}-d vectors, but "
                        f"DB_DIM is {data.db_dim}")
-    if self.hidden and db_dim != self.model_config.d_model:
-      raise InputError(data.retrieval_db, "RETRIEVAL_MODE 'hidden' queries "
+    if (self.hidden or self.layer) and db_dim != self.model_config.d_model:
+      raise InputError(data.retrieval_db, f"RETRIEVAL_MODE "
+                       f"{data.retrieval_mode!r} queries "
                        f"the database with the model's "
                        f"{self.model_config.d_model}-d hidden states, but it "
                        f"holds {db_dim}-d vectors: build it with `jaxfid index "
                        "dense --checkpoint` of this backbone")
+    if self.layer and any(t.split(".")[1] not in LAYER_QUERY_MODULES
+                          for t in self.fusion.targets):
+      raise InputError("FUSION_MODULES", "RETRIEVAL_MODE 'layer' queries "
+                       "with each module's input, the hidden state: only "
+                       f"{', '.join(LAYER_QUERY_MODULES)} modules")
     self.arrays = encode_splits(
         self.spec, splits, tokenizer, label_tokens, max_length=data.max_length,
         retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
-        hidden=self.hidden, concat_neighbours=data.concat_neighbours,
+        hidden=self.hidden or self.layer,
+        input_eos=template_sets.input_eos(data.templates),
+        concat_neighbours=data.concat_neighbours,
         neighbour_cache=data.neighbour_cache, progress=settings.progress)
-    self._use_model(db_dim)
+    self._use_model(db_dim, nb_lib.layer_database(data.retrieval_db)
+                    if self.layer else None)
     self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
                                        top_k=data.top_k, hidden=self.hidden)
     self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
-                              self.neighbours, data.eval_batch_size)
+                              self.neighbours, data.eval_batch_size,
+                              scoring=data.scoring,
+                              generate_tokens=data.generate_tokens,
+                              spec=self.spec, tokenizer=tokenizer)
 
-  def _use_model(self, db_dim: int) -> None:
+  def _use_model(self, db_dim: int, database: tuple | None = None) -> None:
     """The run's fusion settings (K, the database width R, the search) and
-    model."""
+    model (holding the database in 'layer' retrieval)."""
     self.fusion = self.fusion.replace(top_k=self.data.top_k,
                                       db_dim=max(db_dim, 1),
                                       search=self.search)
-    self.model = ReFusionModel(self.model_config, self.fusion)
+    self.model = ReFusionModel(self.model_config, self.fusion, database)
 
   # ---- ahead-of-time compilation ------------------------------------------
 
@@ -227,6 +260,9 @@ class ReFusionTask(Task):
     """
     self.settings = settings
     data, fused = self.data, self.fusion.enabled
+    if self.layer:
+      raise InputError("RETRIEVAL_MODE", "'layer' puts its database into "
+                       "the programs: they are not compiled ahead of time")
     self.spec = lmbff.get_task(data.task, data.templates)
     self.label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
                                                      load_tokenizer())
@@ -253,7 +289,7 @@ class ReFusionTask(Task):
   def _segments(self) -> int:
     """S, the neighbour segments of an example: one per input sentence
     ('input' retrieval), one pooled query ('hidden')."""
-    return 2 if self.spec.pair and not self.hidden else 1
+    return 2 if self.spec.pair and not (self.hidden or self.layer) else 1
 
   def _abstract_part(self, rows: int) -> dict:
     """One batch of ``rows`` examples (:func:`batch_lib.train_batch` after
@@ -264,7 +300,7 @@ class ReFusionTask(Task):
                                           jnp.int32),
             "decoder_target_tokens": shape(
                 (rows, self.label_tokens.shape[1]), jnp.int32)}
-    if self.fusion.enabled:
+    if self.fusion.enabled and not self.layer:
       f = self.fusion
       part["neighbours"] = shape((rows, self._segments(), f.top_k, f.db_dim),
                                  jnp.float32)
@@ -283,11 +319,16 @@ class ReFusionTask(Task):
     return out
 
   def decode_program(self, settings: Settings, batch_size: int):
-    """Rank classification (:class:`SplitScorer`'s program): every label
-    word scored under teacher forcing with the final structure's model,
-    int32 [N] best classes, on an evaluation batch (which keeps its gold
-    label word, unused)."""
+    """The final structure's classification (:class:`SplitScorer`'s
+    program) on an evaluation batch (which keeps its gold label word,
+    unused): every label word scored under teacher forcing, int32 [N] best
+    classes, or with ``SCORING='generate'`` int32 [N, GENERATE_TOKENS]
+    generated tokens."""
     model, labels = self.final_model(), self.label_tokens    # [C, T]
+    if self.data.scoring == "generate":
+      tokens = self.data.generate_tokens
+      return (lambda params, batch: model.generate(params, batch, tokens),
+              self._abstract_part(batch_size))
     return (lambda params, batch: model.classify(params, batch, labels),
             self._abstract_part(batch_size))
 
@@ -297,10 +338,12 @@ class ReFusionTask(Task):
             "max_length": self.data.max_length,
             "label_words": list(self.spec.label_words),
             "templates": self.data.templates, "template": self.spec.template,
+            "scoring": self.data.scoring,
             "retrieval_db": self.data.retrieval_db,
             "concat_neighbours": self.data.concat_neighbours,
             "search": self.search,
-            "retrieval_mode": "hidden" if self.hidden else "input",
+            "retrieval_mode": ("hidden" if self.hidden else
+                               "layer" if self.layer else "input"),
             "retrain": self.search_config.retrain,
             "train_steps": self.settings.train_steps}
 
@@ -332,15 +375,8 @@ class ReFusionTask(Task):
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
     steps = settings.train_steps
-    schedule = optimizer.schedule_fn(steps)
-    options = self.search_config
-    model_opt, arch_opt = search_lib.group_optimizers(
-        self.model.abstract_params(), optimizer.make(schedule),
-        search_lib.arch_optimizer(
-            options.arch_learning_rate, kind=options.arch_optimizer,
-            weight_decay=options.arch_weight_decay,
-            warmup_steps=options.arch_warmup_steps, total_steps=steps),
-        fusion_lr_scale=options.fusion_lr_scale)
+    schedule, model_opt, arch_opt = search_lib.optimizers(
+        self.model.abstract_params(), optimizer, self.search_config, steps)
 
     def make_state(with_arch: bool):
       def make(params, step):

@@ -8,7 +8,7 @@ boundaries (``restarts``), with warm-up as a share of each phase
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import optax
 
@@ -63,14 +63,19 @@ def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
 
 def make_optimizer(schedule: optax.Schedule, *, optimizer: str = "adam",
                    weight_decay: float = 0.0, clip_norm: float | None = 1.0,
-                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
-                   ) -> optax.GradientTransformation:
-  """Adam or AdamW over ``schedule``, after clipping by global norm."""
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   decay_mask: Any = None) -> optax.GradientTransformation:
+  """Adam or AdamW over ``schedule``, after clipping by global norm.
+
+  ``decay_mask`` (AdamW): which parameters weight decay applies to, a tree
+  of bools or a function of the parameters giving one (optax's ``mask``);
+  None: all of them (FiD's AdamW decays every parameter).
+  """
   if optimizer == "adam":
     opt = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
   elif optimizer == "adamw":
     opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
-                      weight_decay=weight_decay)
+                      weight_decay=weight_decay, mask=decay_mask)
   else:
     raise InputError("OPTIMIZER", f"must be one of {OPTIMIZERS}, got "
                      f"{optimizer!r}")

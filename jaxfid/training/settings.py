@@ -13,7 +13,7 @@ is checked when the loop builds the mesh
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import optax
@@ -122,7 +122,11 @@ class OptimizerSettings(Config):
         warmup_steps=self.warmup_steps, total_steps=total_steps,
         restarts=restarts, warmup_fraction=warmup_fraction)
 
-  def make(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+  def make(self, schedule: optax.Schedule, decay_mask: Any = None
+           ) -> optax.GradientTransformation:
+    """The optimizer; ``decay_mask``: :func:`optim.make_optimizer`'s (the
+    parameters 'adamw' decays; None: all)."""
     return optim.make_optimizer(schedule, optimizer=self.optimizer,
                                 weight_decay=self.weight_decay,
-                                clip_norm=self.clip_norm)
+                                clip_norm=self.clip_norm,
+                                decay_mask=decay_mask)
