@@ -113,13 +113,13 @@ def salient_spans(sentence: str) -> list[tuple[int, int]]:
 
 
 def maskable_spans(sentence: str) -> list[tuple[int, int]]:
-  """The spans the original may mask: :func:`salient_spans` without overlaps
-  (the earlier kept), longer than one character ('nochar') and whose
-  lower-cased text no other span of the sentence has ('single')."""
-  kept: list[tuple[int, int]] = []
-  for a, b in salient_spans(sentence):
-    if (not kept or a >= kept[-1][1]) and b - a > 1:
-      kept.append((a, b))
+  """The spans the original may mask, filtered in its order: of the
+  :func:`salient_spans` (sorted by start), those that start before the
+  previous one ends are dropped; then those of one character ('nochar');
+  then those whose lower-cased text another span has ('single')."""
+  spans = salient_spans(sentence)
+  spans = [x for i, x in enumerate(spans) if i == 0 or x[0] >= spans[i - 1][1]]
+  kept = [(a, b) for a, b in spans if b - a > 1]
   texts = [sentence[a:b].lower().strip() for a, b in kept]
   return [span for span, t in zip(kept, texts) if texts.count(t) == 1]
 
