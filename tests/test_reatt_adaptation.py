@@ -181,6 +181,9 @@ def test_adaptation_queries_feed_retrieve_and_training_data(files, capsys):
                        str(files / "qrels.txt"), "--corpus",
                        str(files / "corpus.jsonl"), "--output", str(ir)]) == 0
   assert len(ir.read_text().splitlines()) == 2
+  with pytest.raises(InputError, match="--with-title"):
+    _run_command(["reatt", "adapt", "--mode", "ssm", "--with-title",
+                  "--corpus", "c", "--output", str(files / "x.jsonl")])
   with pytest.raises(InputError, match="--qrels"):
     _run_command(["reatt", "adapt", "--mode", "ir", "--queries", "q",
                   "--corpus", "c", "--output", str(files / "x.jsonl")])

@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     records = adapt.ir_supervision_records(args.queries, args.qrels,
                                            args.corpus, args.with_title)
   else:
+    if args.with_title:
+      raise InputError("--with-title", "applies to --mode ir")
     for name, value in (("--per-passage", args.per_passage),
                         ("--top-k", args.top_k),
                         ("--token-top-k", args.token_top_k)):
