@@ -371,3 +371,40 @@ def test_the_originals_kl_weight_times_gpus_is_the_global_mean():
   # Without the factor G the encoder would get 1/G of the gradient.
   np.testing.assert_allclose(unscaled["wq"], ours["wq"] / g, rtol=1e-5,
                              atol=1e-7)
+
+
+def test_learned_score_scale_is_the_originals_combine_weight():
+  """jzbjyb/FiD DecoderWrapper.forward: ``exp(combine_weight) * scores``
+  before the KL's softmax, combine_weight a parameter starting at 0."""
+  model = tiny_model(bi_encoder_layers=1)
+  scaled = reatt.ReAttModel(model.config,
+                            model.reatt.replace(score_scale=True))
+  t5 = {"token_embedder": {"embedding": jnp.zeros((2, 2))}}
+  grown = reatt.add_head_weights(t5, 4, score_scale=True)  # a T5's: both 0
+  assert float(grown[reatt.PARAMS_KEY][reatt.SCORE_SCALE]) == 0.0
+  assert not np.any(grown[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS])
+  assert (set(scaled.abstract_params()[reatt.PARAMS_KEY])
+          == set(scaled.param_axes()[reatt.PARAMS_KEY])
+          == {reatt.HEAD_WEIGHTS, reatt.SCORE_SCALE})
+  params = reatt.add_head_weights(grown, 4)  # unscaled: dropped, and added
+  assert set(params[reatt.PARAMS_KEY]) == {reatt.HEAD_WEIGHTS}
+  assert set(reatt.add_head_weights(params, 4, True)[reatt.PARAMS_KEY]) == {
+      reatt.HEAD_WEIGHTS, reatt.SCORE_SCALE}
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(2, 3, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(6, 5, 4, 8)), jnp.float32)
+  qm, km = jnp.ones((2, 3), bool), jnp.ones((6, 5), bool)
+  double = {**grown, reatt.PARAMS_KEY: {
+      **grown[reatt.PARAMS_KEY], reatt.SCORE_SCALE: jnp.log(2.0)}}
+  target = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 3))))
+
+  @jax.jit
+  def run(params, double, grown):
+    plain, _ = model.retrieval_scores(params, q, qm, k, km, 3, True)
+    twice, _ = scaled.retrieval_scores(double, q, qm, k, km, 3, True)
+    return plain, twice, jax.grad(lambda p: scaled.retrieval_loss(
+        p, q, qm, k, km, target, kl_weight=1.0)[0])(grown)
+
+  plain, twice, grad = run(params, double, grown)
+  np.testing.assert_allclose(twice, 2.0 * plain, rtol=1e-5)
+  assert float(grad[reatt.PARAMS_KEY][reatt.SCORE_SCALE]) != 0.0

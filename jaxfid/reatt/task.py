@@ -57,13 +57,16 @@ LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
 
 
 def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
-  """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head weights)."""
+  """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head
+  weights); the learned score scale is added at 0 (or dropped) as the
+  model has it."""
   if (os.path.exists(os.path.join(path, CONFIG_FILE))
       and read_run_config(path).get("method") == "reatt"):
     other, params, _ = load_reatt(path)
   else:
     other, params, _ = load_checkpoint(path)
-    params = reatt.add_head_weights(params, other.config.num_heads)
+  params = reatt.add_head_weights(params, other.config.num_heads,
+                                  model.reatt.score_scale)
   matching.check_init_config(path, model.config, other.config)
   return params
 
