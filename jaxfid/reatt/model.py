@@ -91,8 +91,9 @@ class ReAttConfig(Config):
       whole row.
     score_scale: learn a scale ``exp(c)`` of the relevance scores, a
       temperature of the KL's retrieval distribution (``c`` starts at 0:
-      the parameter ``reatt/score_scale``), as the original's
-      ``combine_weight``; rankings, hence the index, do not depend on it.
+      the parameter ``score_scale`` beside the head weights), as the
+      original's ``combine_weight``; rankings, hence the index, do not
+      depend on it.
   """
   bi_encoder_layers: int = option(12, low=1)
   head_temperature: float = option(0.001, above=0)
