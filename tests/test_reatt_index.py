@@ -97,6 +97,32 @@ def test_small_token_top_k_rescores_candidates_exactly(setup):
     assert score == pytest.approx(float(scores[row]), rel=1e-5, abs=1e-6)
 
 
+def test_rerank_top_k_keeps_the_best_candidates_by_the_originals_sum(setup):
+  """jzbjyb/ReAtt reatt/index.py: per (query token, passage) the best
+  fetched token, 0 when none was, summed over query tokens; the top
+  rerank_topk passages are rescored exactly."""
+  searcher = open_index(setup["dir"] / "flat")
+  text = setup["examples"][5].question
+  q = searcher.encode_queries([text])[0]
+  sims, ids = searcher.index.search(q, 6)
+  owner = np.searchsorted(searcher.offsets, ids, side="right") - 1
+  approx = {}
+  for t in range(len(q)):
+    for row in set(owner[t].tolist()):
+      approx[row] = approx.get(row, 0.0) + float(sims[t][owner[t] == row].max())
+  ranked = sorted(approx, key=lambda r: (-approx[r], searcher.store.id_rank[r]))
+  assert len(ranked) > 3
+  assert searcher.candidates(q, 6, 3).tolist() == sorted(ranked[:3])
+  assert searcher.candidates(q, 6).tolist() == sorted(ranked)
+  _, exact = _brute_force(searcher, text)
+  hits = searcher.search([text], 16, token_top_k=6, rerank_top_k=3)[0]
+  assert sorted(r for r, _ in hits) == sorted(ranked[:3])
+  for row, score in hits:
+    assert score == pytest.approx(float(exact[row]), rel=1e-5, abs=1e-6)
+  with pytest.raises(InputError, match="positive"):
+    searcher.search([text], 3, rerank_top_k=0)
+
+
 def test_rescoring_in_small_chunks_changes_nothing(setup, monkeypatch):
   searcher = open_index(setup["dir"] / "flat")
   questions = [e.question for e in setup["examples"][:4]]

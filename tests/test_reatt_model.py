@@ -311,3 +311,100 @@ def test_predict_relevance_and_parameters(world):
   assert model.abstract_params()["reatt"]["head_weights"].shape == (4,)
   with pytest.raises(ValueError, match="bi_encoder_layers"):
     reatt.ReAttModel(model.config, reatt.ReAttConfig(bi_encoder_layers=3))
+
+
+def test_the_originals_kl_weight_times_gpus_is_the_global_mean():
+  """jzbjyb/FiD ``DecoderWrapper.get_kl_loss`` multiplies the KL weight by
+  the world size under in-batch negatives: every GPU computes the KL of all
+  questions of the global batch (batchmean) from gathered queries and keys
+  that carry gradients only for its own rows (``dist_utils.all_gather_tensors``
+  puts the local tensor back), and DDP averages the GPUs' gradients. The
+  product is the gradient of ``alpha * mean KL`` over the global batch,
+  jaxfid's, for everything before the gather (the whole encoder). The head
+  selector acts after it, so every GPU holds its whole gradient: the
+  original's is G times jaxfid's there."""
+  g, b, p, q_len, l, d = 4, 2, 3, 5, 6, 8
+  model = tiny_model(bi_encoder_layers=1)
+  h, e = model.config.num_heads, model.config.d_kv
+  rng = np.random.default_rng(0)
+  xq = jnp.asarray(rng.normal(size=(g * b, q_len, d)), jnp.float32)
+  xk = jnp.asarray(rng.normal(size=(g * b * p, l, d)), jnp.float32)
+  qmask = jnp.asarray(rng.random((g * b, q_len)) < 0.8).at[:, 0].set(True)
+  kmask = jnp.asarray(rng.random((g * b * p, l)) < 0.8).at[:, 0].set(True)
+  target = jax.nn.softmax(jnp.asarray(rng.normal(size=(g * b, p)) * 2.0))
+  params = {"wq": jnp.asarray(rng.normal(size=(d, h, e)) * 0.3, jnp.float32),
+            "wk": jnp.asarray(rng.normal(size=(d, h, e)) * 0.3, jnp.float32),
+            reatt.PARAMS_KEY: {reatt.HEAD_WEIGHTS: jnp.asarray(
+                rng.normal(size=(h,)) * 1e-3, jnp.float32)}}
+  alpha = 8.0
+
+  def kl_term(params, local=None, weight=alpha):
+    queries = jnp.einsum("bqd,dhe->bqhe", xq, params["wq"])  # [G*b, Q, H, E]
+    keys = jnp.einsum("nld,dhe->nlhe", xk, params["wk"])     # [G*b*P, L, H, E]
+    if local is not None:  # another GPU's rows arrive without gradients
+      own_q = (jnp.arange(g * b) // b == local)[:, None, None, None]
+      own_k = (jnp.arange(g * b * p) // (b * p) == local)[:, None, None, None]
+      queries = jnp.where(own_q, queries, jax.lax.stop_gradient(queries))
+      keys = jnp.where(own_k, keys, jax.lax.stop_gradient(keys))
+    return model.retrieval_loss(params, queries, qmask, keys, kmask, target,
+                                kl_weight=weight)[0]
+
+  def both(params):
+    # jaxfid: alpha / global batch per question (ReAttBatcher's kl_weight)
+    ours = jax.grad(lambda pr: model.retrieval_loss(
+        pr, jnp.einsum("bqd,dhe->bqhe", xq, pr["wq"]), qmask,
+        jnp.einsum("nld,dhe->nlhe", xk, pr["wk"]), kmask, target,
+        kl_weights=jnp.full((g * b,), alpha / (g * b)))[0])(params)
+    # the original: each GPU's gradient, then DDP's average over the GPUs,
+    # with the KL weight times G and without
+    ddp = [jax.tree.map(lambda x: x.mean(0), jax.vmap(
+        jax.grad(kl_term), (None, 0, None))(params, jnp.arange(g), w))
+           for w in (alpha * g, alpha)]
+    return ours, *ddp
+
+  ours, ddp, unscaled = jax.jit(both)(params)
+  for name in ("wq", "wk"):
+    assert np.abs(ours[name]).max() > 1e-3
+    np.testing.assert_allclose(ddp[name], ours[name], rtol=1e-5, atol=1e-7)
+  head = lambda t: t[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS]
+  np.testing.assert_allclose(head(ddp), g * head(ours), rtol=1e-5, atol=1e-6)
+  # Without the factor G the encoder would get 1/G of the gradient.
+  np.testing.assert_allclose(unscaled["wq"], ours["wq"] / g, rtol=1e-5,
+                             atol=1e-7)
+
+
+def test_learned_score_scale_is_the_originals_combine_weight():
+  """jzbjyb/FiD DecoderWrapper.forward: ``exp(combine_weight) * scores``
+  before the KL's softmax, combine_weight a parameter starting at 0."""
+  model = tiny_model(bi_encoder_layers=1)
+  scaled = reatt.ReAttModel(model.config,
+                            model.reatt.replace(score_scale=True))
+  t5 = {"token_embedder": {"embedding": jnp.zeros((2, 2))}}
+  grown = reatt.add_head_weights(t5, 4, score_scale=True)  # a T5's: both 0
+  assert float(grown[reatt.PARAMS_KEY][reatt.SCORE_SCALE]) == 0.0
+  assert not np.any(grown[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS])
+  assert (set(scaled.abstract_params()[reatt.PARAMS_KEY])
+          == set(scaled.param_axes()[reatt.PARAMS_KEY])
+          == {reatt.HEAD_WEIGHTS, reatt.SCORE_SCALE})
+  params = reatt.add_head_weights(grown, 4)  # unscaled: dropped, and added
+  assert set(params[reatt.PARAMS_KEY]) == {reatt.HEAD_WEIGHTS}
+  assert set(reatt.add_head_weights(params, 4, True)[reatt.PARAMS_KEY]) == {
+      reatt.HEAD_WEIGHTS, reatt.SCORE_SCALE}
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(2, 3, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(6, 5, 4, 8)), jnp.float32)
+  qm, km = jnp.ones((2, 3), bool), jnp.ones((6, 5), bool)
+  double = {**grown, reatt.PARAMS_KEY: {
+      **grown[reatt.PARAMS_KEY], reatt.SCORE_SCALE: jnp.log(2.0)}}
+  target = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 3))))
+
+  @jax.jit
+  def run(params, double, grown):
+    plain, _ = model.retrieval_scores(params, q, qm, k, km, 3, True)
+    twice, _ = scaled.retrieval_scores(double, q, qm, k, km, 3, True)
+    return plain, twice, jax.grad(lambda p: scaled.retrieval_loss(
+        p, q, qm, k, km, target, kl_weight=1.0)[0])(grown)
+
+  plain, twice, grad = run(params, double, grown)
+  np.testing.assert_allclose(twice, 2.0 * plain, rtol=1e-5)
+  assert float(grad[reatt.PARAMS_KEY][reatt.SCORE_SCALE]) != 0.0

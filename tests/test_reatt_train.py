@@ -154,8 +154,13 @@ def test_large_gin_has_the_paper_recipe():
         "ACCUMULATION_STEPS", "PASSAGE_EOS")}
     method = gin.query_parameter("%METHOD").scoped_configurable_fn()
     cfg = method.reader.model_config
+    lengths = method.reader.lengths
   finally:
     gin.clear_config()
+  # the original's answer_maxlength=50: targets cut at 50 tokens, and
+  # generate(max_length=50) (transformers 4.15) counts the decoder start
+  # token, so at most 49 new tokens
+  assert (lengths.target_maxlength, lengths.decode_maxlength) == (50, 49)
   assert values == {
       "bi_encoder_layers": 12, "kl_weight": 8.0, "head_temperature": 0.001,
       "n_context": 100, "batch_size": 64, "learning_rate": 5e-5,

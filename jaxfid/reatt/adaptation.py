@@ -1,23 +1,29 @@
-"""ReAtt's domain adaptation data (the paper's section 3.3) as QA queries files.
+"""ReAtt's domain adaptation data (the paper's section 3.3) as QA data.
 
 ReAtt adapts to a new corpus by end-to-end training on whatever supervision
 there is; every kind becomes question/answer pairs, the reader's task:
 
 * **QA supervision**: the QA data itself (nothing to convert);
 * **IR supervision**: query-document-relevance triples become generation:
-  the answers of a query are ``"relevance: {l}. {document}"`` for each of
-  its relevant documents (grade l > 0; the document is ``title text``), one
-  of which is sampled per step, as FiD samples answers;
-* **unsupervised** (salient span masking, as REALM's): one sentence of a
-  document with one entity replaced by the sentinel ``<extra_id_0>`` is the
-  question, the entity the answer. Entities are found without a tagger:
-  runs of capitalised words not starting the sentence, and numbers.
+  the answers of a query are ``"relevance: {l}. {text}"`` for each of its
+  relevant documents (grade l > 0), one of which is sampled per step, as FiD
+  samples answers. As the original (jzbjyb/FiD ``prep.py::add_qrel_as_answer``,
+  ``format='relevance-doc'``, ``field='text'``) the target holds the
+  document's text alone; ``with_title`` puts the title first;
+* **unsupervised** (salient span masking, the original's
+  ``prep.py::create_pseudo_queries_from_corpus``): see
+  :func:`salient_span_records` and :func:`ssm_training_examples`.
 
-Each converter returns records ``{"id", "question", "answers"}``;
-:func:`write_queries` writes them as JSONL, which ``jaxfid retrieve`` reads
-as queries and turns into FiD training data with each question's close
-documents (``--output train.json``), the input of ``jaxfid train`` with a
-ReAtt gin file.
+Each converter returns records ``{"id", "question", "answers"}`` (salient
+span records add ``"source"``); :func:`write_queries` writes them as JSONL,
+which ``jaxfid retrieve`` reads as queries and turns into FiD training data
+with each question's close documents (``--output train.json``), the input of
+``jaxfid train`` with a ReAtt gin file. Salient span queries are the
+exception: retrieving them that way returns their source passage whole, the
+masked entity in plain sight; :func:`ssm_training_examples` (``jaxfid reatt
+adapt --mode ssm --index INDEX``) retrieves them and puts the source
+passage, without the masked sentence, first, as the original's
+``convert_beir_to_fid_format(add_self=True)``.
 """
 from __future__ import annotations
 
@@ -30,25 +36,36 @@ import numpy as np
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
-from jaxfid.retrieval.store.corpus import Passage, read_corpus
 from jaxfid.evaluation.retrieval import read_qrels
+from jaxfid.fid.examples import FidExample, Passage as Context
+from jaxfid.retrieval.search import search_all
+from jaxfid.retrieval.store.corpus import Passage, read_corpus
 from jaxfid.retrieval.store.queries import read_queries
 
 MASK = "<extra_id_0>"
+END = "<extra_id_1>"
+# The original's rules (create_pseudo_queries_from_corpus's defaults and its
+# call: num_sent_per_doc=5, max_num_mask_ent=1).
+SENTENCES_PER_DOCUMENT = 5
+MIN_WORDS = 5          # 'skip_less_5_words': words of the query besides the mask
+MAX_CHARS = 512        # 'skip_long_512_chars': characters of the sentence
 _SENTENCE = re.compile(r"[^.!?]*[^.!?\s][^.!?]*(?:[.!?]+|$)")
 _CAPITALISED = re.compile(r"[A-Z][\w'-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'-]*)*")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
-def relevance_target(grade: int, passage: Passage) -> str:
-  """``"relevance: {grade}. {title} {text}"`` (no title: the text alone)."""
-  document = f"{passage.title} {passage.text}" if passage.title else passage.text
+def relevance_target(grade: int, passage: Passage,
+                     with_title: bool = False) -> str:
+  """``"relevance: {grade}. {text}"`` (``with_title``: ``{title} {text}``)."""
+  document = (f"{passage.title} {passage.text}"
+              if with_title and passage.title else passage.text)
   return f"relevance: {grade}. {document}"
 
 
 def ir_supervision_records(queries_path: str | os.PathLike,
                            qrels_path: str | os.PathLike,
-                           corpus_path: str | os.PathLike) -> list[dict]:
+                           corpus_path: str | os.PathLike,
+                           with_title: bool = False) -> list[dict]:
   """One record per query with at least one relevant (grade > 0) document.
 
   Raises:
@@ -66,7 +83,7 @@ def ir_supervision_records(queries_path: str | os.PathLike,
       if docid not in docs:
         raise InputError(qrels_path, f"relevant document {docid!r} of query "
                          f"{query.id!r} is not in {corpus_path}")
-      answers.append(relevance_target(grade, docs[docid]))
+      answers.append(relevance_target(grade, docs[docid], with_title))
     if answers:
       records.append({"id": query.id, "question": query.text,
                       "answers": answers})
@@ -95,42 +112,103 @@ def salient_spans(sentence: str) -> list[tuple[int, int]]:
   return sorted(set(spans))
 
 
-def salient_span_records(passages: Iterable[Passage], *, seed: int = 0,
-                         per_passage: int = 1) -> list[dict]:
-  """Up to ``per_passage`` masked sentences per passage (random, seeded).
+def maskable_spans(sentence: str) -> list[tuple[int, int]]:
+  """The spans the original may mask, filtered in its order: of the
+  :func:`salient_spans` (sorted by start), those that start before the
+  previous one ends are dropped; then those of one character ('nochar');
+  then those whose lower-cased text another span has ('single')."""
+  spans = salient_spans(sentence)
+  spans = [x for i, x in enumerate(spans) if i == 0 or x[0] >= spans[i - 1][1]]
+  kept = [(a, b) for a, b in spans if b - a > 1]
+  texts = [sentence[a:b].lower().strip() for a, b in kept]
+  return [span for span, t in zip(kept, texts) if texts.count(t) == 1]
 
-  Each draw picks a sentence uniformly among the passage's sentences that
-  hold a salient span not drawn yet, then one of those spans uniformly (the
-  paper's section 3.3: "randomly choose one sentence from a document and
-  mask one entity"; a sentence with many entities is not favoured).
-  Passages without a salient span are skipped.
-  Records follow the text order; ids are ``<passage id>-ssm<k>``.
+
+def salient_span_records(passages: Iterable[Passage], *, seed: int = 0,
+                         per_passage: int = SENTENCES_PER_DOCUMENT
+                         ) -> list[dict]:
+  """Salient span masking queries, the original's rules.
+
+  For each passage of more than one sentence (its text; the title is not
+  used), ``per_passage`` distinct sentences are drawn uniformly (all of them
+  if fewer); a drawn sentence is skipped when it is longer than 512
+  characters, has no :func:`maskable_spans`, or leaves fewer than 5 words
+  besides the mask. Otherwise one maskable span is drawn uniformly and
+  replaced by ``<extra_id_0>`` (the question); the answer is the T5 target
+  ``"<extra_id_0> ENTITY <extra_id_1>"``; ``"source"`` is the passage
+  without that sentence (``{"id", "title", "text"}``, the other sentences
+  joined by single spaces), which :func:`ssm_training_examples` puts first
+  among the close documents. Records follow the text order; ids are
+  ``<passage id>-ssm<k>``; the draws are seeded.
+
+  Entities are found without a tagger (the original runs spaCy's
+  ``en_core_web_sm`` NER, which this package does not depend on):
+  :func:`salient_spans`.
   """
   rng = np.random.default_rng(seed)
   records = []
   for passage in passages:
-    left = {}  # sentence index -> (sentence, spans not drawn yet)
-    for s, (a, b) in enumerate(sentences(passage.text)):
-      sentence = passage.text[a:b]
-      spans = salient_spans(sentence)
-      if spans:
-        left[s] = (sentence, spans)
-    picks = []
-    while left and len(picks) < per_passage:
-      s = sorted(left)[int(rng.integers(len(left)))]
-      sentence, spans = left[s]
-      span = spans[int(rng.integers(len(spans)))]
-      picks.append((s, span, sentence))
-      rest = [x for x in spans if x != span]
-      if rest:
-        left[s] = (sentence, rest)
-      else:
-        del left[s]
-    for k, (_, (a, b), sentence) in enumerate(sorted(picks)):
-      question = " ".join(f"{sentence[:a]}{MASK}{sentence[b:]}".split())
-      records.append({"id": f"{passage.id}-ssm{k}", "question": question,
-                      "answers": [sentence[a:b]]})
+    text = " ".join(passage.text.split())
+    spans = sentences(text)
+    if len(spans) <= 1:
+      continue
+    drawn = sorted(rng.choice(len(spans), min(len(spans), per_passage),
+                              replace=False).tolist())
+    k = 0
+    for s in drawn:
+      sentence = text[spans[s][0]:spans[s][1]].strip()
+      if len(sentence) > MAX_CHARS:
+        continue
+      candidates = maskable_spans(sentence)
+      if not candidates:
+        continue
+      a, b = candidates[int(rng.integers(len(candidates)))]
+      before, after = sentence[:a], sentence[b:]
+      if len(f"{before.strip()} {after.strip()}".split()) < MIN_WORDS:
+        continue
+      context = " ".join(text[x:y].strip() for i, (x, y) in enumerate(spans)
+                         if i != s)
+      records.append({"id": f"{passage.id}-ssm{k}",
+                      "question": f"{before}{MASK}{after}",
+                      "answers": [f"{MASK} {sentence[a:b]} {END}"],
+                      "source": {"id": passage.id, "title": passage.title,
+                                 "text": context}})
+      k += 1
   return records
+
+
+def ssm_training_examples(records: Sequence[dict], searcher, top_k: int,
+                          **options) -> list[FidExample]:
+  """FiD training examples of salient span records, without the answer leak.
+
+  Each question retrieves ``top_k`` passages from ``searcher`` (an open
+  index, :func:`jaxfid.retrieval.search.open_index`; ``options`` are its
+  search options); its source passage is dropped from them and put first
+  as the record's ``source`` (the passage without the masked sentence),
+  scored one above the best hit so that sorting by score keeps it first;
+  the rest follow, ``top_k`` in all. The original
+  (``convert_beir_to_fid_format(add_self=True)``) replaces the source's text
+  wherever BM25 ranks it and inserts it first when it is not retrieved; its
+  query is a sentence of the source, which BM25 ranks first.
+  """
+  hits = search_all(searcher, [r["question"] for r in records], top_k,
+                    progress=False, **options)
+  out = []
+  for record, found in zip(records, hits):
+    source = record["source"]
+    rows = [(row, score) for row, score in found
+            if searcher.store[row].id != source["id"]][:top_k - 1]
+    best = max((score for _, score in found), default=0.0)
+    ctxs = [Context(title=source["title"], text=source["text"],
+                    score=float(best) + 1.0, id=source["id"])]
+    for row, score in rows:
+      p = searcher.store[row]
+      ctxs.append(Context(title=p.title, text=p.text, score=float(score),
+                          id=p.id))
+    out.append(FidExample(question=record["question"],
+                          answers=tuple(record["answers"]), ctxs=tuple(ctxs),
+                          id=record["id"]))
+  return out
 
 
 def write_queries(path: str | os.PathLike, records: Sequence[dict]) -> None:

@@ -1,18 +1,23 @@
 """ReAtt's commands: `jaxfid reatt adapt | iterate` and `jaxfid index reatt`.
 
-  jaxfid reatt adapt --mode ir --queries Q --qrels QRELS --corpus C --output OUT.jsonl
+  jaxfid reatt adapt --mode ir --queries Q --qrels QRELS --corpus C --output OUT.jsonl [--with-title]
   jaxfid reatt adapt --mode ssm --corpus C --output OUT.jsonl [--per-passage N --seed S]
+  jaxfid reatt adapt --mode ssm --corpus C --index INDEX --output train.json [--top-k K --token-top-k K2]
   jaxfid reatt iterate --gin_file=gin/reatt/tiny.gin --gin.MODEL_DIR="'out'" \
       --gin.TRAIN_DATA="'train.json'" [--gin.X=Y ...] --corpus C \
       --queries TRAIN_QUERIES --iterations N --steps-per-iteration S \
       [--top-k K] [--token-top-k K2] [--work-dir DIR]
 
 ``adapt`` writes JSONL ``{"id", "question", "answers"}`` (IR supervision turned into
-``relevance: l. document`` targets, or salient-span-masked sentences); then
+``relevance: l. text`` targets, or salient-span-masked sentences); then
 ``jaxfid retrieve --index INDEX --queries OUT.jsonl --top-k K --output
 train.json`` adds each question's close documents, and ``jaxfid train
 --gin_file=gin/reatt/...`` trains on it (QA supervision needs no
-conversion). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
+conversion). Salient span masking with ``--index`` writes the training data
+itself, each question's source passage (without the masked sentence) first
+among its close documents, as the original; ``jaxfid retrieve`` would
+return the source passage whole, the answer in it
+(:mod:`jaxfid.reatt.adaptation`). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
 ``ITERATION_STEPS``) or, explicitly, by ``iterate``: N rounds of training,
 ``jaxfid index reatt`` of the corpus and ``jaxfid retrieve`` of the training
 queries into the next round's TRAIN_DATA, one JSON line per round
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from jaxfid.commands import distributed, gin_flags
 from jaxfid.commands.gin_flags import GinRun
@@ -47,6 +53,8 @@ from jaxfid.reatt import adaptation as adapt
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.index_build import build_from_checkpoint
 from jaxfid.reatt.task import ReAttTask
+from jaxfid.fid.examples import write_fid_examples
+from jaxfid.retrieval.search import open_index
 from jaxfid.retrieval.store.corpus import iter_passages
 from jaxfid.training import launch
 
@@ -68,10 +76,26 @@ def add_parser(subparsers) -> None:
   a.add_argument("--corpus", required=True, help="corpus file")
   a.add_argument("--queries", help="queries file (--mode ir)")
   a.add_argument("--qrels", help="TREC or BEIR qrels (--mode ir)")
-  a.add_argument("--per-passage", type=int, default=1,
-                 help="masked sentences per passage (--mode ssm)")
+  a.add_argument("--with-title", action="store_true",
+                 help="--mode ir: targets 'relevance: l. title text' (the "
+                 "original's hold the text alone)")
+  a.add_argument("--per-passage", type=int,
+                 default=adapt.SENTENCES_PER_DOCUMENT,
+                 help="sentences drawn per passage (--mode ssm; default 5, "
+                 "the original's)")
   a.add_argument("--seed", type=int, default=0)
-  a.add_argument("--output", required=True, help="queries JSONL to write")
+  a.add_argument("--index", default=None,
+                 help="--mode ssm: retrieve the close documents from this "
+                 "index and write FiD training data, the source passage "
+                 "without its masked sentence first")
+  a.add_argument("--top-k", type=int, default=100,
+                 help="--index: close documents per question (default 100)")
+  a.add_argument("--token-top-k", type=int, default=None,
+                 help="--index of a token-level index: tokens retrieved per "
+                 "query token")
+  a.add_argument("--output", required=True,
+                 help="queries JSONL to write (with --index: FiD training "
+                 "data, .json or .jsonl)")
   a.set_defaults(func=run)
   _add_iterate(sub)
 
@@ -146,14 +170,35 @@ def run(args: argparse.Namespace) -> int:
     for name in ("queries", "qrels"):
       if not getattr(args, name):
         raise InputError(f"--{name}", "required with --mode ir")
+    if args.index:
+      raise InputError("--index", "applies to --mode ssm; retrieve IR "
+                       "queries with `jaxfid retrieve`")
     records = adapt.ir_supervision_records(args.queries, args.qrels,
-                                           args.corpus)
+                                           args.corpus, args.with_title)
   else:
-    if args.per_passage < 1:
-      raise InputError("--per-passage", "must be at least 1")
+    if args.with_title:
+      raise InputError("--with-title", "applies to --mode ir")
+    for name, value in (("--per-passage", args.per_passage),
+                        ("--top-k", args.top_k),
+                        ("--token-top-k", args.token_top_k)):
+      if value is not None and value < 1:
+        raise InputError(name, "must be at least 1")
     records = adapt.salient_span_records(iter_passages(args.corpus),
                                          seed=args.seed,
                                          per_passage=args.per_passage)
+    if args.index:
+      options = ({} if args.token_top_k is None
+                 else {"token_top_k": args.token_top_k})
+      examples = adapt.ssm_training_examples(
+          records, open_index(args.index), args.top_k, **options)
+      write_fid_examples(args.output, examples)
+      print(json.dumps({"mode": args.mode, "queries": len(records),
+                        "output": args.output, "format": "fid"}))
+      return 0
+    print("note: these queries' answers are in their source passages; "
+          "`jaxfid retrieve` returns those whole. For training data without "
+          "the leak, pass --index (the source, without the masked sentence, "
+          "comes first)", file=sys.stderr)
   adapt.write_queries(args.output, records)
   print(json.dumps({"mode": args.mode, "queries": len(records),
                     "output": args.output}))

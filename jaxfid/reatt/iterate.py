@@ -66,7 +66,8 @@ SETTINGS = {"MODEL_DIR": "model_dir", "TRAIN_DATA": "train_data",
             "RETRIEVAL_WARMUP_STEPS": "retrieval_warmup_steps",
             "ITERATION_STEPS": "iteration_steps",
             "RETRIEVAL_CORPUS": "retrieval_corpus", "N_CONTEXT": "n_context",
-            "TOKEN_TOP_K": "token_top_k", "SCHEDULE": "schedule",
+            "TOKEN_TOP_K": "token_top_k", "RERANK_TOP_K": "rerank_top_k",
+            "SCHEDULE": "schedule",
             "RESTART_SCHEDULE": "restart_schedule",
             "WARMUP_FRACTION": "warmup_fraction",
             "INDEX_BATCH_SIZE": "index_batch_size"}
@@ -216,8 +217,10 @@ def last_logged(model_dir: str, name: str, max_step: int) -> float | None:
 
 def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
                   queries: str, top_k: int, token_top_k: int,
-                  index_batch_size: int, progress: bool | None) -> None:
-  """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA.
+                  index_batch_size: int, progress: bool | None,
+                  rerank_top_k: int = 0) -> None:
+  """Index with MODEL_DIR's latest checkpoint, retrieve the new TRAIN_DATA
+  (``rerank_top_k`` > 0: the token index's candidate cut, RERANK_TOP_K).
 
   Multi-host: every process builds the index (process 0 writes it), then
   process 0 retrieves while the others wait for it.
@@ -231,8 +234,9 @@ def refresh_round(it: Iteration, *, model_dir: str, corpus: str,
         batch_size=index_batch_size, progress=progress)
 
   def retrieve() -> None:
+    cut = {"rerank_top_k": rerank_top_k} if rerank_top_k else {}
     retrieve_to_file(it.index_dir, queries, top_k, it.train_file,
-                     progress=progress, token_top_k=token_top_k)
+                     progress=progress, token_top_k=token_top_k, **cut)
   multihost.on_leader(retrieve, f"retrieving into {it.train_file}")
 
 
@@ -323,6 +327,9 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
       "retrieval_warmup_steps": warmup,
       "steps_per_iteration": steps_per_iteration, "top_k": top_k,
       "token_top_k": token_top_k}
+  rerank_top_k = settings.get("rerank_top_k") or 0
+  if rerank_top_k:  # (work directories of runs without the cut stay valid)
+    identity["rerank_top_k"] = rerank_top_k
   multihost.on_leader(lambda: claim_work_dir(work_dir, identity),
                       f"claiming {work_dir}")
   plan = plan_iterations(settings["train_data"], work_dir, iterations,
@@ -352,6 +359,7 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
         break
     refresh_round(it, model_dir=model_dir, corpus=corpus, queries=queries,
                   top_k=top_k, token_top_k=token_top_k,
+                  rerank_top_k=rerank_top_k,
                   index_batch_size=settings["index_batch_size"],
                   progress=progress)
     record = multihost.on_leader(lambda: write_record(

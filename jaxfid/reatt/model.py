@@ -63,6 +63,7 @@ from jaxfid.reatt.retrieval_attention import (
 Array = jax.Array
 PARAMS_KEY = "reatt"            # params = T5 params + {"reatt": {...}}
 HEAD_WEIGHTS = "head_weights"
+SCORE_SCALE = "score_scale"     # log of the learned relevance scale (option)
 HEAD_AXIS = "reatt_heads"       # not in the sharding rules: replicated
 
 
@@ -88,6 +89,11 @@ class ReAttConfig(Config):
     query_maxlength: question tokens that take part in retrieval (the
       first ones of the row; the index truncates queries alike); 0 = the
       whole row.
+    score_scale: learn a scale ``exp(c)`` of the relevance scores, a
+      temperature of the KL's retrieval distribution (``c`` starts at 0:
+      the parameter ``score_scale`` beside the head weights), as the
+      original's ``combine_weight``; rankings, hence the index, do not
+      depend on it.
   """
   bi_encoder_layers: int = option(12, low=1)
   head_temperature: float = option(0.001, above=0)
@@ -95,6 +101,7 @@ class ReAttConfig(Config):
   separator_ids: tuple[int, ...] = (2233, 10)
   relevance_chunk: int = option(0, low=0)
   query_maxlength: int = option(0, low=0)
+  score_scale: bool = False
 
 
 @dataclasses.dataclass
@@ -111,12 +118,18 @@ class SplitEncoding:
 # -------------------------------------------------------------------- model
 
 
-def add_head_weights(t5_params: dict, num_heads: int) -> dict:
-  """ReAtt params from T5 params: ``reatt/head_weights`` zeros [H] added."""
-  if PARAMS_KEY in t5_params:
-    return t5_params
-  return {**t5_params,
-          PARAMS_KEY: {HEAD_WEIGHTS: jnp.zeros((num_heads,), jnp.float32)}}
+def add_head_weights(t5_params: dict, num_heads: int,
+                     score_scale: bool = False) -> dict:
+  """ReAtt params from T5 params (``reatt/head_weights`` zeros [H] added)
+  or from ReAtt params; with ``score_scale`` ``reatt/score_scale`` is 0
+  unless present, without it the parameter is dropped."""
+  own = dict(t5_params.get(PARAMS_KEY) or
+             {HEAD_WEIGHTS: jnp.zeros((num_heads,), jnp.float32)})
+  if score_scale:
+    own.setdefault(SCORE_SCALE, jnp.zeros((), jnp.float32))
+  else:
+    own.pop(SCORE_SCALE, None)
+  return {**t5_params, PARAMS_KEY: own}
 
 
 class ReAttModel(EncoderDecoderModel):
@@ -144,17 +157,22 @@ class ReAttModel(EncoderDecoderModel):
   # ---- parameters -------------------------------------------------------
 
   def init_params(self, seed: int = 0) -> dict:
-    return add_head_weights(super().init_params(seed), self.config.num_heads)
+    return add_head_weights(super().init_params(seed), self.config.num_heads,
+                            self.reatt.score_scale)
 
   def abstract_params(self) -> dict:
     params = super().abstract_params()
     params[PARAMS_KEY] = {HEAD_WEIGHTS: jax.ShapeDtypeStruct(
         (self.config.num_heads,), jnp.float32)}
+    if self.reatt.score_scale:
+      params[PARAMS_KEY][SCORE_SCALE] = jax.ShapeDtypeStruct((), jnp.float32)
     return params
 
   def param_axes(self) -> dict:
     axes = super().param_axes()
     axes[PARAMS_KEY] = {HEAD_WEIGHTS: (HEAD_AXIS,)}
+    if self.reatt.score_scale:
+      axes[PARAMS_KEY][SCORE_SCALE] = ()
     return axes
 
   def network(self, params: dict) -> T5:
@@ -236,7 +254,10 @@ class ReAttModel(EncoderDecoderModel):
           lambda q, qm, k, km: avg_max_relevance(q[None], qm[None], k, km)[0]
       )(queries, query_mask, keys, kmask)                        # [B, H, P]
       valid = doc_valid.reshape(b, num_passages)                 # [B, P]
-    return jnp.einsum("bhn,h->bn", per_head, probs), valid
+    scores = jnp.einsum("bhn,h->bn", per_head, probs)
+    if self.reatt.score_scale:
+      scores = jnp.exp(params[PARAMS_KEY][SCORE_SCALE]) * scores
+    return scores, valid
 
   # ---- training ---------------------------------------------------------
 

@@ -41,18 +41,22 @@ def refresh_close_documents(model: ReAttModel, params: dict, tokenizer,
                             examples: Sequence[FidExample], corpus: str,
                             index_dir: str, *, n_context: int,
                             doc_maxlength: int, query_maxlength: int,
-                            token_top_k: int, batch_size: int = 64,
+                            token_top_k: int, rerank_top_k: int = 0,
+                            batch_size: int = 64,
                             progress: bool | None = None) -> list[FidExample]:
   """Re-index ``corpus`` with the current model; each example's ctxs become
-  its ``n_context`` best passages (scores = avg-max relevance)."""
+  its ``n_context`` best passages (scores = avg-max relevance; with
+  ``rerank_top_k`` > 0 only that many candidates are rescored, the
+  original's cut)."""
   encoder = token_index.TokenEncoder.from_model(model, params)
   meta = token_index.build_token_index(
       encoder, tokenizer, corpus, index_dir, doc_maxlength=doc_maxlength,
       query_maxlength=query_maxlength, batch_size=batch_size,
       progress=progress)
   searcher = token_index.TokenSearcher(index_dir, meta)
+  cut = {"rerank_top_k": rerank_top_k} if rerank_top_k else {}
   hits = search_all(searcher, [e.question for e in examples], n_context,
-                    progress, token_top_k=token_top_k)
+                    progress, token_top_k=token_top_k, **cut)
   out = []
   for example, found in zip(examples, hits):
     ctxs = []

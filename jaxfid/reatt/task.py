@@ -20,6 +20,8 @@ whole: ``reatt = @ReAttConfig()`` (the model's ``BI_ENCODER_LAYERS``,
 * the schedule: with ``RESTART_SCHEDULE`` each phase (the QA-only warm-up,
   then every iteration) gets its own warm-up and decay, as the paper's
   separate runs do; ``WARMUP_FRACTION`` sets warm-up as a share of a phase;
+  with ``RESTART_OPTIMIZER`` (default) each phase starts a fresh Adam, as
+  those runs did (:mod:`jaxfid.reatt.restarts`);
 * iterative training (:mod:`jaxfid.reatt.refresh`) with ``RETRIEVAL_CORPUS``.
 """
 from __future__ import annotations
@@ -44,6 +46,7 @@ from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
+from jaxfid.reatt.restarts import restart_adam_at
 from jaxfid.reatt.step import make_grad_cache_step
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, loss_phase, train_state)
@@ -54,13 +57,16 @@ LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
 
 
 def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
-  """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head weights)."""
+  """INIT_CHECKPOINT: a ReAtt MODEL_DIR, or any T5 checkpoint (+ zero head
+  weights); the learned score scale is added at 0 (or dropped) as the
+  model has it."""
   if (os.path.exists(os.path.join(path, CONFIG_FILE))
       and read_run_config(path).get("method") == "reatt"):
     other, params, _ = load_reatt(path)
   else:
     other, params, _ = load_checkpoint(path)
-    params = reatt.add_head_weights(params, other.config.num_heads)
+  params = reatt.add_head_weights(params, other.config.num_heads,
+                                  model.reatt.score_scale)
   matching.check_init_config(path, model.config, other.config)
   return params
 
@@ -87,6 +93,14 @@ class ReAttTraining(Config):
       (None: ``WARMUP_STEPS``).
     restart_schedule: ``RESTART_SCHEDULE``, a fresh warm-up and decay per
       phase (the QA-only warm-up, then every iteration).
+    restart_optimizer: ``RESTART_OPTIMIZER``, a fresh Adam (moments and
+      step count) per phase, as the original's runs started with
+      ``--init_from`` (:mod:`jaxfid.reatt.restarts`); False carries the
+      moments across phases.
+    rerank_top_k: ``RERANK_TOP_K``, the refresh's token-index search first
+      keeps this many candidate passages by their approximate score (the
+      original's ``rerank_topk``, 2048) before rescoring them exactly; 0
+      rescores every candidate.
   """
   kl_weight: float = option(8.0, low=0)
   retrieval_warmup_steps: int = option(0, low=0)
@@ -96,6 +110,8 @@ class ReAttTraining(Config):
   index_batch_size: int = option(64, low=1)
   warmup_fraction: float | None = option(None, low=0, high=1)
   restart_schedule: bool = False
+  restart_optimizer: bool = True
+  rerank_top_k: int = option(0, low=0)
 
 
 class ReAttTask(Task):
@@ -217,28 +233,34 @@ class ReAttTask(Task):
 
   # ---- the step ---------------------------------------------------------------
 
+  def phase_starts(self, settings: Settings) -> list[int]:
+    """The steps where a phase starts after the first: the end of the
+    QA-only warm-up, then every ``ITERATION_STEPS``."""
+    warmup = self.training.retrieval_warmup_steps
+    starts = [warmup] if 0 < warmup < settings.train_steps else []
+    return starts + phase_boundaries(settings.train_steps, warmup,
+                                     self.training.iteration_steps)
+
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
-    training, restarts = self.training, []
-    if training.restart_schedule:
-      warmup = training.retrieval_warmup_steps
-      if 0 < warmup < settings.train_steps:
-        restarts.append(warmup)
-      restarts.extend(phase_boundaries(settings.train_steps, warmup,
-                                       training.iteration_steps))
+    training, starts = self.training, self.phase_starts(settings)
     schedule = optimizer.schedule_fn(
-        settings.train_steps, restarts=restarts,
+        settings.train_steps,
+        restarts=starts if training.restart_schedule else [],
         warmup_fraction=training.warmup_fraction)
     if settings.accumulation_steps > 1 and self.config.in_batch_negatives:
       tx = optimizer.make(schedule)
-      return [Phase("train", settings.train_steps,
+      phase = Phase("train", settings.train_steps,
                     make_state=lambda p, s: train_state(
                         p, s, opt_state=tx.init(p)),
                     step=make_grad_cache_step(
                         self.model, tx, seed=settings.seed,
                         accumulation_steps=settings.accumulation_steps),
-                    learning_rate=schedule)]
-    return [loss_phase(self.model, settings, optimizer, schedule)]
+                    learning_rate=schedule)
+    else:
+      phase = loss_phase(self.model, settings, optimizer, schedule)
+    return [restart_adam_at(phase, starts if training.restart_optimizer
+                            else [])]
 
   def log_fields(self, metrics: dict) -> dict:
     return {k: float(metrics[k]) for k in LOGGED}
@@ -266,6 +288,7 @@ class ReAttTask(Task):
         n_context=reader.n_context, doc_maxlength=reader.text_maxlength,
         query_maxlength=self.config.query_maxlength or reader.text_maxlength,
         token_top_k=self.training.token_top_k,
+        rerank_top_k=self.training.rerank_top_k,
         batch_size=self.training.index_batch_size,
         progress=ctx.settings.progress)
     path = iteration_file(model_dir, step)

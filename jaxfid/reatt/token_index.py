@@ -28,7 +28,12 @@ Search (the paper's section 5): each query token's vector fetches its top
 them are the candidates; each candidate is rescored exactly with avg-max
 over *all* its tokens, ``mean_i max_j q_i . k_j``; the top K are returned,
 ties broken by passage id. With an exact index and ``token_top_k`` at least
-the number of tokens, this is brute-force avg-max over the corpus.
+the number of tokens, this is brute-force avg-max over the corpus. The
+option ``rerank_top_k`` first keeps that many candidates by the original's
+approximate score (jzbjyb/ReAtt ``reatt/index.py`` ``search``,
+``rerank_topk=2048``: per query token the best fetched token of the
+passage, 0 when none was fetched, summed over query tokens), so that fewer
+passages are rescored; without it every candidate is.
 """
 from __future__ import annotations
 
@@ -68,7 +73,7 @@ from jaxfid.t5.network import EncoderLayer
 Array = jax.Array
 INDEX_TYPE = "reatt"
 FAISS_TYPES = ("flat", "ivfpq")
-SEARCH_OPTIONS = ("token_top_k", "nprobe")
+SEARCH_OPTIONS = ("token_top_k", "nprobe", "rerank_top_k")
 DEFAULT_TOKEN_TOP_K = 2048
 _RESCORE_TOKENS = 1 << 20  # candidate tokens rescored per matrix product
 QUERY_BATCH = 32
@@ -396,12 +401,12 @@ class TokenSearcher:
         for i in range(0, len(padded), QUERY_BATCH)])[:n]
     return [v[t != 0] for v, t in zip(vectors, tokens)]
 
-  def _options(self, options: dict) -> tuple[int, int | None]:
+  def _options(self, options: dict) -> tuple[int, int | None, int | None]:
     unknown = sorted(set(options) - set(SEARCH_OPTIONS))
     if unknown:
       flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
       raise InputError(self.directory, f"option {flags} does not apply to a "
-                       f"reatt index (known: token_top_k, nprobe)")
+                       f"reatt index (known: {', '.join(SEARCH_OPTIONS)})")
     values = {}
     for name in SEARCH_OPTIONS:
       if options.get(name) is None:
@@ -413,14 +418,25 @@ class TokenSearcher:
                          f"{options[name]!r}") from None
       if values[name] < 1:
         raise InputError(self.directory, f"{name} must be positive")
-    return values.get("token_top_k", DEFAULT_TOKEN_TOP_K), values.get("nprobe")
+    return (values.get("token_top_k", DEFAULT_TOKEN_TOP_K),
+            values.get("nprobe"), values.get("rerank_top_k"))
 
-  def candidates(self, query: np.ndarray, token_top_k: int) -> np.ndarray:
-    """Passages owning any of each query token's top tokens (sorted rows)."""
+  def candidates(self, query: np.ndarray, token_top_k: int,
+                 rerank_top_k: int | None = None) -> np.ndarray:
+    """Passages owning any of each query token's top tokens (sorted rows);
+    with ``rerank_top_k``, the best that many by the approximate score."""
     k = min(token_top_k, self.index.ntotal)
-    _, ids = self.index.search(np.ascontiguousarray(query, np.float32), k)
-    ids = ids[ids >= 0]
-    return np.unique(np.searchsorted(self.offsets, ids, side="right") - 1)
+    sims, ids = self.index.search(np.ascontiguousarray(query, np.float32), k)
+    found = ids >= 0                                              # [Q, k]
+    owners = np.searchsorted(self.offsets, ids, side="right") - 1
+    rows, column = np.unique(owners[found], return_inverse=True)
+    if rerank_top_k is None or len(rows) <= rerank_top_k:
+      return rows
+    best = np.full((len(query), len(rows)), -np.inf, np.float32)  # [Q, docs]
+    np.maximum.at(best, (np.nonzero(found)[0], column), sims[found])
+    approx = np.where(np.isfinite(best), best, 0.0).sum(axis=0)   # [docs]
+    keep = np.lexsort((self.store.id_rank[rows], -approx))[:rerank_top_k]
+    return np.sort(rows[keep])
 
   def rescore(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Exact avg-max of ``query`` against passages ``rows`` (all their tokens).
@@ -446,7 +462,7 @@ class TokenSearcher:
   def search(self, texts: Sequence[str], top_k: int,
              **options) -> list[list[tuple[int, float]]]:
     """Top ``top_k`` (store row, score) per query text, best first."""
-    token_top_k, nprobe = self._options(options)
+    token_top_k, nprobe, rerank_top_k = self._options(options)
     if nprobe is not None and hasattr(self.index, "nprobe"):
       self.index.nprobe = nprobe
     rank = self.store.id_rank
@@ -455,7 +471,7 @@ class TokenSearcher:
       if len(query) == 0:
         results.append([])
         continue
-      rows = self.candidates(query, token_top_k)
+      rows = self.candidates(query, token_top_k, rerank_top_k)
       scores = self.rescore(query, rows)
       order = np.lexsort((rank[rows], -scores))[:top_k]
       results.append([(int(rows[i]), float(scores[i])) for i in order])
