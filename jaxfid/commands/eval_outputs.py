@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
+from jaxfid.core.tensorboard import SummaryWriter
 
 from jaxfid.core.files import atomic_write
 

@@ -17,7 +17,7 @@ import os
 import tempfile
 
 import jax
-from tensorboardX import SummaryWriter
+from jaxfid.core.tensorboard import SummaryWriter
 
 from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
