@@ -8,6 +8,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
+import types
 
 import gin
 import pytest
@@ -100,6 +103,51 @@ def test_search_splits_the_chips():
   assert bench_search.splits(2) == ["data=2", "fsdp=2"]
   assert bench_search._flag("REMAT", "dots") == "--gin.REMAT=\"'dots'\""
   assert bench_search._flag("SCAN_LAYERS", True) == "--gin.SCAN_LAYERS=True"
+
+
+def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
+  """The search's policy on a made-up compiler (no libtpu): per split the
+  lightest remat that fits, the scan flip shown unranked, a crashed compile
+  its own row; ``jobs=2`` runs two splits' compiles at once."""
+  running, most = [0], [0]
+  lock = threading.Lock()
+
+  def compile_fn(macros, flops):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+    time.sleep(0.05)
+    with lock:
+      running[0] -= 1
+    if macros["MESH"] == "fsdp=2,model=2":
+      raise bench_search.CompileFailed("the compile was killed by SIGSEGV")
+    need = {"none": 30.0, "dots": 12.0, "full": 8.0}[macros["REMAT"]]
+    need -= 1.0 if macros["MESH"].startswith("fsdp") else 0.0
+    step = {"none": 1.0, "dots": 1.1, "full": 1.3}[macros["REMAT"]]
+    step -= 0.05 if macros["MESH"].startswith("fsdp") else 0.0
+    return {"fits": need <= 16.0, "per_chip_gb": need,
+            "roofline_step_s": step + (0.01 if macros["SCAN_LAYERS"] else 0),
+            "examples_per_sec_at_roofline": 8 / step}
+
+  settings = types.SimpleNamespace(batch_size=8, mesh="",
+                                   accumulation_steps=1)
+  built = types.SimpleNamespace(settings=settings, remat="full",
+                                scan_layers=False)
+  target = types.SimpleNamespace(
+      devices=[0] * 4, topology=types.SimpleNamespace(name="v5e-4"),
+      chip=topologies.CHIPS["v5e"])
+  r = bench_search.search(compile_fn, lambda: [1.0], built, target, "train",
+                          jobs=2)
+  assert most[0] == 2
+  tried = {(row["MESH"], row["REMAT"]) for row in r["search"]}
+  assert tried == {("data=4", "none"), ("data=4", "dots"), ("fsdp=4", "none"),
+                   ("fsdp=4", "dots"), *(("fsdp=2,model=2", remat) for remat
+                                         in bench_search.REMATS)}
+  assert r["flags"] == ["--gin.REMAT=\"'dots'\"", "--gin.MESH=\"'fsdp=4'\""]
+  assert r["roofline_step_s"] == pytest.approx(1.05) and r["fits"]
+  assert r["compiles"] == 5  # a crash is a row, not a compile
+  assert r["search"][-1]["ranked"] is False
+  assert "killed by SIGSEGV" in capsys.readouterr().err
 
 
 def test_out_of_memory_messages_are_parsed():

@@ -39,6 +39,7 @@ import jax
 
 from jaxfid.commands import bench_search, gin_flags
 from jaxfid.core import topologies
+from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
 from jaxfid.training import aot, launch
 from jaxfid.training.settings import OptimizerSettings, Settings
@@ -64,6 +65,9 @@ def add_arguments(p) -> None:
   p.add_argument("--search", action="store_true",
                  help="try remat, mesh splits, accumulation and scanned "
                  "layers; print what fits and the best as --gin. flags")
+  p.add_argument("--jobs", type=int, default=1,
+                 help="--search: compile up to N configurations at once "
+                 "(each a process needing one compile's host memory)")
   # --search's child processes: the train step's FLOPs without remat, per
   # phase (the search traces them once)
   p.add_argument("--model-flops", type=json.loads, default=None,
@@ -233,6 +237,8 @@ def compile_in_child(args, macros: dict, model_flops) -> dict:
 
 
 def run(args) -> int:
+  if args.jobs < 1:
+    raise InputError("--jobs", "must be at least 1")
   target = aot.Target.of(topologies.parse(args.topology, args.slices))
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
                 tuple(args.gin_search_path))
@@ -245,7 +251,7 @@ def run(args) -> int:
               args, {**base, **macros}, flops),
           lambda: (train_model_flops(gin_run, base)
                    if args.program == "train" else None),
-          gin_run.build(base), target, args.program)
+          gin_run.build(base), target, args.program, jobs=args.jobs)
     else:
       result = compile_once(gin_run, base, args.program, target,
                             args.model_flops)

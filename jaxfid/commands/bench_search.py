@@ -23,7 +23,9 @@ fits):
 
 Each configuration compiles in a process of its own (``compile_fn``): a
 compiler that crashes on one costs that row, not the search, and each
-compile's host memory is returned when it ends.
+compile's host memory is returned when it ends. ``--jobs N`` searches N
+splits at once (N compiles side by side, each with one compile's host
+memory), rows printed as they finish.
 
 The table goes to stderr as the compiles finish, then what fits ranked
 fastest first, then the best as the ``--gin.`` flags to add;
@@ -32,7 +34,9 @@ line per compile) and ``compiles``.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import sys
+import threading
 from typing import Callable
 
 from jaxfid.core.errors import InputError
@@ -106,11 +110,18 @@ def _table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _rank(fit: tuple[float, dict, dict]) -> tuple[float, float]:
+  """Fastest first; at equal speed, the smaller per chip."""
+  return fit[0], fit[2]["per_chip_gb"]
+
+
 def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
-           built, target, program: str) -> dict:
+           built, target, program: str, jobs: int = 1) -> dict:
   """Compiles the alternatives (module docstring) with
   ``compile_fn(macros, model_flops)``; ``built`` is the run as given
-  (its batch, accumulation and scan setting start the search)."""
+  (its batch, accumulation and scan setting start the search). ``jobs``
+  splits are searched at once (each split's remats in order), so up to
+  ``jobs`` compiles run together."""
   chips = len(target.devices)
   batch = built.settings.batch_size
   base = {"REMAT": built.remat, "MESH": built.settings.mesh or f"data={chips}",
@@ -120,40 +131,50 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
   rows: list[dict] = []
   fitting: list[tuple[float, dict, dict]] = []
   smallest: list[tuple[float, dict]] = []
+  lock = threading.Lock()  # the lists and stderr, shared by the jobs
 
   def attempt(macros: dict, ranked: bool = True) -> dict | None:
     try:
       result = compile_fn(macros, flops)
     except (InputError, CompileFailed) as e:
-      rows.append(_row(macros, None, e.message))
-      print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
+      with lock:
+        rows.append(_row(macros, None, e.message))
+        print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
       return None
-    rows.append(_row(macros, result, None))
-    if not ranked:
-      rows[-1]["ranked"] = False
-    print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
-    if not ranked:
-      return result
-    if result["fits"]:
-      fitting.append((result["roofline_step_s"], macros, result))
-    else:
-      need = result.get("per_chip_gb") or result.get("required_gb")
-      smallest.append((float("inf") if need is None else need, result))
+    with lock:
+      rows.append(_row(macros, result, None))
+      if not ranked:
+        rows[-1]["ranked"] = False
+      print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
+      if not ranked:
+        return result
+      if result["fits"]:
+        fitting.append((result["roofline_step_s"], macros, result))
+      else:
+        need = result.get("per_chip_gb") or result.get("required_gb")
+        smallest.append((float("inf") if need is None else need, result))
     return result
+
+  def each_split(chain: Callable[[str], None]) -> None:
+    """``chain(mesh)`` for every split, ``jobs`` at a time."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+      for future in [pool.submit(chain, mesh) for mesh in splits(chips)]:
+        future.result()
 
   def sweep(accumulation: int, lightest_first: bool) -> None:
     """Per split, the lightest remat that fits: from ``none`` up to the
     first that fits, or (more microbatches, where the light ones rarely
     fit) from ``full`` down while they fit."""
-    for mesh in splits(chips):
+    def chain(mesh: str) -> None:
       if batch % (_data_parallel(mesh) * accumulation):
-        continue  # the batch does not split: nothing to compile
+        return  # the batch does not split: nothing to compile
       for remat in (REMATS if lightest_first else REMATS[::-1]):
         result = attempt({**base, "MESH": mesh, "REMAT": remat,
                           "ACCUMULATION_STEPS": accumulation})
         fits = result is not None and result["fits"]
         if fits == lightest_first:
           break  # lighter-first: a heavier one is slower; else: too big
+    each_split(chain)
 
   print(_table([]), file=sys.stderr)
   if program == "train":
@@ -163,10 +184,9 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
       sweep(accumulation, lightest_first=False)
       accumulation *= 2
   else:  # decoding: the splits alone (its batch is rounded up over them)
-    for mesh in splits(chips):
-      attempt({**base, "MESH": mesh})
+    each_split(lambda mesh: attempt({**base, "MESH": mesh}))
   if fitting:
-    _, macros, _ = min(fitting, key=lambda f: f[0])
+    _, macros, _ = min(fitting, key=_rank)
     attempt({**macros, "SCAN_LAYERS": not macros["SCAN_LAYERS"]},
             ranked=False)
   compiles = sum("error" not in r for r in rows)
@@ -180,7 +200,7 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
     out = dict(best or {})
     out.update(fits=False, flags=[], search=rows, compiles=compiles)
     return out
-  ranked = sorted((f for f in fitting), key=lambda f: f[0])
+  ranked = sorted((f for f in fitting), key=_rank)
   print("what fits, fastest first:\n" + _table(
       [_row(m, r, None) for _, m, r in ranked]), file=sys.stderr)
   _, macros, best = ranked[0]
