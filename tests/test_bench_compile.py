@@ -241,10 +241,10 @@ def test_shipped_fid_files_build_their_shapes_without_data(gin_file, capsys):
   batch = built.task.abstract_batch(built.settings, 0)
   assert batch["encoder_input_tokens"].shape == (64, 100, 250)
   assert batch["passage_mask"].shape == (64, 100)
-  assert batch["decoder_target_tokens"].shape == (64, 50)
+  assert batch["decoder_target_tokens"].shape == (64, 49)
   fn, decode = built.task.decode_program(built.settings, 8)
   assert decode["encoder_input_tokens"].shape == (8, 100, 250)
-  assert "TARGET_MAXLENGTH None: compiled with targets of 50 tokens" in (
+  assert "TARGET_MAXLENGTH None: compiled with targets of 49 tokens" in (
       capsys.readouterr().err)
 
 

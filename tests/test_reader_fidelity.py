@@ -134,9 +134,9 @@ def _fid_task(bindings):
 
 
 def test_answer_maxlength_is_the_shorthand_of_both_lengths():
-  # the paper's gin: FiD's defaults (no truncation, decode 50, no EOS)
+  # the paper's gin: FiD's defaults (no truncation, decode 49, no EOS)
   task = _fid_task([])
-  assert task.lengths == Lengths(None, 50) and task.passage_eos is False
+  assert task.lengths == Lengths(None, 49) and task.passage_eos is False
   assert _fid_task(["ANSWER_MAXLENGTH = 6"]).lengths == Lengths(6, 6)
   assert _fid_task(["ANSWER_MAXLENGTH = 6", "TARGET_MAXLENGTH = None"]
                    ).lengths == Lengths(None, 6)
@@ -147,7 +147,7 @@ def test_answer_maxlength_is_the_shorthand_of_both_lengths():
     Lengths.resolve(decode_maxlength=0)
   # run configs from before the split: one length for both
   assert Lengths.of_run_config({"answer_maxlength": 7}) == Lengths(7, 7)
-  assert Lengths.of_run_config({}) == Lengths(None, 50)
+  assert Lengths.of_run_config({}) == Lengths(None, 49)
   assert Lengths.of_run_config({"answer_maxlength": 50, "decode_maxlength": 50,
                                 "target_maxlength": None}) == Lengths(None, 50)
 
@@ -177,7 +177,7 @@ def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
     run = task.run_config()
     assert (run["passage_eos"], run["target_maxlength"],
             run["decode_maxlength"], run["answer_maxlength"]) == (
-                False, None, 50, 50)
+                False, None, 49, 49)
   finally:
     task.close()
 
@@ -207,8 +207,8 @@ def test_eval_reads_passage_eos_and_lengths_from_the_checkpoint(
   assert (ev.passage_eos, ev.decode_maxlength, ev.target_maxlength) == (
       True, 4, 4)
   ev = FidCheckpointEvaluator(str(fid), {}, n_context=2, text_maxlength=16)
-  assert (ev.passage_eos, ev.decode_maxlength) == (False, 50)
-  assert ev.sequence_length() == {"inputs": (2, 16), "targets": 50}
+  assert (ev.passage_eos, ev.decode_maxlength) == (False, 49)
+  assert ev.sequence_length() == {"inputs": (2, 16), "targets": 49}
   # gin's lengths win over the run's
   ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old),
                               decode_maxlength=3, target_maxlength=8)

@@ -10,7 +10,7 @@ Lengths. ``TARGET_MAXLENGTH`` truncates training targets (None: no
 truncation, the original's ``answer_maxlength=-1``: targets are padded to
 the longest target the training data can draw, computed once, so batches
 keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
-(None: 50, the original's ``generate(max_length=50)``).
+(None: 49, the new tokens of the original's ``generate(max_length=50)``).
 ``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at
 (:class:`Lengths`).
 """
@@ -21,7 +21,8 @@ import dataclasses
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 
-DEFAULT_DECODE_MAXLENGTH = 50  # FiD's evaluate(): generate(max_length=50)
+DEFAULT_DECODE_MAXLENGTH = 49  # FiD's evaluate(): generate(max_length=50), whose
+# length counts the decoder's start token (transformers 3.0.2): 49 new tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ class FidReaderConfig(Config):
       where they are not given.
     target_maxlength: tokens of a training target; None: no truncation
       (padded to the longest target of the training data, FiD's -1).
-    decode_maxlength: tokens generated at evaluation; None: 50 (FiD's).
+    decode_maxlength: tokens generated at evaluation; None: 49 (FiD's).
     passage_eos: passages end with EOS (FiD's readers: no; T5 / seqio: yes).
     eval_max_examples: evaluate on the first N examples; None: all.
     eval_batch_size: questions per evaluation batch.

@@ -5,7 +5,7 @@ FiD's modes of the shared ``jaxfid bench`` (:mod:`jaxfid.commands.bench`).
 Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
 train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH come from them,
 and the answer length: DECODE_MAXLENGTH for ``decode``, TARGET_MAXLENGTH for
-``train``, None meaning 50, FiD's decoding bound, as no data
+``train``, None meaning 49, FiD's decoding bound, as no data
 is read) plus ``--steps N``; the last line printed is
 one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
 mfu, peak_memory_gb, device, model and shape.
