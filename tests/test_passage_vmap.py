@@ -66,6 +66,7 @@ def test_vmap_encodes_as_flatten():
                                atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vmap_loss_and_gradients_equal_flatten():
   params = EncoderDecoderModel(FLAT).init_params(2)
   batch = _batch(1)
@@ -96,6 +97,7 @@ def test_vmap_loss_and_gradients_equal_flatten():
   assert float(jnp.abs(grad_v["encoder"]["layers_0"]["mlp"]["wo"]["kernel"]).max()) > 0
 
 
+@pytest.mark.slow
 def test_vmap_dropout_key_per_passage():
   config = VMAP.replace(dropout_rate=0.3)
   model = EncoderDecoderModel(config)

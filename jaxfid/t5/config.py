@@ -55,6 +55,8 @@ class T5Config(Config):
       ``[B, P, L]`` (``jaxfid.t5.passages``): 'flatten' (one encoder call on
       ``[B*P, L]``) or 'vmap' (``jax.vmap`` over the passage axis, a dropout
       key per passage); equal outputs and gradients without dropout.
+      'flatten' is the default: the same TPU roofline, and the vmapped train
+      step with remat and dropout does not compile for TPU (docs/fidelity.md).
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
