@@ -93,6 +93,24 @@ def test_forward_carries_the_constraints_under_a_mesh():
   assert found == want, (want - found, found - want)
 
 
+def test_vmapped_passages_keep_the_batch_on_data():
+  """``passage_encoding='vmap'``: the encoder's constraints, batched by the
+  vmap, keep the questions on ``data`` and leave the passage axis (moved
+  first, ``[P, B, ...]``) unsharded, as the flattened rows' ``B*P`` axis
+  holds each question's passages on one ``data`` shard."""
+  config = CONFIG.replace(passage_encoding="vmap")
+  found = _constraints(_lowered_text(config, MESH))
+  h, e, f, d = 4, 2, 40, 16
+  encoder = {
+      ((P, B, L, d), ("", "data", "", "")),
+      ((P, B, L, h, e), ("", "data", "", "model", "")),
+      ((P, B, L, f), ("", "data", "", "model")),
+  }
+  flattened = _constraints(_lowered_text(CONFIG, MESH))
+  rest = {c for c in flattened if c[0][0] != B * P}  # FiD's concatenation, decoder
+  assert found == encoder | rest, (encoder | rest) - found
+
+
 def test_multi_query_keys_are_not_split_over_model():
   found = _constraints(_lowered_text(FIDO, MESH))
   assert ((B, P * L, 1, 2), ("data", "", "", "")) in found  # one shared head

@@ -308,6 +308,23 @@ def test_a_scanned_step_counts_every_layer(capsys):
 
 
 @pytest.mark.tpu
+@pytest.mark.slow
+def test_passage_encodings_compile_to_the_same_model(capsys):
+  """FiD's encoder flattened to [B*P, L] or vmapped over P
+  (``PASSAGE_ENCODING``, jaxfid/t5/passages.py): the same matmuls (model
+  FLOPs) in both train steps, on the same parameters (docs/fidelity.md
+  compares the compiler's counts and memory at t5-base width)."""
+  _needs_libtpu()
+  flat, vmap = (_compile(capsys, f"--gin.PASSAGE_ENCODING='{mode}'")
+                for mode in ("flatten", "vmap"))
+  for r in (flat, vmap):
+    _consistent(r)
+    assert r["fits"]
+  assert vmap["model_flops_per_chip"] == flat["model_flops_per_chip"]
+  assert vmap["argument_gb"] == flat["argument_gb"]  # the same parameters
+
+
+@pytest.mark.tpu
 def test_decode_program_compiles_reading_and_writing_nothing(capsys,
                                                              tmp_path):
   _needs_libtpu()

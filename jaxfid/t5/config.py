@@ -15,8 +15,10 @@ from jaxfid.core.config import Config, option
 FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "full", "dots")
+PASSAGE_ENCODINGS = ("flatten", "vmap")
 # Fields a run sets for itself: they change no parameter.
-RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers")
+RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers",
+                   "passage_encoding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,12 @@ class T5Config(Config):
     scan_layers: run each stack's alike layers as one ``lax.scan`` over
       their stacked parameters (``jaxfid.t5.stack``): XLA compiles one layer
       instead of all of them; the parameters and their names do not change.
+    passage_encoding: how FiD's encoder runs over the passages of
+      ``[B, P, L]`` (``jaxfid.t5.passages``): 'flatten' (one encoder call on
+      ``[B*P, L]``) or 'vmap' (``jax.vmap`` over the passage axis, a dropout
+      key per passage); equal outputs and gradients without dropout.
+      'flatten' is the default: the same TPU roofline, and the vmapped train
+      step with remat and dropout does not compile for TPU (docs/fidelity.md).
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
@@ -71,6 +79,7 @@ class T5Config(Config):
   dtype: str = option("float32", choices=DTYPES)
   remat: str = option("none", choices=REMATS)
   scan_layers: bool = option(False)
+  passage_encoding: str = option("flatten", choices=PASSAGE_ENCODINGS)
   cross_attention_period: int = option(1, low=1)
   multi_query_cross_attention: bool = option(False)
 

@@ -3,14 +3,32 @@
 Einsum letters: B questions, P passages per question, L tokens per passage,
 D d_model, H heads, T target length.
 
-Each passage (``question: .. title: .. context: ..``) is encoded alone: tokens
-``[B, P, L]`` are flattened to ``[B*P, L]`` for the encoder, and its output is
-concatenated to ``[B, P*L, D]`` so the decoder's cross-attention runs one
-softmax over every token of every passage. Padding passages are masked in the
-cross-attention, so they change nothing. FiD needs no parameters beyond T5's:
-these are functions over a :class:`~jaxfid.t5.network.T5`. The concatenated
-encoder output keeps the residual stream's sharding (batch over the
-data-parallel mesh axes; no-op without a mesh).
+Each passage (``question: .. title: .. context: ..``) is encoded alone, and
+the encoder's output is concatenated to ``[B, P*L, D]`` so the decoder's
+cross-attention runs one softmax over every token of every passage. Two
+equal ways to encode alone (``T5Config.passage_encoding``):
+
+  * 'flatten' (the default): tokens ``[B, P, L]`` are reshaped to
+    ``[B*P, L]`` and encoded in one call, as the original FiD code does
+    (``src/model.py::EncoderWrapper.forward``:
+    ``input_ids.view(bsz*self.n_passages, passage_length)``);
+  * 'vmap': ``jax.vmap`` of the encoder over the passage axis, the
+    parameters broadcast, each passage with its own dropout key
+    (``jax.random.split(rng, P)``): the "encoder vmapped over passages" of
+    the design.
+
+Without dropout the two are the same function (``tests/test_passage_vmap.py``
+compares outputs and gradients); with dropout both draw independent masks
+for every passage from one key, but different ones (a flattened mask is one
+hash over ``[B*P, L, D]``, a vmapped one a hash over ``[B, L, D]`` per
+passage key). docs/fidelity.md says which compiles better and why it is
+the default.
+
+Padding passages are masked in the cross-attention, so they change nothing.
+FiD needs no parameters beyond T5's: these are functions over a
+:class:`~jaxfid.t5.network.T5`. The concatenated encoder output keeps the
+residual stream's sharding (batch over the data-parallel mesh axes; no-op
+without a mesh).
 """
 from __future__ import annotations
 
@@ -18,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxfid.core import sharding as ax
 from jaxfid.t5.layers import ACT_RESIDUAL
@@ -45,11 +64,43 @@ def encode_passages(net: T5, tokens: Array, *, passage_mask: Array | None = None
   mask = tokens != 0                              # [B, P, L]
   if passage_mask is not None:
     mask = mask & passage_mask[:, :, None]
-  out = net.encode(tokens.reshape(b * p, l), mask=mask.reshape(b * p, l),  # [B*P, L]
-                   dropout_rng=dropout_rng, extras=extras, **stack_kwargs)
-  hidden = out.hidden.reshape(b, p * l, -1)       # [B, P*L, D]
+  encode = _vmapped if net.config.passage_encoding == "vmap" else _flattened
+  out = encode(net, tokens, mask, dropout_rng, extras, stack_kwargs)  # leaves [B*P, ...]
+  hidden = out.hidden.reshape(b, p * l, -1)       # [B*P, L, D] -> [B, P*L, D]
   hidden = ax.with_logical_constraint(hidden, ACT_RESIDUAL)
   return out.replace(hidden=hidden, mask=mask.reshape(b, p * l))  # mask [B, P*L]
+
+
+def _flattened(net: T5, tokens: Array, mask: Array, dropout_rng: Array | None,
+               extras: Any, stack_kwargs: dict) -> StackOutput:
+  """One encoder call on the passages as rows: every output leaf [B*P, ...]."""
+  b, p, l = tokens.shape
+  return net.encode(tokens.reshape(b * p, l), mask=mask.reshape(b * p, l),  # [B*P, L]
+                    dropout_rng=dropout_rng, extras=extras, **stack_kwargs)
+
+
+def _vmapped(net: T5, tokens: Array, mask: Array, dropout_rng: Array | None,
+             extras: Any, stack_kwargs: dict) -> StackOutput:
+  """The encoder vmapped over the passage axis: every output leaf [B*P, ...].
+
+  The parameters (the network's NNX state) and ``extras`` are broadcast;
+  tokens and mask are mapped over axis 1 (each call sees ``[B, L]``, the
+  batch axis stays the batch, so its sharding constraints still apply;
+  the passage axis is unconstrained, as in the flattened rows); passage
+  ``i`` gets the dropout key ``split(dropout_rng, P)[i]``. The result is
+  laid out as the flattened call's, row ``b*P + i``.
+  """
+  b, p, _ = tokens.shape
+  graphdef, state = nnx.split(net)
+
+  def one_passage(state, tok, m, rng):  # tok, m [B, L]
+    return nnx.merge(graphdef, state).encode(
+        tok, mask=m, dropout_rng=rng, extras=extras, **stack_kwargs)
+
+  keys = None if dropout_rng is None else jax.random.split(dropout_rng, p)  # [P]
+  out = jax.vmap(one_passage, in_axes=(None, 1, 1, None if keys is None else 0),
+                 out_axes=1)(state, tokens, mask, keys)  # leaves [B, P, ...]
+  return jax.tree.map(lambda x: x.reshape(b * p, *x.shape[2:]), out)  # [B*P, ...]
 
 
 def first_position_scores(net: T5, hidden: Array, mask: Array,
