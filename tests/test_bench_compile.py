@@ -49,8 +49,8 @@ def _needs_libtpu():
 
 
 def _compile(capsys, *argv, topology="v5e:2x2") -> dict:
-  assert cli.main(["bench", "compile", "--topology", topology, *TINY,
-                   *argv]) == 0
+  assert cli.main(["bench", "compile", "--in-process", "--topology",
+                   topology, *TINY, *argv]) == 0
   out = capsys.readouterr().out.strip().splitlines()
   return json.loads(out[-1])
 
@@ -294,6 +294,21 @@ def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
 
 
 @pytest.mark.tpu
+def test_a_compiler_crash_is_one_line(capsys, monkeypatch):
+  """The compile runs in a process of its own: libtpu dying of a signal
+  there is one line and exit status 1, not a crash of the command."""
+  _needs_libtpu()
+  monkeypatch.setattr(subprocess, "run", lambda argv, **_: (
+      subprocess.CompletedProcess(argv, -signal.SIGSEGV, "", "")))
+  assert cli.main(["bench", "compile", "--topology", "v5e:2x2", *TINY]) == 1
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  assert captured.err.strip() == (
+      "jaxfid bench: error: the compile was killed by SIGSEGV (a compiler "
+      "crash, or the host's memory)")
+
+
+@pytest.mark.tpu
 @pytest.mark.slow
 def test_a_scanned_step_counts_every_layer(capsys):
   """The compiler's cost analysis counts a scanned layer once; the report's
@@ -391,8 +406,8 @@ METHODS = {
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_compiles_both_programs(method, program, capsys):
   _needs_libtpu()
-  assert cli.main(["bench", "compile", "--topology", "v5e:2x2",
-                   *METHODS[method], "--program", program]) == 0
+  assert cli.main(["bench", "compile", "--in-process", "--topology",
+                   "v5e:2x2", *METHODS[method], "--program", program]) == 0
   r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   _consistent(r)
   assert r["program"] == program and r["fits"]

@@ -72,6 +72,8 @@ def add_arguments(p) -> None:
   # phase (the search traces them once)
   p.add_argument("--model-flops", type=json.loads, default=None,
                  help=argparse.SUPPRESS)
+  # compile here, not in a child process (what the children are told)
+  p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +212,15 @@ def summary(result: dict) -> str:
                  f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
-def compile_in_child(args, macros: dict, model_flops) -> dict:
-  """One configuration of ``--search`` compiled by ``jaxfid bench compile``
-  in a process of its own (a compiler crash costs that row only, and each
-  compile's host memory is freed when it ends); its report, or
-  :class:`~jaxfid.commands.bench_search.CompileFailed`."""
-  argv = [sys.executable, "-m", "jaxfid", "bench", "compile",
+def compile_in_child(args, macros: dict, model_flops,
+                     echo: bool = False) -> dict:
+  """One configuration compiled by ``jaxfid bench compile --in-process`` in
+  a process of its own: a compiler crash (libtpu can die of a signal) is
+  one line, a ``--search`` row, not the end of the command, and the
+  compile's host memory is freed when it ends. Its report, or
+  :class:`~jaxfid.commands.bench_search.CompileFailed`; ``echo`` passes its
+  stderr on (its notes and summary line) when it succeeds."""
+  argv = [sys.executable, "-m", "jaxfid", "bench", "compile", "--in-process",
           "--topology", args.topology, "--slices", str(args.slices),
           "--program", args.program,
           *(f"--gin_file={f}" for f in args.gin_file),
@@ -226,6 +231,8 @@ def compile_in_child(args, macros: dict, model_flops) -> dict:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
   child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
+    if echo:
+      sys.stderr.write(child.stderr)
     return json.loads(child.stdout.strip().splitlines()[-1])
   if child.returncode < 0:
     raise bench_search.CompileFailed(
@@ -233,7 +240,8 @@ def compile_in_child(args, macros: dict, model_flops) -> dict:
         " (a compiler crash, or the host's memory)")
   lines = child.stderr.strip().splitlines() or [f"exit {child.returncode}"]
   raise bench_search.CompileFailed(
-      lines[-1].removeprefix("jaxfid bench: error: "))
+      lines[-1].removeprefix("jaxfid bench: error: "),
+      exit_code=2 if child.returncode == 2 else 1)
 
 
 def run(args) -> int:
@@ -252,9 +260,15 @@ def run(args) -> int:
           lambda: (train_model_flops(gin_run, base)
                    if args.program == "train" else None),
           gin_run.build(base), target, args.program, jobs=args.jobs)
-    else:
+    elif args.in_process:
       result = compile_once(gin_run, base, args.program, target,
                             args.model_flops)
       print(summary(result), file=sys.stderr)
+    else:
+      try:
+        result = compile_in_child(args, {}, args.model_flops, echo=True)
+      except bench_search.CompileFailed as e:
+        print(f"jaxfid bench: error: {e.message}", file=sys.stderr)
+        return e.exit_code
   print(json.dumps(result))
   return 0

@@ -46,11 +46,13 @@ REMATS = ("none", "dots", "full")
 
 class CompileFailed(Exception):
   """One configuration's compile failed (its process exited with an error
-  or was killed); ``message`` is one line."""
+  or was killed); ``message`` is one line, ``exit_code`` the command's (2:
+  the configuration, 1: a crash)."""
 
-  def __init__(self, message: str):
+  def __init__(self, message: str, exit_code: int = 1):
     super().__init__(message)
     self.message = message
+    self.exit_code = exit_code
 
 MAX_ACCUMULATION = 64
 
