@@ -200,6 +200,7 @@ def test_cli_flashrag_corpus_named_txt(tmp_path, capsys):
 
 _THREADS_SCRIPT = r"""
 import multiprocessing
+import os
 import sys
 import numpy as np
 from jaxfid.retrieval.bm25 import index as bm25
@@ -229,10 +230,16 @@ for name in names:
   assert one == open(f"{work}/index2/bm25/{name}", "rb").read(), name
 bm25.MIN_PARALLEL_WORK = 0
 searcher = open_index(f"{work}/index1")
+opened = bm25.BM25Searcher.__init__
+def reopened(*args):  # forked workers should inherit the open searcher
+  open(f"{work}/reopened", "w").close()
+  opened(*args)
+bm25.BM25Searcher.__init__ = reopened
 serial = search_all(searcher, queries, 10, progress=False, threads=1)
 parallel = search_all(searcher, queries, 10, progress=False, threads=2)
 assert len(pools) == 2, pools
 assert serial == parallel and sum(map(len, serial)) > 10000
+assert not os.path.exists(f"{work}/reopened")
 print("ok")
 """
 

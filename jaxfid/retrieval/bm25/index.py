@@ -163,21 +163,34 @@ class BM25Searcher:
       for batch in batches:
         yield self.search(batch, top_k)
       return
-    for counts, rows, scores in ordered_map(
-        _search_batch, batches, threads, _open_searcher,
-        (str(self.directory), top_k)):
-      rows, scores = rows.tolist(), scores.tolist()
-      ends = np.cumsum(counts).tolist()
-      yield [list(zip(rows[a:b], scores[a:b]))
-             for a, b in zip([0] + ends[:-1], ends)]
+    # forked workers inherit this open searcher (and the analyzer's tables,
+    # built here once) instead of each opening the index again
+    self.index.analyzer.prepare(text for batch in batches for text in batch)
+    key = str(self.directory)
+    _OPEN[key] = self
+    try:
+      for counts, rows, scores in ordered_map(
+          _search_batch, batches, threads, _open_searcher, (key, top_k)):
+        rows, scores = rows.tolist(), scores.tolist()
+        ends = np.cumsum(counts).tolist()
+        yield [list(zip(rows[a:b], scores[a:b]))
+               for a, b in zip([0] + ends[:-1], ends)]
+    finally:
+      _OPEN.pop(key, None)
 
 
 _SEARCH: tuple | None = None  # a worker's (searcher, top_k)
+# searchers the parent has open while its workers start, by directory: a
+# forked worker finds its searcher here; a spawned one opens the index
+_OPEN: dict[str, BM25Searcher] = {}
 
 
 def _open_searcher(directory: str, top_k: int) -> None:
   global _SEARCH
-  _SEARCH = BM25Searcher(directory, read_meta(directory)), top_k
+  searcher = _OPEN.get(directory)
+  if searcher is None:
+    searcher = BM25Searcher(directory, read_meta(directory))
+  _SEARCH = searcher, top_k
 
 
 def _search_batch(texts: Sequence[str]

@@ -261,6 +261,13 @@ class EnglishAnalyzer:
       self._cache[word] = term
     return term
 
+  def prepare(self, texts: Iterable[str]) -> None:
+    """Builds now the tables that analysing ``texts`` will need (the BMP
+    pattern, on first non-ASCII text), so that worker processes forked
+    afterwards inherit them instead of each building them again."""
+    if not all(text.isascii() for text in texts):
+      _bmp_patterns()
+
   def analyze(self, text: str) -> list[str]:
     """The full chain: the terms Lucene would index for ``text``."""
     term = self.term
