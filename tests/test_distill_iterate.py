@@ -188,6 +188,9 @@ def test_finished_rounds_are_skipped_and_other_runs_refused(world, tmp_path,
   assert main(_argv(world, work, 1, ["--top-k", "4"])) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "belongs to another run (top_k" in err[0]
+  assert main(_argv(world, work, 1, ["--reader-init", "continue"])) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "another run (reader_init" in err[0]
 
   other = tmp_path / "other"
   other.mkdir()
@@ -238,8 +241,8 @@ def test_a_training_stopped_early_leaves_the_round_unfinished(world,
       retriever_steps=2, retriever_n_context=2)
   calls = []
 
-  def stopped(rnd, train_data, eval_data):
-    calls.append((rnd.number, train_data, eval_data))
+  def stopped(rnd, train_data, eval_data, init):
+    calls.append((rnd.number, train_data, eval_data, init))
     return 1  # saved at step 1 and stopped
   emitted = []
   summary = distill_iterate.run_rounds(
@@ -251,7 +254,58 @@ def test_a_training_stopped_early_leaves_the_round_unfinished(world,
       emit=emitted.append)
   assert not summary["complete"] and summary["skipped"] == 0
   assert calls == [(1, str(work / "round_0" / "train.json"),
-                    str(work / "round_0" / "dev.json"))]
+                    str(work / "round_0" / "dev.json"), None)]
   assert [r["round"] for r in _log(work)] == [0]
   assert [r.get("round") for r in emitted] == [0, None]
   assert not (work / "round_1" / "round.json").exists()
+
+
+@pytest.mark.parametrize("continue_reader,continue_retriever",
+                         [(False, True), (True, False)])
+def test_each_round_starts_from_what_the_flags_say(
+    world, tmp_path, monkeypatch, continue_reader, continue_retriever):
+  """Round 2's reader starts from round 1's with ``--reader-init
+  continue`` (else from its gin run's own initialisation, the original's
+  train_reader.py without --model_path), its retriever from round 1's
+  unless ``--retriever-init restart``; round 1's from the gin runs'.
+  Scoring, indexing and dense retrieval are stubbed (round 0's retrieval
+  again): only the initialisations are under test."""
+  work = tmp_path / "w"
+  settings = distill_iterate.Settings(
+      reader_steps=2, reader_n_context=2, text_maxlength=16,
+      retriever_steps=2, retriever_n_context=2)
+  def score(reader, data, out, **kw):
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    open(out, "w").close()
+  monkeypatch.setattr(distill_iterate, "score_passages", score)
+  monkeypatch.setattr(distill_iterate, "build_dense_index",
+                      lambda ckpt, corpus, index, **kw: os.makedirs(index))
+  real_retrieve = distill_iterate._retrieve
+
+  def retrieve(index, rnd, train, dev, top_k, progress):
+    if rnd.number == 0:
+      return real_retrieve(index, rnd, train, dev, top_k, progress)
+    for name in ("train.json", "dev.json"):
+      os.link(work / "round_0" / name, os.path.join(rnd.directory, name))
+  monkeypatch.setattr(distill_iterate, "_retrieve", retrieve)
+  inits = []
+
+  def trainer(kind):
+    def train(rnd, *args):
+      inits.append((kind, rnd.number, args[-1]))
+      return 2
+    return train
+  summary = distill_iterate.run_rounds(
+      settings, train_reader=trainer("reader"),
+      train_retriever=trainer("retriever"), identity={"run": 1},
+      work_dir=str(work), corpus=str(world / "corpus.tsv"),
+      train=str(world / "train.jsonl"), dev=str(world / "dev.jsonl"),
+      rounds_=2, top_k=3, continue_reader=continue_reader,
+      continue_retriever=continue_retriever, progress=False)
+  assert summary["complete"]
+  r1 = work / "round_1"
+  assert inits == [
+      ("reader", 1, None), ("retriever", 1, None),
+      ("reader", 2, str(r1 / "reader") if continue_reader else None),
+      ("retriever", 2, str(r1 / "retriever") if continue_retriever
+       else None)]

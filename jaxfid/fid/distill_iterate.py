@@ -14,15 +14,18 @@ corpus, retrieve again. This module runs those rounds in a work directory
 
   1. ``W/round_r/reader``: ``jaxfid train`` of the reader gin run,
      TRAIN_DATA and EVAL_DATA those files (its last evaluation is the
-     round's ``eval_em``);
+     round's ``eval_em``), from the gin run's own initialisation (its
+     INIT_CHECKPOINT, e.g. T5: the original's ``train_reader.py`` without
+     ``--model_path``) or, with ``continue_reader``, from round ``r-1``'s
+     reader (round 2 on; the original's ``--model_path``);
   2. ``W/round_r/train_scored.json``: what ``jaxfid predict
      --passage-scores --scored-data`` writes, every retrieved passage scored
      (``--n-context top_k``, as the original scores all 100);
   3. ``W/round_r/retriever``: ``jaxfid train`` of the retriever gin run
      (the distillation objective) on the scores; from round 2 on its
      INIT_CHECKPOINT is round ``r-1``'s retriever, so the rounds continue
-     one retriever (the reader starts each round from the gin run's own
-     initialisation);
+     one retriever (``continue_retriever=False``: each round starts from
+     the gin run's own initialisation, as the FiD README's commands do);
   4. ``W/round_r/index``: ``jaxfid index dense`` of the corpus with it;
   5. ``W/round_r/train.json`` / ``dev.json``: retrieval with that index.
 
@@ -207,17 +210,22 @@ def write_log(work_dir: str) -> list[dict]:
 
 
 def run_rounds(settings: Settings, *,
-               train_reader: Callable[[Round, str, str], int],
+               train_reader: Callable[[Round, str, str, str | None], int],
                train_retriever: Callable[[Round, str, str | None], int],
                identity: dict, work_dir: str, corpus: str, train: str,
                dev: str, rounds_: int, top_k: int,
+               continue_reader: bool = False,
+               continue_retriever: bool = True,
                progress: bool | None = None,
                emit: Callable[[dict], None] | None = None) -> dict:
   """Runs (or resumes) rounds 0..``rounds_``; returns the summary.
 
-  ``train_reader(round, train_data, eval_data)`` trains ``round.reader``
-  and ``train_retriever(round, train_data, init_checkpoint)`` trains
-  ``round.retriever`` (None: the gin run's own initialisation); each returns
+  ``train_reader(round, train_data, eval_data, init_checkpoint)`` trains
+  ``round.reader`` and ``train_retriever(round, train_data,
+  init_checkpoint)`` trains ``round.retriever``; ``init_checkpoint`` is the
+  previous round's model (from round 2 on, with ``continue_reader`` /
+  ``continue_retriever``) or None (the gin run's own initialisation); each
+  returns
   the step reached (below its TRAIN_STEPS when the trainer stopped early,
   SIGTERM: the summary then says ``"complete": False``, rerun to resume).
   ``emit`` receives each round's record (finished ones with ``"skipped":
@@ -244,15 +252,18 @@ def run_rounds(settings: Settings, *,
       record = _record(rnd, "bm25", dev, None)
     else:
       before = plan[rnd.number - 1]
+      continued = rnd.number > 1
       if rounds.latest_step(rnd.reader) < settings.reader_steps:
-        if train_reader(rnd, before.train, before.dev) < settings.reader_steps:
+        init = before.reader if continue_reader and continued else None
+        if (train_reader(rnd, before.train, before.dev, init)
+            < settings.reader_steps):
           complete = False
           break
       if not os.path.exists(rnd.scored):
         score_passages(rnd.reader, before.train, rnd.scored,
                        n_context=top_k, text_maxlength=settings.text_maxlength)
       if rounds.latest_step(rnd.retriever) < settings.retriever_steps:
-        init = before.retriever if rnd.number > 1 else None
+        init = before.retriever if continue_retriever and continued else None
         if (train_retriever(rnd, rnd.scored, init)
             < settings.retriever_steps):
           complete = False

@@ -14,7 +14,11 @@ corpus with it and retrieves again (:mod:`jaxfid.fid.distill_iterate`).
 ``W/rounds.jsonl`` holds one record per finished round; rerunning resumes
 and skips finished rounds. The command binds MODEL_DIR, TRAIN_DATA,
 EVAL_DATA (the reader's) and, from round 2, the retriever's
-INIT_CHECKPOINT; the gin runs give everything else. Single process.
+INIT_CHECKPOINT (``--retriever-init continue``, the default) and the
+reader's (``--reader-init continue``; by default each round's reader starts
+from the reader gin run's own INIT_CHECKPOINT, as FiD's ``train_reader.py``
+does without ``--model_path``); the gin runs give everything else. Single
+process.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from jaxfid.fid import distill_iterate
 from jaxfid.fid.task import FidTask
 from jaxfid.training import launch
 
+INITS = ("restart", "continue")
 READER_MACROS = ("METHOD", "TRAIN_STEPS", "N_CONTEXT", "TEXT_MAXLENGTH")
 RETRIEVER_MACROS = ("METHOD", "OBJECTIVE", "TRAIN_STEPS", "N_CONTEXT")
 # both gin runs are `jaxfid train`'s trainer, of which the rounds read these
@@ -74,6 +79,17 @@ def add_parser(subparsers) -> None:
                   required=True,
                   help="the retriever's gin file (repeatable; the "
                   "distillation objective)")
+  it.add_argument("--reader-init", choices=INITS, default="restart",
+                  help="each round's reader: 'restart' from the reader gin "
+                  "run's own initialisation (its INIT_CHECKPOINT, e.g. "
+                  "t5-base; FiD's train_reader.py without --model_path), or "
+                  "'continue' from the previous round's reader (default "
+                  "restart)")
+  it.add_argument("--retriever-init", choices=INITS, default="continue",
+                  help="each round's retriever: 'continue' from the previous "
+                  "round's retriever, or 'restart' from the retriever gin "
+                  "run's own initialisation (FiD's train_retriever.py "
+                  "without --model_path) (default continue)")
   it.add_argument("--gin_search_path", action="append", default=[],
                   help="extra directory to resolve gin files and includes")
   add_progress_flag(it)
@@ -120,30 +136,44 @@ def _settings(reader: GinRun, retriever: GinRun, work_dir: str, train: str
 
 
 def run_identity(reader: GinRun, retriever: GinRun, *, corpus: str,
-                 train: str, dev: str, top_k: int) -> dict:
+                 train: str, dev: str, top_k: int,
+                 reader_init: str = "restart",
+                 retriever_init: str = "continue") -> dict:
   """What a work directory's run is (its state file): a rerun with other
-  inputs, top-k or gin is refused (the rounds' count may grow)."""
-  return {"corpus": os.path.abspath(corpus), "train": os.path.abspath(train),
-          "dev": os.path.abspath(dev), "top_k": top_k,
-          "reader": [list(reader.files), list(reader.bindings)],
-          "retriever": [list(retriever.files), list(retriever.bindings)]}
+  inputs, top-k, gin or initialisations is refused (the rounds' count may
+  grow). An initialisation enters only when it is not the default, so the
+  work directories of runs from before the flags stay theirs."""
+  identity = {
+      "corpus": os.path.abspath(corpus), "train": os.path.abspath(train),
+      "dev": os.path.abspath(dev), "top_k": top_k,
+      "reader": [list(reader.files), list(reader.bindings)],
+      "retriever": [list(retriever.files), list(retriever.bindings)]}
+  if reader_init != "restart":
+    identity["reader_init"] = reader_init
+  if retriever_init != "continue":
+    identity["retriever_init"] = retriever_init
+  return identity
 
 
 def iterate(reader: GinRun, retriever: GinRun, *, work_dir: str, corpus: str,
             train: str, dev: str, rounds: int, top_k: int,
+            reader_init: str = "restart", retriever_init: str = "continue",
             progress: bool | None = None, emit=None) -> dict:
   """``distill iterate`` of two gin runs; returns the summary
   (:func:`jaxfid.fid.distill_iterate.run_rounds`)."""
   settings = _settings(reader, retriever, work_dir, train)
   identity = run_identity(reader, retriever, corpus=corpus, train=train,
-                          dev=dev, top_k=top_k)
+                          dev=dev, top_k=top_k, reader_init=reader_init,
+                          retriever_init=retriever_init)
 
-  def train_reader(rnd, train_data, eval_data) -> int:
+  def train_reader(rnd, train_data, eval_data, init) -> int:
+    macros = {"MODEL_DIR": rnd.reader, "TRAIN_DATA": train_data,
+              "EVAL_DATA": eval_data}
+    if init is not None:
+      macros["INIT_CHECKPOINT"] = init
     # the trainer's own output goes to stderr: stdout is the rounds' records
     with contextlib.redirect_stdout(sys.stderr):
-      return int(reader.train({"MODEL_DIR": rnd.reader,
-                               "TRAIN_DATA": train_data,
-                               "EVAL_DATA": eval_data})["step"])
+      return int(reader.train(macros)["step"])
 
   def train_retriever(rnd, train_data, init) -> int:
     macros = {"MODEL_DIR": rnd.retriever, "TRAIN_DATA": train_data}
@@ -155,7 +185,10 @@ def iterate(reader: GinRun, retriever: GinRun, *, work_dir: str, corpus: str,
   return distill_iterate.run_rounds(
       settings, train_reader=train_reader, train_retriever=train_retriever,
       identity=identity, work_dir=work_dir, corpus=corpus, train=train,
-      dev=dev, rounds_=rounds, top_k=top_k, progress=progress, emit=emit)
+      dev=dev, rounds_=rounds, top_k=top_k,
+      continue_reader=reader_init == "continue",
+      continue_retriever=retriever_init == "continue", progress=progress,
+      emit=emit)
 
 
 def run_iterate(args: argparse.Namespace) -> int:
@@ -167,6 +200,7 @@ def run_iterate(args: argparse.Namespace) -> int:
              search),
       work_dir=args.work_dir, corpus=args.corpus, train=args.train,
       dev=args.dev, rounds=args.rounds, top_k=args.top_k,
+      reader_init=args.reader_init, retriever_init=args.retriever_init,
       progress=args.progress,
       emit=lambda record: print(json.dumps(record), flush=True))
   return 0 if summary["complete"] else 1
