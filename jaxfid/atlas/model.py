@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jaxfid.atlas import gold as gold_lib
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.losses import emdr_loss, kl_loss, retriever_scores
-from jaxfid.dual_encoder.model import DualEncoder
+from jaxfid.dual_encoder.model import QUERY_TOWER, DualEncoder
 from jaxfid.t5.layers import fold
 from jaxfid.t5.model import EncoderDecoderModel, cross_entropy, decoder_inputs
 
@@ -59,8 +59,11 @@ class AtlasModel:
     self.additive_metrics = ADDITIVE
 
   def init_params(self, seed: int = 0) -> dict:
+    """Random parameters; separate towers (QUERY_SIDE_ONLY) start equal, the
+    query tower a copy of the passage tower (Atlas's
+    ``UntiedDualEncoderRetriever`` deep-copies it)."""
     return {READER: self.reader.init_params(seed),
-            RETRIEVER: self.retriever.init_params(seed + 1)}
+            RETRIEVER: untied(self.retriever.init_params(seed + 1))}
 
   def abstract_params(self) -> dict:
     return {READER: self.reader.abstract_params(),
@@ -154,6 +157,15 @@ class AtlasModel:
     return loss, {"loss": loss, "reader_loss": reader_loss,
                   "retriever_loss": retriever_loss, "num_target_tokens": n,
                   "token_accuracy": acc}
+
+
+def untied(retriever: dict) -> dict:
+  """Dual encoder parameters whose query tower (if any) is a copy of the
+  passage tower."""
+  if QUERY_TOWER not in retriever:
+    return retriever
+  tower = {k: v for k, v in retriever.items() if k != QUERY_TOWER}
+  return {**tower, QUERY_TOWER: jax.tree.map(lambda x: x, tower)}
 
 
 def batch_normalizer(batch: dict) -> dict:

@@ -35,7 +35,7 @@ from jaxfid.atlas.batches import AtlasBatcher
 from jaxfid.atlas.checkpoint import is_atlas_dir, load_atlas, run_config_fields
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.index import load_index, read_meta, save_index
-from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel
+from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, untied
 from jaxfid.atlas.retrieval import InLoopRetriever, read_passages
 from jaxfid.atlas.step import make_atlas_step
 from jaxfid.core import paths
@@ -108,7 +108,7 @@ class AtlasTask(Task):
     settings = loaded.encoder.settings.replace(**lengths)
     params = loaded.params
     if settings.shared and not shared:  # the query tower starts as a copy
-      params = {**params, QUERY_TOWER: jax.tree.map(lambda x: x, params)}
+      params = untied({**params, QUERY_TOWER: None})
       settings = settings.replace(shared=False)
     elif shared and not settings.shared:
       raise InputError("INIT_RETRIEVER", "has separate query and passage "
@@ -127,7 +127,8 @@ class AtlasTask(Task):
       _, params = load_atlas(path)
       return params
     retriever = (self._init_retriever if self._init_retriever is not None
-                 else self.model.retriever.init_params(self.settings.seed + 1))
+                 else untied(self.model.retriever.init_params(
+                     self.settings.seed + 1)))
     return {READER: initial_fid_params(path, self.reader.model_config),
             RETRIEVER: retriever}
 
