@@ -24,34 +24,31 @@ class AtlasConfig(Config):
   """The retriever's objective, the in-loop index and its refresh.
 
   Attributes:
-    corpus: ``CORPUS``, the passages (DPR TSV or JSONL,
-      :mod:`jaxfid.retrieval.store.corpus`) the index holds.
-    retriever_loss: ``RETRIEVER_LOSS``, Atlas's ``--gold_score_mode``:
-      'adist' (attention distillation, Atlas's ``evalnormsum``), 'emdr2'
-      (``emdr``), 'pdist' (perplexity distillation, ``ppmean``), 'loop'
-      (leave-one-out), 'none' (the retriever is not trained).
-    temperature_gold: ``TEMPERATURE_GOLD``, Atlas's ``--temperature_gold``.
-    temperature_score: ``TEMPERATURE_SCORE``, ``--temperature_score``.
-    refresh_every: ``REFRESH_EVERY``, re-embed the corpus with the current
-      passage encoder every this many steps (Atlas's ``--refresh_index``
-      with one interval); 0: only at the start.
-    query_side_only: ``QUERY_SIDE_ONLY``, Atlas's
-      ``--query_side_retriever_training``: the passage encoder is frozen
-      (a separate, trained query tower starts as its copy) and the index
-      is never refreshed.
-    init_retriever: ``INIT_RETRIEVER``, the retriever's initial weights (a
-      dual encoder MODEL_DIR, a sentence-transformers / HF T5 directory, a
-      T5X checkpoint); None: random (SEED), or an Atlas INIT_CHECKPOINT's.
-    query_maxlength: ``QUERY_MAXLENGTH``, retriever tokens per question.
-    passage_maxlength: ``PASSAGE_MAXLENGTH``, retriever tokens per passage
-      (Atlas's retriever reads ``"{title} {text}"``, its
-      ``--retriever_format``).
-    index_batch_size: ``INDEX_BATCH_SIZE``, passages per encoder call when
-      the index is (re)built.
-    index_dtype: ``INDEX_DTYPE``, the stored embeddings' dtype (scores are
-      accumulated in float32).
-    eval_recall_k: the largest k of the logged ``eval_recall@k`` (1, 5 and
-      this).
+    corpus: the passages (DPR TSV or JSONL) the in-loop index holds.
+    retriever_loss: Atlas's ``--gold_score_mode``: 'adist' (attention
+      distillation, Atlas's ``evalnormsum``), 'emdr2' (``emdr``), 'pdist'
+      (perplexity distillation, ``ppmean``), 'loop' (leave-one-out),
+      'none' (the retriever is not trained).
+    temperature_gold: Atlas's ``--temperature_gold`` (the reader's scores).
+    temperature_score: Atlas's ``--temperature_score`` (the retriever's).
+    refresh_every: re-embed the corpus with the current passage encoder
+      every this many steps (Atlas's ``--refresh_index`` with one
+      interval); 0: only at the start.
+    query_side_only: Atlas's ``--query_side_retriever_training``: the
+      passage encoder is frozen (a separate, trained query tower starts as
+      its copy) and the index is never refreshed.
+    init_retriever: the retriever's initial weights (a dual encoder
+      MODEL_DIR, a sentence-transformers / HF T5 directory, a T5X
+      checkpoint); None: random (SEED), or an Atlas INIT_CHECKPOINT's.
+    query_maxlength: retriever tokens per question, EOS included.
+    passage_maxlength: retriever tokens per passage, EOS included (Atlas's
+      retriever reads ``"{title} {text}"``, its ``--retriever_format``).
+    index_batch_size: passages per encoder call when the index is
+      (re)built, queries per search call.
+    index_dtype: the stored embeddings' dtype (scores are accumulated in
+      float32).
+    eval_recall_k: the largest k of the logged ``eval_recall@k`` (with 1
+      and 5).
   """
   corpus: str = option()
   retriever_loss: str = option("pdist", choices=RETRIEVER_LOSSES)
