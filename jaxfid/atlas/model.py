@@ -110,16 +110,17 @@ class AtlasModel:
              dropout_rng: Array | None = None) -> Array:
     """float32 [B, K]: the retriever's scores of the batch's passages, with
     gradients into the query tower (and the passage tower unless
-    QUERY_SIDE_ONLY)."""
+    QUERY_SIDE_ONLY, where the passage tower runs without dropout, as
+    Atlas's ``UntiedDualEncoderRetriever.embed_passages`` in eval mode)."""
     retriever = params[RETRIEVER]
     q = self.embed_queries(retriever, batch["query_tokens"],
                            fold(dropout_rng, 0))                    # [B, D]
     b, k, length = batch["passage_tokens"].shape
-    passage_params = (jax.lax.stop_gradient(retriever)
-                      if self.atlas.query_side_only else retriever)
-    p = self.embed_passages(passage_params,
-                            batch["passage_tokens"].reshape(b * k, length),
-                            fold(dropout_rng, 1))                   # [B*K, D]
+    frozen = self.atlas.query_side_only  # eval mode, no gradient (Atlas)
+    p = self.embed_passages(
+        jax.lax.stop_gradient(retriever) if frozen else retriever,
+        batch["passage_tokens"].reshape(b * k, length),
+        None if frozen else fold(dropout_rng, 1))                   # [B*K, D]
     return retriever_scores(q, p.reshape(b, k, -1))                 # [B, K]
 
   def retriever_loss(self, params: dict, batch: dict, normalizer: dict,
