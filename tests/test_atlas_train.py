@@ -138,3 +138,31 @@ def test_query_side_only_keeps_the_passage_tower_and_its_index(data, tmp_path):
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
            zip(jax.tree.leaves(retriever[QUERY_TOWER]), jax.tree.leaves(passage))]
   assert max(moved) > 0  # the query tower, a copy at the start, trained
+
+
+def test_init_retriever_and_an_atlas_init_checkpoint_start_the_run(
+    data, tmp_path):
+  from jaxfid.checkpoints import model_dir as checkpointing
+  from jaxfid.dual_encoder.checkpoint import dual_encoder_run_config
+  from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
+  from jaxfid.t5.config import preset
+  encoder = DualEncoder(preset("tiny", dropout_rate=0.0), DualEncoderConfig())
+  weights = encoder.init_params(7)
+  dual = str(tmp_path / "dual")
+  checkpointing.write_run_config(dual, dual_encoder_run_config(encoder))
+  ckpts = checkpointing.RunCheckpoints(dual)
+  ckpts.save(1, {"step": np.ones((), np.int32), "params": weights})
+  ckpts.close()
+  frozen = ("--gin.LEARNING_RATE=0.0", "--gin.EVAL_EVERY=100",
+            "--gin.QUERY_SIDE_ONLY=True")
+  first = tmp_path / "first"
+  assert main(_args(first, data, "pdist", 1, f"--gin.INIT_RETRIEVER='{dual}'",
+                    *frozen)) == 0
+  retriever = _latest_params(first)[RETRIEVER]
+  _assert_same({k: v for k, v in retriever.items() if k != QUERY_TOWER},
+               weights)
+  _assert_same(retriever[QUERY_TOWER], weights)  # a copy of the passage tower
+  second = tmp_path / "second"
+  assert main(_args(second, data, "pdist", 1,
+                    f"--gin.INIT_CHECKPOINT='{first}'", *frozen)) == 0
+  _assert_same(_latest_params(second), _latest_params(first))

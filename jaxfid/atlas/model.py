@@ -162,11 +162,12 @@ class AtlasModel:
 
 def untied(retriever: dict) -> dict:
   """Dual encoder parameters whose query tower (if any) is a copy of the
-  passage tower."""
+  passage tower: arrays of their own (a train state whose leaves shared a
+  buffer could not be donated)."""
   if QUERY_TOWER not in retriever:
     return retriever
   tower = {k: v for k, v in retriever.items() if k != QUERY_TOWER}
-  return {**tower, QUERY_TOWER: jax.tree.map(lambda x: x, tower)}
+  return {**tower, QUERY_TOWER: jax.tree.map(jnp.copy, tower)}
 
 
 def batch_normalizer(batch: dict) -> dict:

@@ -187,8 +187,9 @@ class AtlasTask(Task):
         n_context=reader.n_context, text_maxlength=reader.text_maxlength,
         target_maxlength=reader.target_length, seed=ctx.settings.seed,
         dataset=reader.dataset, passage_eos=reader.passage_eos)
-    self.eval_queries = self.retriever.query_tokens(
-        [e.question for e in reader.eval_examples])
+    self.eval_queries = (self.retriever.query_tokens(
+        [e.question for e in reader.eval_examples]) if self.evaluates()
+        else None)
     if (step == 0 and self._init_retriever is not None
         and not ctx.settings.init_checkpoint):
       state["params"] = {**state["params"], RETRIEVER: jax.device_put(
