@@ -29,6 +29,7 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 
 from jaxfid.atlas import evaluation
 from jaxfid.atlas.batches import AtlasBatcher
@@ -131,6 +132,49 @@ class AtlasTask(Task):
                      self.settings.seed + 1)))
     return {READER: initial_fid_params(path, self.reader.model_config),
             RETRIEVER: retriever}
+
+  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
+
+  @classmethod
+  def compile_bindings(cls, macro) -> dict:
+    """Placeholders for TRAIN_DATA (the reader's) and CORPUS where a gin file
+    sized before its data exists leaves them unset; nothing reads them."""
+    out = FidTask.compile_bindings(macro)
+    if macro("CORPUS") is None:
+      out["CORPUS"] = "(not read by bench compile)"
+    return out
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The model from the configuration alone: no data, corpus or
+    checkpoint is read (INIT_RETRIEVER's architecture would be: leave it
+    unset to compile)."""
+    if self.atlas.init_retriever:
+      raise InputError("INIT_RETRIEVER", "compiling ahead of time reads no "
+                       "checkpoint: leave it unset (the retriever then has "
+                       "the reader's T5 config)")
+    self.reader.prepare_shapes(settings)
+    self.settings = settings
+    self.model = AtlasModel(self.reader.model, self._make_retriever(),
+                            self.atlas)
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """The reader's batch (rows [B, K, L], mask [B, K], targets [B, T]) plus
+    the retriever's ``query_tokens`` [B, Q] and ``passage_tokens`` [B, K, P].
+    The in-loop search is a program of its own, not compiled here."""
+    if phase != 0:
+      raise ValueError(f"Atlas trains in one phase, not phase {phase}")
+    b, k, atlas = settings.batch_size, self.reader.n_context, self.atlas
+    return {**self.reader.abstract_batch(settings, phase),
+            "query_tokens": jax.ShapeDtypeStruct((b, atlas.query_maxlength),
+                                                 jnp.int32),
+            "passage_tokens": jax.ShapeDtypeStruct(
+                (b, k, atlas.passage_maxlength), jnp.int32)}
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """The reader's evaluation program over the Atlas parameter tree."""
+    fn, batch = self.reader.decode_program(settings, batch_size,
+                                           model=self.model.reader)
+    return (lambda params, b: fn(params[READER], b)), batch
 
   # ---- the step ---------------------------------------------------------------
 
