@@ -1,6 +1,5 @@
 """jaxfid/atlas/index.py: the device-resident passage index sharded over the
 mesh: exact top-k against numpy, built on device, saved and re-sharded."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
