@@ -63,18 +63,19 @@ def test_kl_loss_is_atlas_kldivloss_and_fid_kd_distill_loss():
   q = rng.standard_normal((B, 8)).astype(np.float32)
   p = rng.standard_normal((B, K, 8)).astype(np.float32)
   g = rng.standard_normal((B, K)).astype(np.float32)
-  scores = retriever_scores(jnp.asarray(q), jnp.asarray(p))
+  scores = jax.jit(retriever_scores)(q, p)
   np.testing.assert_allclose(scores, np.einsum("bd,bkd->bk", q, p) / np.sqrt(8),
                              rtol=1e-6)
-  got = kl_loss(scores, jnp.asarray(g), temperature_gold=0.3,
-                temperature_score=0.7, count=B * K)
+  got = jax.jit(lambda s, g: kl_loss(s, g, temperature_gold=0.3,
+                                     temperature_score=0.7, count=B * K))(
+      scores, jnp.asarray(g))
   # torch.nn.KLDivLoss()(log_softmax(s / ts), softmax(g / tg)): 'mean'
   t = np.exp(_log_softmax(g / 0.3))
   want = np.sum(t * (np.log(t) - _log_softmax(np.asarray(scores) / 0.7))) / (B * K)
   np.testing.assert_allclose(got, want, rtol=1e-5)
-  fid_kd, _ = distill_loss(jnp.asarray(q), jnp.asarray(p.reshape(B * K, 8)),
-                           jnp.ones(B * K, bool), jnp.asarray(g.reshape(-1)),
-                           temperature_gold=0.3, temperature_score=0.7)
+  fid_kd, _ = jax.jit(lambda q, p, g: distill_loss(
+      q, p, jnp.ones(B * K, bool), g, temperature_gold=0.3,
+      temperature_score=0.7))(q, p.reshape(B * K, 8), g.reshape(-1))
   np.testing.assert_allclose(got, fid_kd, rtol=1e-5)
 
 
@@ -86,8 +87,8 @@ def test_emdr_loss_is_atlas_logprob():
   gathered = np.take_along_axis(logprobs, np.repeat(targets[:, None], K, 1)[..., None],
                                 -1)[..., 0]                       # [B, K, T]
   mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
-  got = emdr_loss(jnp.asarray(scores), jnp.asarray(gathered), jnp.asarray(mask),
-                  temperature_score=0.5, count=mask.sum())
+  got = jax.jit(lambda s, g, m: emdr_loss(s, g, m, temperature_score=0.5,
+                                          count=m.sum()))(scores, gathered, mask)
   log_score = _log_softmax(scores / 0.5)
   joint = gathered + log_score[..., None]
   marginal = np.log(np.exp(joint).sum(1))                          # [B, T]
