@@ -45,6 +45,7 @@ from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.model import (QUERY_TOWER, DualEncoder,
                                        DualEncoderConfig)
 from jaxfid.fid.task import FidTask, initial_fid_params
+from jaxfid.t5.config import RUN_ONLY_FIELDS
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
                                   Task, train_state)
@@ -95,7 +96,8 @@ class AtlasTask(Task):
 
   def _make_retriever(self) -> DualEncoder:
     """The retriever: INIT_RETRIEVER's architecture (its weights kept for
-    :meth:`initial_params` / :meth:`start`), else the reader's T5 config;
+    :meth:`initial_params` / :meth:`start`; the run's DROPOUT_RATE, DTYPE,
+    REMAT, ...: ``RUN_ONLY_FIELDS``), else the reader's T5 config;
     separate towers with QUERY_SIDE_ONLY, one shared tower otherwise (Atlas's
     Contriever)."""
     atlas = self.atlas
@@ -115,7 +117,10 @@ class AtlasTask(Task):
       raise InputError("INIT_RETRIEVER", "has separate query and passage "
                        "towers; train it with QUERY_SIDE_ONLY = True")
     self._init_retriever = params
-    return DualEncoder(loaded.encoder.config, settings)
+    run = self.reader.model_config  # the run's dropout, dtype, remat, ...
+    config = loaded.encoder.config.replace(
+        **{f: getattr(run, f) for f in RUN_ONLY_FIELDS})
+    return DualEncoder(config, settings)
 
   def run_config(self) -> dict:
     return {**self.reader.run_config(), **run_config_fields(self.model)}
