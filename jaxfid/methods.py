@@ -14,7 +14,7 @@ what that is. This module imports those plug-in modules only:
   (ReAtt's token index);
 * MODEL_DIR loaders of :func:`jaxfid.checkpoints.load.load_checkpoint`, by
   the run config's ``"method"``: ``"fid"`` (built in), ``"dual_encoder"``,
-  ``"reatt"``, ``"refusion"``.
+  ``"reatt"``, ``"refusion"``, ``"atlas"``.
 
 The order below is the order of the methods' ``jaxfid index`` types in
 ``jaxfid index --help``. The command line imports this module; so does
@@ -28,6 +28,7 @@ import jaxfid.fid.plugin  # noqa: F401
 import jaxfid.dual_encoder.plugin  # noqa: F401
 import jaxfid.reatt.plugin  # noqa: F401
 import jaxfid.refusion.plugin  # noqa: F401
+import jaxfid.atlas.plugin  # noqa: F401
 import jaxfid.retrieval.bm25.index  # noqa: F401 (index type "bm25", built in)
 from jaxfid.checkpoints.load import METHOD_LOADERS, load_checkpoint, load_t5
 from jaxfid.retrieval.search import INDEX_TYPES, open_index

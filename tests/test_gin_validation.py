@@ -278,13 +278,14 @@ def _files(*patterns):
 
 
 RUN_FILES = _files("fid/*.gin", "reatt/*.gin", "refusion/*.gin",
-                   "retrieval/*.gin")
+                   "retrieval/*.gin", "atlas/*.gin")
 MODEL_FILES = _files("models/*.gin")
 REQUIRED = {"fid": ["TRAIN_DATA='train.json'"],
             "reatt": ["TRAIN_DATA='train.json'"],
             "refusion": ["TASK='sst-2'", "DATA_DIR='k-shot/SST-2/16-13'",
                          "RETRIEVAL_DB='db'"],
-            "retrieval": ["TRAIN_DATA='train.json'"]}
+            "retrieval": ["TRAIN_DATA='train.json'"],
+            "atlas": ["TRAIN_DATA='train.json'", "CORPUS='corpus.tsv'"]}
 
 
 def _passes(files, bindings, command):

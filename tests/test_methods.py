@@ -23,7 +23,7 @@ from jaxfid.t5.config import preset
 def test_every_plugin_is_registered():
   assert jaxfid.methods.INDEX_TYPES.names() == ["bm25", "dense", "reatt"]
   assert jaxfid.methods.METHOD_LOADERS.names() == [
-      "dual_encoder", "fid", "reatt", "refusion"]
+      "atlas", "dual_encoder", "fid", "reatt", "refusion"]
 
 
 # what each method's plugin registers: commands (with the gin reads of its
@@ -37,6 +37,7 @@ PLUGINS = {
               FidCheckpointEvaluator),
     "refusion": ({"refusion": ("refusion seeds",)}, (),
                  ReFusionCheckpointEvaluator),
+    "atlas": ({}, (), FidCheckpointEvaluator),
 }
 SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
           "index": (), "retrieve": (), "corpus": (), "eval-retrieval": (),

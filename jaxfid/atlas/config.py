@@ -1,0 +1,72 @@
+"""Atlas's options as one config value (gin: ``AtlasTask.atlas =
+@AtlasConfig()``, each field from its macro in ``gin/atlas/tiny.gin``).
+
+The reader's options (``TRAIN_DATA``, ``EVAL_DATA``, ``N_CONTEXT``,
+``TEXT_MAXLENGTH``, ...) are FiD's (:class:`~jaxfid.fid.config.
+FidReaderConfig`): ``N_CONTEXT`` is both the passages retrieved per
+question and the passages the reader reads (Atlas's ``--n_context`` and
+``--retriever_n_context``, equal in its example scripts). The training
+examples' own ``ctxs`` are not read: every passage comes from the in-loop
+index over ``CORPUS``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxfid.core.config import Config, option
+
+RETRIEVER_LOSSES = ("adist", "emdr2", "pdist", "loop", "none")
+INDEX_DTYPES = ("bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class AtlasConfig(Config):
+  """The retriever's objective, the in-loop index and its refresh.
+
+  Attributes:
+    corpus: the passages (DPR TSV or JSONL) the in-loop index holds.
+    retriever_loss: Atlas's ``--gold_score_mode``: 'adist' (attention
+      distillation, Atlas's ``evalnormsum``), 'emdr2' (``emdr``), 'pdist'
+      (perplexity distillation, ``ppmean``), 'loop' (leave-one-out),
+      'none' (the retriever is not trained).
+    temperature_gold: Atlas's ``--temperature_gold`` (the reader's scores).
+    temperature_score: Atlas's ``--temperature_score`` (the retriever's).
+    refresh_every: re-embed the corpus with the current passage encoder
+      every this many steps (Atlas's ``--refresh_index`` with one
+      interval); 0: only at the start.
+    query_side_only: Atlas's ``--query_side_retriever_training``: the
+      passage encoder is frozen (a separate, trained query tower starts as
+      its copy) and the index is never refreshed.
+    init_retriever: the retriever's initial weights (a dual encoder
+      MODEL_DIR, a sentence-transformers / HF T5 directory, a T5X
+      checkpoint); None: random (SEED), or an Atlas INIT_CHECKPOINT's.
+    query_maxlength: retriever tokens per question, EOS included.
+    passage_maxlength: retriever tokens per passage, EOS included (Atlas's
+      retriever reads ``"{title} {text}"``, its ``--retriever_format``).
+    index_batch_size: passages per encoder call when the index is
+      (re)built, queries per search call.
+    index_dtype: the stored embeddings' dtype (scores are accumulated in
+      float32).
+    eval_recall_k: the largest k of the logged ``eval_recall@k`` (with 1
+      and 5).
+  """
+  corpus: str = option()
+  retriever_loss: str = option("pdist", choices=RETRIEVER_LOSSES)
+  temperature_gold: float = option(0.01, above=0)
+  temperature_score: float = option(0.01, above=0)
+  refresh_every: int = option(0, low=0)
+  query_side_only: bool = option(False)
+  init_retriever: str | None = option(None)
+  query_maxlength: int = option(64, low=2)
+  passage_maxlength: int = option(256, low=2)
+  index_batch_size: int = option(256, low=1)
+  index_dtype: str = option("bfloat16", choices=INDEX_DTYPES)
+  eval_recall_k: int = option(20, low=5)
+
+  def refresh_steps(self, train_steps: int) -> list[int]:
+    """The steps after which the index is (re)built: 0 (the start), then
+    every ``refresh_every`` before the end (never with
+    ``query_side_only``)."""
+    if self.query_side_only or not self.refresh_every:
+      return [0]
+    return list(range(0, train_steps, self.refresh_every))

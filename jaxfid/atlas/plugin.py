@@ -1,0 +1,23 @@
+"""What Atlas offers, registered by name.
+
+:mod:`jaxfid.methods` imports this module (as it imports every method's
+``plugin``); nothing else needs to. Atlas offers
+
+* its task, ``METHOD = @atlas_task.AtlasTask()`` (``gin/atlas/tiny.gin``;
+  gin imports :mod:`jaxfid.atlas.task` when it reads the file);
+* its MODEL_DIR loader ``"atlas"`` (:func:`jaxfid.atlas.checkpoint.
+  load_atlas_reader`, registered by :mod:`jaxfid.atlas.checkpoint`): an
+  Atlas run loads as its FiD reader;
+* its ``jaxfid eval`` evaluator ``"atlas"``: FiD's
+  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`, on the
+  passages of the evaluation data).
+"""
+from __future__ import annotations
+
+from jaxfid.atlas import checkpoint
+from jaxfid.commands import seqio_eval
+from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+
+METHOD = checkpoint.METHOD
+
+seqio_eval.METHODS.register(METHOD, FidCheckpointEvaluator)

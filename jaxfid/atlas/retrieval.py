@@ -1,0 +1,110 @@
+"""Retrieval inside training: the corpus, its retriever tokens, the sharded
+index (:mod:`jaxfid.atlas.index`) and the query side, as the task uses them.
+
+Letters: N passages, P retriever tokens per passage, Q per question, D
+embedding width, k hits.
+
+The corpus is read once (``CORPUS``, any format of
+:mod:`jaxfid.retrieval.store.corpus`) and each passage tokenised once for
+the retriever as Atlas's ``--retriever_format`` ``"{title} {text}"``
+(EOS-terminated, ``PASSAGE_MAXLENGTH`` tokens): what every refresh embeds
+and what a step's retriever re-embeds for the passages it retrieved.
+Questions are tokenised once too (``QUERY_MAXLENGTH``). Searches embed the
+questions with the current query tower and take the exact top k of the
+index; they run on every process alike (SPMD), and every process gets all
+the hits.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from jaxfid.atlas.index import PassageIndex
+from jaxfid.atlas.model import RETRIEVER, AtlasModel
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import Tokenizer, encode_padded
+from jaxfid.dual_encoder.model import passage_text
+from jaxfid.retrieval.store.corpus import Passage, read_corpus
+
+
+def read_passages(path: str) -> list[Passage]:
+  passages = [p for _, p in read_corpus(path)]
+  if not passages:
+    raise InputError(path, "the corpus has no passages")
+  return passages
+
+
+class InLoopRetriever:
+  """The corpus, its index on ``mesh`` and the searches of a run.
+
+  Args:
+    model: the Atlas model (its retriever embeds).
+    passages: the corpus.
+    tokenizer: the run's vocabulary.
+    mesh: the run's device mesh.
+    passage_maxlength / query_maxlength: retriever token lengths.
+    batch_size: passages per encoder call when (re)building, and queries
+      per search call.
+    dtype: the index's storage dtype.
+  """
+
+  def __init__(self, model: AtlasModel, passages: Sequence[Passage],
+               tokenizer: Tokenizer, mesh: Mesh, *, passage_maxlength: int,
+               query_maxlength: int, batch_size: int, dtype: str):
+    self.model, self.passages, self.tokenizer = model, list(passages), tokenizer
+    self.query_maxlength = query_maxlength
+    self.batch_size = batch_size
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+    self.tokens = encode_padded(
+        tokenizer, [passage_text(p.title, p.text) for p in self.passages],
+        passage_maxlength)                                        # [N, P]
+    self.index = PassageIndex(mesh, len(self.passages),
+                              model.retriever.dim, dtype, batch_size)
+
+  # ---- the index ------------------------------------------------------------
+
+  @functools.cached_property
+  def _embed_passages(self):
+    return lambda params, tokens: self.model.embed_passages(
+        params[RETRIEVER], tokens)
+
+  def refresh(self, params, progress: bool = False) -> None:
+    """Re-embed the corpus with the passage tower of ``params``."""
+    with tqdm(total=len(self.passages), desc="refresh index", file=sys.stderr,
+              disable=not progress, leave=False) as bar:
+      self.index.build(self._embed_passages, params, self.tokens, bar.update)
+
+  # ---- searches ----------------------------------------------------------
+
+  def query_tokens(self, questions: Sequence[str]) -> np.ndarray:
+    """int32 [len(questions), Q]."""
+    return encode_padded(self.tokenizer, list(questions),
+                         self.query_maxlength)
+
+  @functools.cached_property
+  def _embed_queries(self):
+    return jax.jit(lambda params, tokens: self.model.embed_queries(
+        params[RETRIEVER], tokens), out_shardings=self.replicated)
+
+  def search(self, params, tokens: np.ndarray, k: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int [n, k], scores float32 [n, k]) of the best k passages for
+    each row of query ``tokens`` [n, Q], best first. Calls are of at most
+    ``batch_size`` queries, padded to a power of two (few compilations)."""
+    ids, scores = [], []
+    b = min(self.batch_size, 1 << max(len(tokens) - 1, 0).bit_length())
+    for start in range(0, len(tokens), b):
+      part = tokens[start:start + b]
+      chunk = np.zeros((b, tokens.shape[1]), np.int32)
+      chunk[:len(part)] = part
+      q = self._embed_queries(params, jax.device_put(chunk, self.replicated))
+      s, i = self.index.search(q, k)
+      ids.append(np.asarray(jax.device_get(i))[:len(part)])
+      scores.append(np.asarray(jax.device_get(s))[:len(part)])
+    return np.concatenate(ids), np.concatenate(scores)

@@ -1,0 +1,299 @@
+"""Atlas (Izacard et al. 2022) for the one loop: a FiD reader and a
+dual-encoder retriever trained together, retrieving from a passage index
+held on the device mesh.
+
+gin: ``gin/atlas/tiny.gin`` includes the FiD gin (whose ``FidTask``
+becomes this task's ``reader``: TRAIN_DATA, EVAL_DATA, N_CONTEXT, lengths,
+the reader's T5 config) and binds ``atlas = @AtlasConfig()`` (CORPUS,
+RETRIEVER_LOSS, TEMPERATURE_GOLD, TEMPERATURE_SCORE, REFRESH_EVERY,
+QUERY_SIDE_ONLY, INIT_RETRIEVER, ...; :mod:`jaxfid.atlas.config`).
+
+A step: the step's questions are searched in the index with the current
+query tower (:meth:`AtlasTask.batch`), the reader reads the N_CONTEXT hits,
+and the loss is the reader's plus the retriever's
+(:mod:`jaxfid.atlas.model`), trained by the loop's step (exact
+accumulation, the non-finite guard; :mod:`jaxfid.atlas.step`).
+
+The index (:mod:`jaxfid.atlas.index`) is built at the start and rebuilt
+after every REFRESH_EVERY steps with the current passage tower (never with
+QUERY_SIDE_ONLY). Each build is saved to ``MODEL_DIR/atlas_index/<step>``,
+and the train state is checkpointed at that step before the rebuild, so a
+resumed run loads the index of the last refresh before its step (re-sharded
+to its mesh) or, when a run was stopped during a refresh, redoes that
+refresh from the restored state: it retrieves what the uninterrupted run
+retrieved. Index directories no checkpoint needs any more are removed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+
+from jaxfid.atlas import evaluation
+from jaxfid.atlas.batches import AtlasBatcher
+from jaxfid.atlas.checkpoint import is_atlas_dir, load_atlas, run_config_fields
+from jaxfid.atlas.config import AtlasConfig
+from jaxfid.atlas.index import load_index, read_meta, save_index
+from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, untied
+from jaxfid.atlas.retrieval import InLoopRetriever, read_passages
+from jaxfid.atlas.step import make_atlas_step
+from jaxfid.core import paths
+from jaxfid.core.errors import InputError
+from jaxfid.dual_encoder.checkpoint import load_dual_encoder
+from jaxfid.dual_encoder.model import (QUERY_TOWER, DualEncoder,
+                                       DualEncoderConfig)
+from jaxfid.fid.task import FidTask, initial_fid_params
+from jaxfid.t5.config import RUN_ONLY_FIELDS
+from jaxfid.t5.model import EncoderDecoderModel
+from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
+                                  Task, train_state)
+
+LOGGED = ("loss", "reader_loss", "retriever_loss", "token_accuracy",
+          "grad_norm")
+INDEX_DIR = "atlas_index"
+
+
+class AtlasTask(Task):
+  """Train Atlas (see the module docstring).
+
+  Args:
+    reader: FiD's task: data, lengths, the reader's T5 config, QA
+      evaluation.
+    atlas: the retriever's objective, the index and its refresh.
+  """
+  name = "atlas"
+  description = "train atlas"
+  best_metric = "eval_em"
+
+  def __init__(self, *, reader: FidTask, atlas: AtlasConfig):
+    self.reader, self.atlas = reader, atlas
+    self.retriever: InLoopRetriever | None = None
+    self._init_retriever: dict | None = None
+
+  # ---- data and model ---------------------------------------------------------
+
+  def prepare(self, settings: Settings) -> None:
+    if paths.is_url(settings.model_dir):
+      raise InputError("MODEL_DIR", "Atlas keeps its index in "
+                       "MODEL_DIR/atlas_index and needs a local MODEL_DIR")
+    reader, atlas = self.reader, self.atlas
+    reader.prepare_data(settings)
+    self.settings = settings
+    self.passages = read_passages(atlas.corpus)
+    need = max(reader.n_context, atlas.eval_recall_k if reader.evaluates()
+               else 0)
+    if len(self.passages) < need:
+      raise InputError("CORPUS", f"{len(self.passages)} passages; retrieval "
+                       f"needs at least {need} (N_CONTEXT and eval_recall@"
+                       f"{atlas.eval_recall_k})")
+    self.model = AtlasModel(EncoderDecoderModel(reader.model_config),
+                            self._make_retriever(), atlas)
+    reader.use_model(self.model.reader)
+    self.vocabulary = reader.vocabulary
+    self.refresh_at = atlas.refresh_steps(settings.train_steps)
+
+  def _make_retriever(self) -> DualEncoder:
+    """The retriever: INIT_RETRIEVER's architecture (its weights kept for
+    :meth:`initial_params` / :meth:`start`; the run's DROPOUT_RATE, DTYPE,
+    REMAT, ...: ``RUN_ONLY_FIELDS``), else the reader's T5 config;
+    separate towers with QUERY_SIDE_ONLY, one shared tower otherwise (Atlas's
+    Contriever)."""
+    atlas = self.atlas
+    lengths = dict(query_maxlength=atlas.query_maxlength,
+                   passage_maxlength=atlas.passage_maxlength)
+    shared = not atlas.query_side_only
+    if not atlas.init_retriever:
+      return DualEncoder(self.reader.model_config,
+                         DualEncoderConfig(shared=shared, **lengths))
+    loaded = load_dual_encoder(atlas.init_retriever)
+    settings = loaded.encoder.settings.replace(**lengths)
+    params = loaded.params
+    if settings.shared and not shared:  # the query tower starts as a copy
+      params = untied({**params, QUERY_TOWER: None})
+      settings = settings.replace(shared=False)
+    elif shared and not settings.shared:
+      raise InputError("INIT_RETRIEVER", "has separate query and passage "
+                       "towers; train it with QUERY_SIDE_ONLY = True")
+    self._init_retriever = params
+    run = self.reader.model_config  # the run's dropout, dtype, remat, ...
+    config = loaded.encoder.config.replace(
+        **{f: getattr(run, f) for f in RUN_ONLY_FIELDS})
+    return DualEncoder(config, settings)
+
+  def run_config(self) -> dict:
+    return {**self.reader.run_config(), **run_config_fields(self.model)}
+
+  def initial_params(self, path: str) -> dict:
+    """INIT_CHECKPOINT: an Atlas MODEL_DIR (reader and retriever), or any
+    T5 checkpoint for the reader (the retriever: INIT_RETRIEVER's, else
+    random from SEED)."""
+    if is_atlas_dir(path):
+      _, params = load_atlas(path)
+      return params
+    retriever = (self._init_retriever if self._init_retriever is not None
+                 else untied(self.model.retriever.init_params(
+                     self.settings.seed + 1)))
+    return {READER: initial_fid_params(path, self.reader.model_config),
+            RETRIEVER: retriever}
+
+  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
+
+  @classmethod
+  def compile_bindings(cls, macro) -> dict:
+    """Placeholders for TRAIN_DATA (the reader's) and CORPUS where a gin file
+    sized before its data exists leaves them unset; nothing reads them."""
+    out = FidTask.compile_bindings(macro)
+    if macro("CORPUS") is None:
+      out["CORPUS"] = "(not read by bench compile)"
+    return out
+
+  def prepare_shapes(self, settings: Settings) -> None:
+    """The model from the configuration alone: no data, corpus or
+    checkpoint is read (INIT_RETRIEVER's architecture would be: leave it
+    unset to compile)."""
+    if self.atlas.init_retriever:
+      raise InputError("INIT_RETRIEVER", "compiling ahead of time reads no "
+                       "checkpoint: leave it unset (the retriever then has "
+                       "the reader's T5 config)")
+    self.reader.prepare_shapes(settings)
+    self.settings = settings
+    self.model = AtlasModel(self.reader.model, self._make_retriever(),
+                            self.atlas)
+
+  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+    """The reader's batch (rows [B, K, L], mask [B, K], targets [B, T]) plus
+    the retriever's ``query_tokens`` [B, Q] and ``passage_tokens`` [B, K, P].
+    The in-loop search is a program of its own, not compiled here."""
+    if phase != 0:
+      raise ValueError(f"Atlas trains in one phase, not phase {phase}")
+    b, k, atlas = settings.batch_size, self.reader.n_context, self.atlas
+    return {**self.reader.abstract_batch(settings, phase),
+            "query_tokens": jax.ShapeDtypeStruct((b, atlas.query_maxlength),
+                                                 jnp.int32),
+            "passage_tokens": jax.ShapeDtypeStruct(
+                (b, k, atlas.passage_maxlength), jnp.int32)}
+
+  def decode_program(self, settings: Settings, batch_size: int):
+    """The reader's evaluation program over the Atlas parameter tree."""
+    fn, batch = self.reader.decode_program(settings, batch_size,
+                                           model=self.model.reader)
+    return (lambda params, b: fn(params[READER], b)), batch
+
+  # ---- the step ---------------------------------------------------------------
+
+  def phases(self, settings: Settings, optimizer: OptimizerSettings
+             ) -> list[Phase]:
+    schedule = optimizer.schedule_fn(settings.train_steps)
+    tx = optimizer.make(schedule)
+    return [Phase("train", settings.train_steps,
+                  make_state=lambda p, s: train_state(
+                      p, s, opt_state=tx.init(p)),
+                  step=make_atlas_step(
+                      self.model, tx, seed=settings.seed,
+                      accumulation_steps=settings.accumulation_steps),
+                  learning_rate=schedule)]
+
+  def batch(self, step: int, rows: slice, params) -> dict:
+    """Rows ``rows`` of step ``step``: the whole batch's questions searched
+    with ``params`` (every process alike), then this process's rows."""
+    questions = self.batcher.query_tokens[self.batcher.indices(step)]
+    ids, scores = self.retriever.search(params, questions,
+                                        self.reader.n_context)
+    return self.batcher.batch(step, rows, ids, scores)
+
+  def log_fields(self, metrics: dict) -> dict:
+    return {k: float(metrics[k]) for k in LOGGED}
+
+  def progress_fields(self, record: dict) -> dict:
+    out = self.reader.progress_fields(record)
+    if "eval_recall@5" in record:
+      out["r@5"] = f"{record['eval_recall@5']:.3f}"
+    return out
+
+  # ---- the index --------------------------------------------------------------
+
+  def _index_dir(self, step: int) -> str:
+    return os.path.join(self.settings.model_dir, INDEX_DIR, str(step))
+
+  def start(self, ctx: Context, step: int, state) -> None:
+    """The retriever and its index: the index of the last refresh at or
+    before ``step`` (loaded, or rebuilt when that refresh was cut short);
+    on a fresh run without INIT_CHECKPOINT, INIT_RETRIEVER's weights."""
+    reader, atlas = self.reader, self.atlas
+    mesh = ctx.placement.mesh
+    self.retriever = InLoopRetriever(
+        self.model, self.passages, reader.tokenizer, mesh,
+        passage_maxlength=atlas.passage_maxlength,
+        query_maxlength=atlas.query_maxlength,
+        batch_size=atlas.index_batch_size, dtype=atlas.index_dtype)
+    examples = reader.train_examples()
+    self.batcher = AtlasBatcher(
+        examples, self.passages, self.retriever.tokens,
+        self.retriever.query_tokens([e.question for e in examples]),
+        reader.tokenizer, batch_size=ctx.settings.batch_size,
+        n_context=reader.n_context, text_maxlength=reader.text_maxlength,
+        target_maxlength=reader.target_length, seed=ctx.settings.seed,
+        dataset=reader.dataset, passage_eos=reader.passage_eos)
+    self.eval_queries = (self.retriever.query_tokens(
+        [e.question for e in reader.eval_examples]) if self.evaluates()
+        else None)
+    if (step == 0 and self._init_retriever is not None
+        and not ctx.settings.init_checkpoint):
+      state["params"] = {**state["params"], RETRIEVER: jax.device_put(
+          self._init_retriever, ctx.placement.params[RETRIEVER])}
+    last = max(s for s in self.refresh_at if s <= step)
+    directory = self._index_dir(last)
+    meta = read_meta(directory)
+    if meta is not None:
+      if meta["num_passages"] != len(self.passages):
+        raise InputError(directory, f"holds {meta['num_passages']} passages, "
+                         f"CORPUS {len(self.passages)}: another corpus")
+      self.retriever.index = load_index(directory, mesh,
+                                        atlas.index_batch_size)
+    elif last == step:
+      self.refresh(ctx, step, state)
+    else:
+      raise InputError(directory, f"missing: the index of step {last}, "
+                       f"which the checkpoint of step {step} was trained "
+                       "with")
+
+  def refresh(self, ctx: Context, step: int, state) -> None:
+    """Rebuild the index with the current passage tower; save it."""
+    self.retriever.refresh(state["params"], progress=ctx.settings.progress)
+    save_index(self.retriever.index, self._index_dir(step), step=step,
+               corpus=self.atlas.corpus)
+    ctx.log.write(step, {"index_refreshed": len(self.passages)})
+    self._prune(ctx, step)
+
+  def _prune(self, ctx: Context, step: int) -> None:
+    """Remove the index directories no checkpoint (nor ``step``) needs."""
+    root = os.path.join(self.settings.model_dir, INDEX_DIR)
+    if jax.process_index() != 0 or not os.path.isdir(root):
+      return
+    needed = {max(s for s in self.refresh_at if s <= c)
+              for c in [*ctx.checkpoints.steps(), step]}
+    for name in os.listdir(root):
+      if name.isdigit() and int(name) not in needed:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+  def after_step(self, ctx: Context, step: int, state) -> None:
+    if step in self.refresh_at:
+      ctx.save(step, state)
+      self.refresh(ctx, step, state)
+
+  # ---- evaluation ---------------------------------------------------------------
+
+  def evaluates(self) -> bool:
+    return self.reader.evaluates()
+
+  def evaluate(self, ctx: Context, step: int, params) -> dict:
+    return evaluation.evaluate(
+        self.retriever, self.reader.evaluator, self.reader.eval_examples,
+        self.eval_queries, n_context=self.reader.n_context,
+        recall_k=self.atlas.eval_recall_k, model_dir=ctx.settings.model_dir,
+        step=step, params=params, placement=ctx.placement)
+
+  def close(self) -> None:
+    self.reader.close()
