@@ -158,3 +158,22 @@ def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
     return x
   spec = logical_to_mesh(axes, mesh=mesh)
   return jax.lax.with_sharding_constraint(x, spec)
+
+
+def gathered_for_use(kernel: jax.Array, axes: Sequence[str | None]):
+  """A parameter constrained to its layout at use: the ``fsdp`` shards of
+  its ``embed`` axis gathered, tensor-parallel axes kept; a no-op without a
+  mesh. Called on the parameter where a layer uses it (inside the layer's
+  remat), so each use gathers its own copy, the backward pass gathers
+  again, and the gradient is reduce-scattered back to the shard (ZeRO-3);
+  left to propagation, XLA may instead move activations to the weight's
+  layout or keep gathered weights across the step.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return kernel
+  spec = logical_to_mesh([None if a == EMBED else a for a in axes], mesh=mesh)
+  if spec == logical_to_mesh(axes, mesh=mesh):
+    return kernel  # no fsdp split of it on this mesh: the program is unchanged
+  return jax.lax.with_sharding_constraint(kernel, spec)
+

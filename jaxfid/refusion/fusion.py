@@ -348,6 +348,7 @@ class FusedProjection(nnx.Module):
                config: FusionConfig, slot: int, choice: str | None,
                rngs: nnx.Rngs):
     self.kernel = base.kernel
+    self.axes = base.axes
     self.dtype = base.dtype
     k, r = config.top_k, config.db_dim
     self.has_proj = r != out_features
@@ -417,7 +418,8 @@ class FusedProjection(nnx.Module):
     return self._project(jnp.mean(fused, axis=1))                    # [B, O]
 
   def __call__(self, x: Array, extras: Any = None) -> Array:
-    kernel = self.kernel[...].astype(self.dtype)
+    kernel = ax.gathered_for_use(self.kernel[...].astype(self.dtype),
+                                 self.axes)
     y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel)  # [B, L, O]
     if extras is None or self.choice == "original":
       return y

@@ -112,11 +112,13 @@ class Dense(nnx.Module):
                *, dtype, stddev: float, rngs: nnx.Rngs):
     self.kernel = nnx.Param(_init(rngs, (in_features, out_features), stddev),
                             logical_axes=axes)
+    self.axes = axes
     self.dtype = dtype
 
   def __call__(self, x: Array, extras: Any = None) -> Array:
     del extras
-    kernel = self.kernel[...].astype(self.dtype)
+    kernel = ax.gathered_for_use(self.kernel[...].astype(self.dtype),
+                                 self.axes)
     return jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel)  # [..., out]
 
 
@@ -136,7 +138,8 @@ class Embed(nnx.Module):
 
   def attend(self, x: Array) -> Array:
     """Logits against the embedding, float32 ``[..., V]``."""
-    emb = self.embedding[...].astype(self.dtype)
+    emb = ax.gathered_for_use(self.embedding[...].astype(self.dtype),
+                              (ax.VOCAB, ax.EMBED))
     return jnp.einsum("...d,vd->...v", x, emb,
                       preferred_element_type=jnp.float32)  # [B, T, V]
 

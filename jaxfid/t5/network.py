@@ -210,7 +210,8 @@ class Decoder(nnx.Module):
     if cfg.tie_word_embeddings:
       logits = embedder.attend(x * (cfg.d_model ** -0.5))  # [B, T, V]
     else:
-      kernel = self.logits_dense.kernel[...].astype(x.dtype)
+      kernel = ax.gathered_for_use(
+          self.logits_dense.kernel[...].astype(x.dtype), (ax.EMBED, ax.VOCAB))
       logits = jnp.einsum("btd,dv->btv", x, kernel,
                           preferred_element_type=jnp.float32)  # [B, T, V]
     return ax.with_logical_constraint(logits, layers.ACT_LOGITS)
