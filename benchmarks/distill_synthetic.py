@@ -30,7 +30,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sys
 import time
 
@@ -38,8 +37,10 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import jax  # noqa: E402
+import cpu_host  # noqa: E402
+import jax  # noqa: E402,F401
 
 from jaxfid.cli import main as cli_main  # noqa: E402
 from jaxfid.dual_encoder.index import build_dense_index  # noqa: E402
@@ -64,18 +65,6 @@ RETRIEVER = [
     "LOG_EVERY=100", "MESH='data=1'", "loop.train.progress=False"]
 READER_GIN = os.path.join(ROOT, "gin/fid/tiny.gin")
 RETRIEVER_GIN = os.path.join(ROOT, "gin/retrieval/distill_tiny.gin")
-
-
-def hardware() -> str:
-  model = platform.processor() or platform.machine()
-  with contextlib.suppress(OSError):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-          break
-  return (f"{model}, {os.cpu_count()} CPUs, jax {jax.__version__} "
-          f"({jax.default_backend()}, {jax.device_count()} devices)")
 
 
 def iterate_argv(paths: dict, work_dir: str, rounds: int,
@@ -172,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"control (round 1's retriever on shuffled scores): R@1 "
           f"{c['recall@1']:.3f} R@5 {c['recall@5']:.3f} R@20 "
           f"{c['recall@20']:.3f}")
-  print(hardware())
+  print(cpu_host.summary())
   result.update(minutes=round((time.time() - t0) / 60, 2),
-                hardware=hardware())
+                hardware=cpu_host.describe())
   print(json.dumps(result))
   return 0
 

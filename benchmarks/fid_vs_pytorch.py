@@ -55,10 +55,8 @@ Prints the hardware, a markdown table and, last, one JSON line.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import sys
 import time
@@ -68,7 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_report import brief, table, write_json  # noqa: E402
-from cpu_host import cpu_model, limit_threads, load_average  # noqa: E402
+from cpu_host import describe, limit_threads, load_average  # noqa: E402
 
 from jaxfid.core import host_memory  # noqa: E402
 
@@ -161,21 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def hardware() -> dict:
-  model, bf16 = cpu_model()
-  info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-              timespec="seconds"),
-          "platform": platform.platform(),
-          "processor": model,
-          "avx512_bf16": bf16,
-          "cpu_count": os.cpu_count(),
-          "cpus_allowed": len(os.sched_getaffinity(0)),
-          "load_average_at_start": load_average(),
-          "jax": jax.__version__, "jax_backend": jax.default_backend(),
-          "jax_devices": [str(d) for d in jax.devices()],
-          "jax_device_kind": jax.devices()[0].device_kind,
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  return {**describe(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "cpu_malloc": MALLOC["reason"]}
-  return info
 
 
 class JaxMemory:
@@ -449,7 +434,7 @@ def main(argv=None) -> int:
                            r["impl"] != "jaxfid", r["name"]))
   summary = add_ratios(rows)
   print()
-  print(f"load average (1, 5, 15 min): {hw['load_average_at_start']} at the "
+  print(f"load average (1, 5, 15 min): {hw['load_average']} at the "
         f"start, {hw['load_average_at_end']} at the end")
   print()
   print(table(rows))

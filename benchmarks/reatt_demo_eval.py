@@ -45,14 +45,17 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cpu_host import describe, summary  # noqa: E402
 
 from jaxfid.cli import main as jaxfid_main  # noqa: E402
-from jaxfid.fid import demo_world as synthetic
+from jaxfid.fid import demo_world as synthetic  # noqa: E402
+import jax  # noqa: E402,F401  (describe reports its devices)
 
 TEXT_MAXLENGTH, ANSWER_MAXLENGTH = 40, 6  # as jaxfid demo
 KS = "1,5,20"
@@ -175,14 +178,6 @@ def evaluate(name: str, index: str, reader: str, paths: dict, out: str,
           "retrieve_seconds": round(retrieve_s, 1)}
 
 
-def hardware() -> dict:
-  import jax
-  return {"platform": platform.platform(), "processor": platform.processor(),
-          "cpus": os.cpu_count(), "jax": jax.__version__,
-          "devices": [str(d) for d in jax.devices()],
-          "load_average": os.getloadavg()}
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--output", required=True)
@@ -201,10 +196,8 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   t0 = time.time()
   out = os.path.abspath(args.output)
-  hw = hardware()
-  print(f"hardware: {hw['platform']}; {hw['cpus']} CPUs ({hw['processor']}); "
-        f"jax {hw['jax']} on {hw['devices'][0]} x{len(hw['devices'])}; load "
-        f"average {hw['load_average'][0]:.1f}", flush=True)
+  hw = describe()
+  print(f"hardware: {summary(hw)}; {hw['platform']}", flush=True)
   paths = write_data(out, args)
   print(f"data: {paths['documents']} documents, {paths['train']} training "
         f"questions, {paths['test']} held-out questions (unseen entities)",

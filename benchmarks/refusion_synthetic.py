@@ -43,7 +43,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -51,8 +50,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import jax  # noqa: E402
+import cpu_host  # noqa: E402
+import jax  # noqa: E402,F401
 
 from jaxfid.cli import main as cli_main  # noqa: E402
 from jaxfid.refusion import synthetic as syn  # noqa: E402
@@ -96,18 +97,6 @@ SETTINGS = {
                 "learning_rate": 3e-3, "top_k": 8, "arch_lr": 1e-2,
                 "test_per_class": 100},
 }
-
-
-def hardware() -> str:
-  model = platform.processor() or platform.machine()
-  with contextlib.suppress(OSError):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-          break
-  return (f"{model}, {os.cpu_count()} CPUs, jax {jax.__version__} "
-          f"({jax.default_backend()}, {jax.device_count()} devices)")
 
 
 def run_variant(model_dir: str, data_dir: str, db: str, bindings: list[str],
@@ -209,7 +198,7 @@ def main() -> None:
     summary[v] = {"per_seed": values, "mean": mean, "std": std}
     print(f"{v:18s}" + "".join(f"{x:9.3f}" for x in values)
           + f"{mean:9.3f}{std:8.3f}")
-  print(f"\nhardware: {hardware()}; total {time.time() - t0:.0f}s")
+  print(f"\nhardware: {cpu_host.summary()}; total {time.time() - t0:.0f}s")
   print(json.dumps({"setting": args.setting, "seeds": seeds,
                     "steps": args.steps, "batch_size": args.batch_size,
                     "learning_rate": args.learning_rate,
@@ -219,7 +208,7 @@ def main() -> None:
                     "train_items": 2 * args.train_per_class,
                     "test_items": 2 * args.test_per_class,
                     "test_accuracy": summary,
-                    "retrieval": hits, "hardware": hardware(),
+                    "retrieval": hits, "hardware": cpu_host.describe(),
                     "seconds": round(time.time() - t0, 1)}))
 
 

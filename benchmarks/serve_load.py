@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -37,6 +36,9 @@ import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from cpu_host import describe  # noqa: E402
 
 
 def parse_args(argv):
@@ -67,23 +69,14 @@ def _env() -> dict:
 
 
 def hardware() -> dict:
-  """The host, and the devices JAX gives a jaxfid process here."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f
-                  if l.startswith("model name")), cpu)
-  except OSError:
-    pass
+  """The host, and the devices JAX gives a jaxfid process here (this
+  process does not start JAX: the server and predict run in children)."""
   probe = subprocess.run(
       [sys.executable, "-c", "import jaxfid, jax; d = jax.devices(); "
        "print(jax.default_backend(), len(d), d[0].device_kind)"],
       capture_output=True, text=True, env=_env(), cwd=ROOT)
   backend = probe.stdout.strip() or probe.stderr.strip()[-200:]
-  return {"platform": platform.platform(), "python": platform.python_version(),
-          "cpu": cpu, "cpus": len(os.sched_getaffinity(0)),
-          "jax_backend_devices_kind": backend,
-          "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+  return {**describe(), "jax_backend_devices_kind": backend}
 
 
 def _questions(path: str, limit: int | None) -> list[dict]:
