@@ -16,7 +16,7 @@ import dataclasses
 from jaxfid.core.config import Config, option
 
 RETRIEVER_LOSSES = ("adist", "emdr2", "pdist", "loop", "none")
-INDEX_DTYPES = ("bfloat16", "float32")
+INDEX_DTYPES = ("bfloat16", "float32", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,8 @@ class AtlasConfig(Config):
     index_batch_size: passages per encoder call when the index is
       (re)built, queries per search call.
     index_dtype: the stored embeddings' dtype (scores are accumulated in
-      float32).
+      float32); 'int8': symmetric per-row int8 codes and a float32 scale
+      per row (:func:`jaxfid.atlas.index.quantize_int8`).
     eval_recall_k: the largest k of the logged ``eval_recall@k`` (with 1
       and 5).
   """
