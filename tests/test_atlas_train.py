@@ -166,3 +166,37 @@ def test_init_retriever_and_an_atlas_init_checkpoint_start_the_run(
   assert main(_args(second, data, "pdist", 1,
                     f"--gin.INIT_CHECKPOINT='{first}'", *frozen)) == 0
   _assert_same(_latest_params(second), _latest_params(first))
+
+
+def test_retrieve_device_over_the_saved_index_gives_the_in_loop_hits(
+    data, tmp_path, capsys):
+  # the arguments of test_each_objective[none]: its programs, compiled once
+  model_dir = tmp_path / "run"
+  assert main(_args(model_dir, data, "none")) == 0
+  out = tmp_path / "hits.jsonl"
+  assert main(["retrieve", "--index", str(model_dir / "atlas_index" / "0"),
+               "--device", "--queries", str(data / "dev.json"), "--top-k",
+               "20", "--output", str(out)]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])["queries"] == 8
+  got = [json.loads(line) for line in out.read_text().splitlines()]
+  # the recall the run logged from its in-loop search at step 4
+  logged = [m for m in _metrics(model_dir) if m.get("step") == 4
+            and "eval_recall@1" in m][0]
+  for k in (1, 5, 20):
+    assert np.mean([any(c["has_answer"] for c in r["ctxs"][:k])
+                    for r in got]) == logged[f"eval_recall@{k}"]
+  # the hits themselves: the run's retriever on the run's mesh
+  model, params = load_atlas(str(model_dir), which="latest")
+  passages = read_passages(str(data / "corpus.jsonl"))
+  mesh = shd.parse_mesh("")
+  loop = InLoopRetriever(model, passages, Tokenizer(), mesh,
+                         passage_maxlength=8, query_maxlength=8, batch_size=8,
+                         dtype="bfloat16")
+  loop.index = load_index(str(model_dir / "atlas_index" / "0"), mesh)
+  ids, scores = loop.search(jax.device_put(params, loop.replicated),
+                            loop.query_tokens([r["question"] for r in got]),
+                            20)
+  assert [[c["id"] for c in r["ctxs"]] for r in got] == [
+      [passages[i].id for i in row] for row in ids]
+  np.testing.assert_allclose([[c["score"] for c in r["ctxs"]] for r in got],
+                             scores, rtol=1e-5)

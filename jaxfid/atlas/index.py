@@ -24,9 +24,10 @@ D embedding width, Q queries, k hits.
   tokens, ``INDEX_BATCH_SIZE`` rows per call, each batch written into its
   rows of the sharded array on the device (nothing is gathered to a host).
 * Save / load (:func:`save_index`, :func:`load_index`): ``DIR/meta.json``
-  and ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its
-  uint16 bits, int8 as its codes, with ``DIR/scales.npy`` float32 [N]); a
-  load places the rows on any mesh, so a saved index re-shards to another
+  (``"type": "atlas"``, what ``jaxfid retrieve`` opens it by) and
+  ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its uint16
+  bits, int8 as its codes, with ``DIR/scales.npy`` float32 [N]); a load
+  places the rows on any mesh, so a saved index re-shards to another
   device count. ``meta.json`` is written last: a directory without it is
   an interrupted save.
 """
@@ -49,6 +50,7 @@ from jaxfid.core.files import atomic_write
 
 Array = jax.Array
 META, EMBEDDINGS, SCALES = "meta.json", "embeddings.npy", "scales.npy"
+INDEX_TYPE = "atlas"  # meta.json's "type" (jaxfid.retrieval.search)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.int8}
 INT8_MAX = 127
 
@@ -263,8 +265,8 @@ def save_index(index: PassageIndex, directory: str, **meta) -> None:
     with atomic_write(os.path.join(directory, SCALES), "wb") as f:
       np.save(f, scales)
   with atomic_write(os.path.join(directory, META)) as f:
-    json.dump({"num_passages": index.num_passages, "dim": index.dim,
-               "dtype": index.dtype_name, **meta}, f)
+    json.dump({"type": INDEX_TYPE, "num_passages": index.num_passages,
+               "dim": index.dim, "dtype": index.dtype_name, **meta}, f)
 
 
 def read_meta(directory: str) -> dict | None:

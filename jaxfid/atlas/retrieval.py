@@ -59,13 +59,19 @@ class InLoopRetriever:
                query_maxlength: int, batch_size: int, dtype: str):
     self.model, self.passages, self.tokenizer = model, list(passages), tokenizer
     self.query_maxlength = query_maxlength
+    self.passage_maxlength = passage_maxlength
     self.batch_size = batch_size
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.tokens = encode_padded(
-        tokenizer, [passage_text(p.title, p.text) for p in self.passages],
-        passage_maxlength)                                        # [N, P]
     self.index = PassageIndex(mesh, len(self.passages),
                               model.retriever.dim, dtype, batch_size)
+
+  @functools.cached_property
+  def tokens(self) -> np.ndarray:
+    """The corpus's retriever tokens, int32 [N, P] (tokenised when first
+    needed: a search of a loaded index never needs them)."""
+    return encode_padded(
+        self.tokenizer, [passage_text(p.title, p.text) for p in self.passages],
+        self.passage_maxlength)
 
   # ---- the index ------------------------------------------------------------
 

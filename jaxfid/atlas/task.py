@@ -262,8 +262,10 @@ class AtlasTask(Task):
   def refresh(self, ctx: Context, step: int, state) -> None:
     """Rebuild the index with the current passage tower; save it."""
     self.retriever.refresh(state["params"], progress=ctx.settings.progress)
+    corpus = self.atlas.corpus
     save_index(self.retriever.index, self._index_dir(step), step=step,
-               corpus=self.atlas.corpus)
+               corpus=corpus if paths.is_url(corpus) else
+               os.path.abspath(corpus))
     ctx.log.write(step, {"index_refreshed": len(self.passages)})
     self._prune(ctx, step)
 
