@@ -14,9 +14,10 @@ checkpoint, and writes the TREC or FiD JSON run every index type writes.
 * The query encoder: the Atlas MODEL_DIR two levels up (the index's
   ``MODEL_DIR/atlas_index/STEP``), its latest checkpoint, so the hits are
   those the run's in-loop search gives at that checkpoint (the same
-  tokenisation, ``QUERY_MAXLENGTH``, query batches and index); search
-  options ``checkpoint=MODEL_DIR`` (an index copied elsewhere) and
-  ``which=latest|best|auto`` choose another.
+  tokenisation, ``QUERY_MAXLENGTH``, query batches, index and ``RERANK_K``
+  re-ranking with that checkpoint's passage tower); search options
+  ``checkpoint=MODEL_DIR`` (an index copied elsewhere),
+  ``which=latest|best|auto`` and ``rerank_k=N`` (0: off) choose another.
 * Passages: the corpus the run indexed (``meta.json``'s ``corpus``, an
   absolute path), read once; its size must be the index's.
 """
@@ -71,7 +72,7 @@ class AtlasSearcher:
     device: search on all local devices (else the host's CPU devices).
   """
 
-  options = ("checkpoint", "which")
+  options = ("checkpoint", "which", "rerank_k")
 
   def __init__(self, directory: str | os.PathLike, meta: dict, *,
                device: bool = False):
@@ -125,6 +126,19 @@ class AtlasSearcher:
                       jax.device_put(params, retriever.replicated))
     return self._loaded[1], self._loaded[2]
 
+  def _rerank_k(self, value: str | None) -> int:
+    """The run's RERANK_K, or the ``rerank_k=N`` search option's N."""
+    if value is None:
+      return self._loaded[1].model.atlas.rerank_k
+    try:
+      n = int(value)
+    except ValueError:
+      n = -1
+    if n < 0:
+      raise InputError("--search-option rerank_k", f"{value!r}: a count of "
+                       "candidates (0: no re-ranking)")
+    return n
+
   def search(self, texts: Sequence[str], top_k: int, **options
              ) -> list[list[tuple[int, float]]]:
     """The best ``top_k`` (row, score) per text (all rows when fewer)."""
@@ -134,6 +148,7 @@ class AtlasSearcher:
                        f"index takes {', '.join(self.options)}")
     retriever, params = self._retriever(options.get("checkpoint"),
                                         options.get("which", "latest"))
+    retriever.rerank_k = self._rerank_k(options.get("rerank_k"))
     if not texts:
       return []
     k = min(top_k, len(self.store))
