@@ -55,14 +55,15 @@ DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.int8}
 INT8_MAX = 127
 
 
-def quantize_int8(x) -> tuple[Array, Array]:
+def quantize_int8(x, xp=jnp) -> tuple[Array, Array]:
   """Symmetric per-row int8: (codes int8 [n, D], scales float32 [n]) with
-  ``x[r] ~= codes[r] * scales[r]``; a zero row has scale 0 and codes 0."""
-  x = jnp.asarray(x, jnp.float32)                                  # [n, D]
-  scales = jnp.max(jnp.abs(x), axis=1) / INT8_MAX                  # [n]
-  safe = jnp.where(scales > 0, scales, 1.0)
-  codes = jnp.clip(jnp.round(x / safe[:, None]), -INT8_MAX, INT8_MAX)
-  return codes.astype(jnp.int8), scales
+  ``x[r] ~= codes[r] * scales[r]``; a zero row has scale 0 and codes 0.
+  ``xp``: ``jax.numpy`` (on a device) or ``numpy`` (on the host)."""
+  x = xp.asarray(x, xp.float32)                                    # [n, D]
+  scales = xp.max(xp.abs(x), axis=1) / xp.float32(INT8_MAX)        # [n]
+  safe = xp.where(scales > 0, scales, xp.float32(1))
+  codes = xp.clip(xp.round(x / safe[:, None]), -INT8_MAX, INT8_MAX)
+  return codes.astype(xp.int8), scales
 
 
 class PassageIndex:
@@ -122,9 +123,8 @@ class PassageIndex:
     if host.shape != (self.num_passages, self.dim):
       raise ValueError(f"expected [{self.num_passages}, {self.dim}] "
                        f"embeddings, got {list(host.shape)}")
-    if self.quantized:
-      codes, scales = quantize_int8(host.astype(np.float32))
-      self.set_codes(np.asarray(codes), np.asarray(scales))
+    if self.quantized:  # on the host: no device holds all N rows at once
+      self.set_codes(*quantize_int8(host, xp=np))
       return
     self.embeddings = self._place(host.astype(self.dtype), self.sharding,
                                   (self.rows, self.dim), self.dtype)
