@@ -82,8 +82,13 @@ class AtlasSearcher:
       raise InputError(self.directory / "meta.json", "not an Atlas index "
                        f"(missing {', '.join(missing)})")
     self.meta = meta
-    devices = jax.local_devices() if device else jax.local_devices(
-        backend="cpu")
+    try:
+      devices = jax.local_devices() if device else jax.local_devices(
+          backend="cpu")
+    except RuntimeError:  # JAX_PLATFORMS leaves the CPU out
+      raise InputError(self.directory, "no CPU devices to search on "
+                       "(JAX_PLATFORMS leaves them out): pass --device"
+                       ) from None
     self.mesh = Mesh(np.array(devices), ("rows",))  # 1-D: rows over all
     corpus = meta["corpus"]
     if not paths.is_url(corpus) and not os.path.isfile(corpus):
