@@ -210,8 +210,9 @@ def main(argv=None) -> int:
     device = (f"{r['devices']} {r['platform']}" if r["system"] == "jaxfid"
               else f"{r['threads']} CPU threads")
     same = f"{r['same_as_faiss']:.4f}" if "same_as_faiss" in r else "-"
+    mb = r["bytes_per_device"] / 1e6
     print(f"| {r['system']} | {device} | {r['dtype']} | "
-          f"{r['bytes_per_device'] / 1e6:.{1 if r['bytes_per_device'] > 1e7 else 3}f} MB | "
+          f"{mb:.{1 if mb > 10 else 3}f} MB | "
           f"{args.queries / r['seconds']:.0f} | {same} |")
   print(json.dumps(rows))
   return 0
