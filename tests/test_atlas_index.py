@@ -65,3 +65,95 @@ def test_a_saved_index_reloads_exactly_on_another_device_count(tmp_path):
   queries = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
   for a, b in zip(small.search(queries, 5), index.search(queries, 5)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---- int8 storage ---------------------------------------------------------------
+
+
+def _quantize_reference(x):
+  """Symmetric per-row int8 in numpy: codes round(x / s), s = max|x| / 127."""
+  x = np.asarray(x, np.float32)
+  scales = np.abs(x).max(1) / np.float32(127)
+  safe = np.where(scales > 0, scales, np.float32(1))
+  codes = np.clip(np.round(x / safe[:, None]), -127, 127).astype(np.int8)
+  return codes, scales.astype(np.float32)
+
+
+@pytest.mark.parametrize("mesh", ["", "data=2"])
+def test_int8_search_is_the_exact_top_k_of_the_quantised_rows(mesh):
+  rng = np.random.default_rng(3)
+  vectors = rng.standard_normal((41, 8)).astype(np.float32)
+  vectors[5] = 0.0                                    # a zero row: scale 0
+  queries = rng.standard_normal((6, 8)).astype(np.float32)
+  m = shd.parse_mesh(mesh)
+  index = PassageIndex(m, 41, 8, "int8", batch_size=4)
+  index.set_rows(vectors)
+  codes, scales = _quantize_reference(vectors)
+  assert scales[5] == 0 and not codes[5].any()
+  np.testing.assert_array_equal(index.host_rows(), codes)
+  np.testing.assert_allclose(index.host_scales(), scales, rtol=1e-6)
+  assert index.embeddings.dtype == jnp.int8
+  assert tuple(index.scales.sharding.spec) == tuple(
+      index.embeddings.sharding.spec)[:1]
+  assert index.device_bytes() == index.rows // m.size * (8 + 4)
+  scores, ids = index.search(jnp.asarray(queries), 9)
+  want_scores, want_ids = _exact(codes.astype(np.float32) * scales[:, None],
+                                 queries, 9)
+  np.testing.assert_array_equal(np.asarray(ids), want_ids)
+  np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_int8_keeps_the_float_top_k_of_random_vectors():
+  rng = np.random.default_rng(4)
+  vectors = rng.standard_normal((2000, 64)).astype(np.float32)
+  queries = rng.standard_normal((32, 64)).astype(np.float32)
+  index = PassageIndex(shd.parse_mesh(""), 2000, 64, "int8", batch_size=8)
+  index.set_rows(vectors)
+  _, ids = index.search(jnp.asarray(queries), 10)
+  want = _exact(vectors, queries, 10)[1]
+  recall = np.mean([len(set(a) & set(b)) / 10
+                    for a, b in zip(np.asarray(ids), want)])
+  assert recall >= 0.95, recall
+
+
+def test_int8_build_quantises_on_device():
+  rng = np.random.default_rng(5)
+  table = rng.standard_normal((30, 6)).astype(np.float32)
+  tokens = rng.integers(0, 30, (13, 3)).astype(np.int32)
+  embed = lambda p, t: jnp.take(p, t, axis=0).sum(1)  # [b, P] -> [b, D]
+  index = PassageIndex(shd.parse_mesh(""), 13, 6, "int8", batch_size=4)
+  index.build(embed, jnp.asarray(table), tokens)
+  codes, scales = _quantize_reference(table[tokens].sum(1))
+  np.testing.assert_allclose(index.host_scales(), scales, rtol=1e-6)
+  assert np.abs(index.host_rows().astype(int) - codes).max() <= 1
+
+
+def test_a_saved_int8_index_is_a_quarter_of_float32_and_reshards(tmp_path):
+  rng = np.random.default_rng(6)
+  vectors = rng.standard_normal((53, 32)).astype(np.float32)
+  queries = jnp.asarray(rng.standard_normal((4, 32)), jnp.float32)
+  sizes = {}
+  for dtype in ("float32", "bfloat16", "int8"):
+    index = PassageIndex(shd.parse_mesh(""), 53, 32, dtype, batch_size=2)
+    assert index.shards == 8
+    index.set_rows(vectors)
+    save_index(index, str(tmp_path / dtype), step=1)
+    sizes[dtype] = sum(f.stat().st_size for f in (tmp_path / dtype).iterdir()
+                       if f.name != "meta.json")
+  # the codes (53 x 32 bytes) and scales (53 x 4): D + 4 bytes a row
+  assert sizes["int8"] - 2 * 128 == 53 * (32 + 4)       # two .npy headers
+  assert sizes["float32"] - 128 == 53 * 32 * 4
+  assert sizes["bfloat16"] - 128 == 53 * 32 * 2
+  assert read_meta(str(tmp_path / "int8"))["dtype"] == "int8"
+  hits = index.search(queries, 6)
+  for mesh in ("data=2", "data=1"):
+    loaded = load_index(str(tmp_path / "int8"), shd.parse_mesh(mesh))
+    assert loaded.shards == int(mesh[-1]) and loaded.quantized
+    np.testing.assert_array_equal(loaded.host_rows(), index.host_rows())
+    np.testing.assert_array_equal(loaded.host_scales(), index.host_scales())
+    scores, ids = loaded.search(queries, 6)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(hits[1]))
+    # the same products, summed in another order on another shard shape
+    np.testing.assert_allclose(np.asarray(scores), np.asarray(hits[0]),
+                               rtol=1e-6)

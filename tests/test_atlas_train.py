@@ -1,7 +1,8 @@
 """`jaxfid train --gin_file=gin/atlas/tiny.gin` end to end on the key-value
 world (tests/reatt_world.py): each objective trains and logs eval_em with
 the in-loop recall; a resumed run, also one stopped during a refresh,
-continues exactly; QUERY_SIDE_ONLY keeps the passage tower and the index."""
+continues exactly; QUERY_SIDE_ONLY keeps the passage tower and the index,
+which `jaxfid retrieve --device` searches as the in-loop search did."""
 from __future__ import annotations
 
 import json
@@ -115,7 +116,8 @@ def test_a_resumed_run_and_a_run_stopped_mid_refresh_continue_exactly(
             == ([0, 2, 2] if drop_index else [0, 2]))
 
 
-def test_query_side_only_keeps_the_passage_tower_and_its_index(data, tmp_path):
+def test_query_side_only_keeps_the_passage_tower_and_its_index(data, tmp_path,
+                                                              capsys):
   model_dir = tmp_path / "qso"
   assert main(_args(model_dir, data, "adist", 4, "--gin.QUERY_SIDE_ONLY=True",
                     "--gin.REFRESH_EVERY=2", "--gin.OPTIMIZER='adamw'",
@@ -138,6 +140,9 @@ def test_query_side_only_keeps_the_passage_tower_and_its_index(data, tmp_path):
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
            zip(jax.tree.leaves(retriever[QUERY_TOWER]), jax.tree.leaves(passage))]
   assert max(moved) > 0  # the query tower, a copy at the start, trained
+  # the saved index, searched by `jaxfid retrieve --device` with the trained
+  # query tower (this run's, to spare the slow tier a run of its own)
+  _retrieve_gives_the_in_loop_hits(model_dir, data, "float32", capsys)
 
 
 def test_init_retriever_and_an_atlas_init_checkpoint_start_the_run(
@@ -166,3 +171,35 @@ def test_init_retriever_and_an_atlas_init_checkpoint_start_the_run(
   assert main(_args(second, data, "pdist", 1,
                     f"--gin.INIT_CHECKPOINT='{first}'", *frozen)) == 0
   _assert_same(_latest_params(second), _latest_params(first))
+
+
+def _retrieve_gives_the_in_loop_hits(model_dir, data, dtype, capsys):
+  """`jaxfid retrieve --device` over the run's index of step 0 with its
+  latest checkpoint: the hits of the run's in-loop search (its logged recall
+  at step 4, and the run's retriever on the run's mesh)."""
+  out = model_dir.parent / "hits.jsonl"
+  capsys.readouterr()
+  assert main(["retrieve", "--index", str(model_dir / "atlas_index" / "0"),
+               "--device", "--queries", str(data / "dev.json"), "--top-k",
+               "20", "--output", str(out)]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])["queries"] == 8
+  got = [json.loads(line) for line in out.read_text().splitlines()]
+  logged = [m for m in _metrics(model_dir) if m.get("step") == 4
+            and "eval_recall@1" in m][0]
+  for k in (1, 5, 20):
+    assert np.mean([any(c["has_answer"] for c in r["ctxs"][:k])
+                    for r in got]) == logged[f"eval_recall@{k}"]
+  model, params = load_atlas(str(model_dir), which="latest")
+  passages = read_passages(str(data / "corpus.jsonl"))
+  mesh = shd.parse_mesh("")
+  loop = InLoopRetriever(model, passages, Tokenizer(), mesh,
+                         passage_maxlength=8, query_maxlength=8, batch_size=8,
+                         dtype=dtype)
+  loop.index = load_index(str(model_dir / "atlas_index" / "0"), mesh)
+  ids, scores = loop.search(jax.device_put(params, loop.replicated),
+                            loop.query_tokens([r["question"] for r in got]),
+                            20)
+  assert [[c["id"] for c in r["ctxs"]] for r in got] == [
+      [passages[i].id for i in row] for row in ids]
+  np.testing.assert_allclose([[c["score"] for c in r["ctxs"]] for r in got],
+                             scores, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""benchmarks/compile_time.py and cpu_malloc.py run and report what they say."""
+"""benchmarks/compile_time.py, cpu_malloc.py and atlas_index_vs_faiss.py run
+and report what they say."""
 from __future__ import annotations
 
 import importlib.util
@@ -55,3 +56,22 @@ def test_cpu_malloc_runs_each_setting_in_its_own_process(capsys):
   assert rows["tuned"]["decided"] in ("applied", "not glibc")  # not: conftest's 0
   for r in rows.values():
     assert r["wall_ms"] > 0 and r["max_rss_gb"] > 0
+
+
+@pytest.mark.slow
+def test_atlas_index_vs_faiss_shards_and_finds_faiss_hits(capsys):
+  script = _load("atlas_index_vs_faiss")
+  assert script.main(["--vectors", "1000", "--dim", "16", "--queries", "8",
+                      "--clusters", "10", "--top-k", "5", "--query-batch",
+                      "4", "--devices", "1,4", "--dtypes", "float32,int8",
+                      "--faiss-threads", "1", "--passes", "1"]) == 0
+  rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert [(r["system"], r["devices"], r["dtype"]) for r in rows] == [
+      ("faiss", 1, "float32"), ("jaxfid", 1, "float32"),
+      ("jaxfid", 4, "float32"), ("jaxfid", 1, "int8"), ("jaxfid", 4, "int8")]
+  by = {(r["devices"], r["dtype"]): r for r in rows[1:]}
+  assert rows[0]["bytes_per_device"] == 1000 * 16 * 4
+  assert by[(1, "float32")]["same_as_faiss"] == 1.0  # the exact top k
+  assert by[(4, "float32")]["bytes_per_device"] == 250 * 16 * 4
+  assert by[(4, "int8")]["bytes_per_device"] == 250 * (16 + 4)
+  assert by[(4, "int8")]["same_as_faiss"] > 0.8

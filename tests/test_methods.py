@@ -16,12 +16,18 @@ from jaxfid.dual_encoder.checkpoint import dual_encoder_run_config
 from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
+from jaxfid.retrieval import search
 from jaxfid.retrieval.search import open_index
 from jaxfid.t5.config import preset
 
 
 def test_every_plugin_is_registered():
-  assert jaxfid.methods.INDEX_TYPES.names() == ["bm25", "dense", "reatt"]
+  assert jaxfid.methods.INDEX_TYPES.names() == [
+      "atlas", "bm25", "dense", "reatt"]
+  # the one index type with a device search (jaxfid retrieve --device)
+  assert search.DEVICE_SEARCH == {"atlas"}
+  assert search.INDEX_TYPES.get("atlas").__module__ == (
+      "jaxfid.atlas.index_search")
   assert jaxfid.methods.METHOD_LOADERS.names() == [
       "atlas", "dual_encoder", "fid", "reatt", "refusion"]
 
@@ -113,8 +119,8 @@ def test_an_unregistered_name_says_what_to_import(tmp_path):
     open_index(tmp_path / "index")
   assert str(e.value) == (
       f"{tmp_path / 'index'}: no index type 'sparse-2030' is registered "
-      "(known: bm25, dense, reatt); import jaxfid.methods, which registers "
-      "every index type")
+      "(known: atlas, bm25, dense, reatt); import jaxfid.methods, which "
+      "registers every index type")
   checkpointing.write_run_config(tmp_path / "run", {"method": "rag-2030"})
   with pytest.raises(InputError, match="jaxfid_config.json: no MODEL_DIR "
                      "loader for method 'rag-2030' is registered"):

@@ -16,7 +16,7 @@ import dataclasses
 from jaxfid.core.config import Config, option
 
 RETRIEVER_LOSSES = ("adist", "emdr2", "pdist", "loop", "none")
-INDEX_DTYPES = ("bfloat16", "float32")
+INDEX_DTYPES = ("bfloat16", "float32", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +45,14 @@ class AtlasConfig(Config):
       retriever reads ``"{title} {text}"``, its ``--retriever_format``).
     index_batch_size: passages per encoder call when the index is
       (re)built, queries per search call.
+    rerank_k: Atlas's ``--retrieve_with_rerank`` with
+      ``--n_to_rerank_with_retrieve_with_rerank``: every search takes this
+      many candidates from the index (built at the last refresh), embeds
+      them again with the current passage tower and keeps the best by the
+      fresh scores; 0: off (the index's order).
     index_dtype: the stored embeddings' dtype (scores are accumulated in
-      float32).
+      float32); 'int8': symmetric per-row int8 codes and a float32 scale
+      per row (:func:`jaxfid.atlas.index.quantize_int8`).
     eval_recall_k: the largest k of the logged ``eval_recall@k`` (with 1
       and 5).
   """
@@ -61,6 +67,7 @@ class AtlasConfig(Config):
   passage_maxlength: int = option(256, low=2)
   index_batch_size: int = option(256, low=1)
   index_dtype: str = option("bfloat16", choices=INDEX_DTYPES)
+  rerank_k: int = option(0, low=0)
   eval_recall_k: int = option(20, low=5)
 
   def refresh_steps(self, train_steps: int) -> list[int]:

@@ -8,19 +8,28 @@ D embedding width, Q queries, k hits.
   ``PartitionSpec(<every mesh axis>, None)``: each device holds R/S
   consecutive rows (Atlas's ``src/index.py`` keeps each GPU's share the
   same way). Rows past N are padding and never returned.
+* int8 (:func:`quantize_int8`): symmetric per-row quantisation, row r
+  stored as int8 codes ``c[r] = round(x[r] / s[r])`` in [-127, 127] with
+  one float32 scale ``s[r] = max|x[r]| / 127`` (0 for a zero row), the
+  scales [R] sharded by rows like the codes: D + 4 bytes a row, against
+  2D (bfloat16) and 4D (float32).
 * Search (:meth:`PassageIndex.search`): ``shard_map`` over the mesh; each
   device scores the queries against its rows (queries cast to the storage
-  dtype, products accumulated in float32), keeps its own top k, and the
-  S x k candidates are all-gathered and merged by a second top k: the
-  exact inner-product top k of the whole index, on every device.
+  dtype, products accumulated in float32; int8: float32 queries against
+  the codes, then times each row's scale, ``q . c[r] * s[r]``), keeps its
+  own top k, and the S x k candidates are all-gathered and merged by a
+  second top k: the exact inner-product top k of the whole (quantised)
+  index, on every device.
 * Build (:meth:`PassageIndex.build`): the passage encoder over the corpus's
   tokens, ``INDEX_BATCH_SIZE`` rows per call, each batch written into its
   rows of the sharded array on the device (nothing is gathered to a host).
 * Save / load (:func:`save_index`, :func:`load_index`): ``DIR/meta.json``
-  and ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its
-  uint16 bits); a load places the rows on any mesh, so a saved index
-  re-shards to another device count. ``meta.json`` is written last: a
-  directory without it is an interrupted save.
+  (``"type": "atlas"``, what ``jaxfid retrieve`` opens it by) and
+  ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its uint16
+  bits, int8 as its codes, with ``DIR/scales.npy`` float32 [N]); a load
+  places the rows on any mesh, so a saved index re-shards to another
+  device count. ``meta.json`` is written last: a directory without it is
+  an interrupted save.
 """
 from __future__ import annotations
 
@@ -40,8 +49,21 @@ from jaxfid.core.errors import InputError
 from jaxfid.core.files import atomic_write
 
 Array = jax.Array
-META, EMBEDDINGS = "meta.json", "embeddings.npy"
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+META, EMBEDDINGS, SCALES = "meta.json", "embeddings.npy", "scales.npy"
+INDEX_TYPE = "atlas"  # meta.json's "type" (jaxfid.retrieval.search)
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.int8}
+INT8_MAX = 127
+
+
+def quantize_int8(x, xp=jnp) -> tuple[Array, Array]:
+  """Symmetric per-row int8: (codes int8 [n, D], scales float32 [n]) with
+  ``x[r] ~= codes[r] * scales[r]``; a zero row has scale 0 and codes 0.
+  ``xp``: ``jax.numpy`` (on a device) or ``numpy`` (on the host)."""
+  x = xp.asarray(x, xp.float32)                                    # [n, D]
+  scales = xp.max(xp.abs(x), axis=1) / xp.float32(INT8_MAX)        # [n]
+  safe = xp.where(scales > 0, scales, xp.float32(1))
+  codes = xp.clip(xp.round(x / safe[:, None]), -INT8_MAX, INT8_MAX)
+  return codes.astype(xp.int8), scales
 
 
 class PassageIndex:
@@ -51,7 +73,7 @@ class PassageIndex:
     mesh: the run's device mesh; rows are split over all its axes.
     num_passages: N.
     dim: D.
-    dtype: 'bfloat16' or 'float32'.
+    dtype: 'bfloat16', 'float32' or 'int8' (codes and per-row scales).
     batch_size: rows per encoder call of :meth:`build` (R is a multiple of
       it and of the device count, so no batch is cut).
   """
@@ -68,32 +90,74 @@ class PassageIndex:
     unit = math.lcm(self.shards, batch_size)
     self.rows = -(-num_passages // unit) * unit
     self.sharding = NamedSharding(mesh, PartitionSpec(self.axes, None))
+    self.row_sharding = NamedSharding(mesh, PartitionSpec(self.axes))
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.embeddings: Array | None = None
+    self.quantized = dtype == "int8"
+    self.embeddings: Array | None = None   # [R, D] of dtype (int8: codes)
+    self.scales: Array | None = None       # int8: float32 [R], else None
     self._search_fns: dict[int, Callable] = {}
     self._write_fn: tuple | None = None
 
   # ---- contents ------------------------------------------------------------
 
-  def zeros(self) -> Array:
-    return jax.jit(lambda: jnp.zeros((self.rows, self.dim), self.dtype),
-                   out_shardings=self.sharding)()
+  def zeros(self) -> tuple[Array, Array | None]:
+    """(embeddings [R, D], scales [R] or None), zero, on the mesh."""
+    return jax.jit(
+        lambda: (jnp.zeros((self.rows, self.dim), self.dtype),
+                 jnp.zeros((self.rows,), jnp.float32) if self.quantized
+                 else None),
+        out_shardings=(self.sharding, self.row_sharding))()
+
+  def _place(self, host: np.ndarray, sharding, shape, dtype) -> Array:
+    """``host`` (its first axis the first N rows) padded to ``shape`` with
+    zeros and placed with ``sharding``."""
+    full = np.zeros(shape, dtype)
+    full[:self.num_passages] = host
+    return jax.make_array_from_callback(shape, sharding,
+                                        lambda index: full[index])
 
   def set_rows(self, host: np.ndarray) -> None:
-    """The first N rows from a host array [N, D] (any float dtype)."""
+    """The first N rows from a host array [N, D] (any float dtype; int8
+    storage quantises it, :func:`quantize_int8`)."""
     host = np.asarray(host)
     if host.shape != (self.num_passages, self.dim):
       raise ValueError(f"expected [{self.num_passages}, {self.dim}] "
                        f"embeddings, got {list(host.shape)}")
-    full = np.zeros((self.rows, self.dim), self.dtype)
-    full[:self.num_passages] = host.astype(self.dtype)
-    self.embeddings = jax.make_array_from_callback(
-        full.shape, self.sharding, lambda index: full[index])
+    if self.quantized:  # on the host: no device holds all N rows at once
+      self.set_codes(*quantize_int8(host, xp=np))
+      return
+    self.embeddings = self._place(host.astype(self.dtype), self.sharding,
+                                  (self.rows, self.dim), self.dtype)
+
+  def set_codes(self, codes: np.ndarray, scales: np.ndarray) -> None:
+    """int8 storage: the first N rows' codes [N, D] and scales [N]."""
+    if not self.quantized:
+      raise ValueError(f"a {self.dtype_name} index has no int8 codes")
+    if codes.shape != (self.num_passages, self.dim) or scales.shape != (
+        self.num_passages,):
+      raise ValueError(f"expected codes [{self.num_passages}, {self.dim}] "
+                       f"and scales [{self.num_passages}], got "
+                       f"{list(codes.shape)} and {list(scales.shape)}")
+    self.embeddings = self._place(codes.astype(np.int8), self.sharding,
+                                  (self.rows, self.dim), np.int8)
+    self.scales = self._place(scales.astype(np.float32), self.row_sharding,
+                              (self.rows,), np.float32)
 
   def host_rows(self) -> np.ndarray:
-    """The first N rows as a host array of the storage dtype."""
+    """The first N rows as a host array of the storage dtype (int8: the
+    codes; :meth:`host_scales` their scales)."""
     full = multihost_utils.process_allgather(self.embeddings, tiled=True)
     return np.asarray(full)[:self.num_passages]
+
+  def host_scales(self) -> np.ndarray:
+    """int8 storage: the first N rows' scales, float32 [N]."""
+    full = multihost_utils.process_allgather(self.scales, tiled=True)
+    return np.asarray(full)[:self.num_passages]
+
+  def device_bytes(self) -> int:
+    """Bytes of the index on each device (its rows, and int8's scales)."""
+    per_row = self.dim * np.dtype(self.dtype).itemsize + 4 * self.quantized
+    return self.rows // self.shards * per_row
 
   def build(self, embed: Callable[[object, Array], Array], params,
             tokens: np.ndarray,
@@ -106,9 +170,8 @@ class PassageIndex:
                        "passages")
     if self._write_fn is None or self._write_fn[0] is not embed:
       self._write_fn = (embed, jax.jit(
-          lambda index, p, toks, start: jax.lax.dynamic_update_slice(
-              index, embed(p, toks).astype(self.dtype), (start, 0)),
-          out_shardings=self.sharding, donate_argnums=0))
+          self._write_program(embed), donate_argnums=0,
+          out_shardings=(self.sharding, self.row_sharding)))
     write = self._write_fn[1]
     out = self.zeros()
     b = self.batch_size
@@ -120,7 +183,22 @@ class PassageIndex:
                   np.int32(start))
       if progress is not None:
         progress(len(part))
-    self.embeddings = out
+    self.embeddings, self.scales = out
+
+  def _write_program(self, embed):
+    """(index (rows [R, D], scales [R] or None), params, tokens [b, P],
+    start) -> the index with rows start..start+b embedded (int8: quantised
+    on the device)."""
+    def write(index, params, tokens, start):
+      rows, scales = index
+      x = embed(params, tokens)                                  # [b, D]
+      if not self.quantized:
+        return (jax.lax.dynamic_update_slice(rows, x.astype(self.dtype),
+                                             (start, 0)), None)
+      codes, s = quantize_int8(x)
+      return (jax.lax.dynamic_update_slice(rows, codes, (start, 0)),
+              jax.lax.dynamic_update_slice(scales, s, (start,)))
+    return write
 
   # ---- search --------------------------------------------------------------
 
@@ -133,18 +211,27 @@ class PassageIndex:
       self._search_fns[k] = jax.jit(self._search_program(k),
                                     out_shardings=(self.replicated,
                                                    self.replicated))
-    return self._search_fns[k](queries, self.embeddings)
+    stored = ((self.embeddings, self.scales) if self.quantized
+              else (self.embeddings,))
+    return self._search_fns[k](queries, *stored)
 
   def _search_program(self, k: int):
     axes, n = self.axes, self.num_passages
     local_rows = self.rows // self.shards
     kk = min(k, local_rows)
+    quantized = self.quantized
 
-    def local(q, rows):                    # q [Q, D], rows [R/S, D]
+    def local(q, rows, *scales):           # q [Q, D], rows [R/S, D]
       offset = jax.lax.axis_index(axes) * local_rows
-      scores = jax.lax.dot_general(
-          q.astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
-          preferred_element_type=jnp.float32)                 # [Q, R/S]
+      if quantized:                        # scales: ([R/S],)
+        scores = jax.lax.dot_general(
+            q.astype(jnp.float32), rows.astype(jnp.float32),
+            (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32) * scales[0][None, :]
+      else:
+        scores = jax.lax.dot_general(
+            q.astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32)               # [Q, R/S]
       ids = offset + jnp.arange(local_rows, dtype=jnp.int32)  # [R/S]
       scores = jnp.where(ids[None, :] < n, scores, -jnp.inf)
       top, pos = jax.lax.top_k(scores, kk)                    # [Q, kk]
@@ -153,8 +240,10 @@ class PassageIndex:
       best, where = jax.lax.top_k(all_top, k)                 # [Q, k]
       return best, jnp.take_along_axis(all_ids, where, axis=1)
 
-    return jax.shard_map(local, mesh=self.mesh,
-                         in_specs=(PartitionSpec(), PartitionSpec(axes, None)),
+    in_specs = (PartitionSpec(), PartitionSpec(axes, None))
+    if quantized:
+      in_specs += (PartitionSpec(axes),)
+    return jax.shard_map(local, mesh=self.mesh, in_specs=in_specs,
                          out_specs=(PartitionSpec(), PartitionSpec()),
                          check_vma=False)
 
@@ -165,15 +254,19 @@ class PassageIndex:
 def save_index(index: PassageIndex, directory: str, **meta) -> None:
   """Writes ``index`` to ``directory`` (process 0; every process gathers)."""
   rows = index.host_rows()
+  scales = index.host_scales() if index.quantized else None
   if jax.process_index() != 0:
     return
   os.makedirs(directory, exist_ok=True)
   bits = rows.view(np.uint16) if index.dtype_name == "bfloat16" else rows
   with atomic_write(os.path.join(directory, EMBEDDINGS), "wb") as f:
     np.save(f, bits)
+  if scales is not None:
+    with atomic_write(os.path.join(directory, SCALES), "wb") as f:
+      np.save(f, scales)
   with atomic_write(os.path.join(directory, META)) as f:
-    json.dump({"num_passages": index.num_passages, "dim": index.dim,
-               "dtype": index.dtype_name, **meta}, f)
+    json.dump({"type": INDEX_TYPE, "num_passages": index.num_passages,
+               "dim": index.dim, "dtype": index.dtype_name, **meta}, f)
 
 
 def read_meta(directory: str) -> dict | None:
@@ -194,6 +287,9 @@ def load_index(directory: str, mesh: Mesh, batch_size: int = 256
   index = PassageIndex(mesh, meta["num_passages"], meta["dim"], meta["dtype"],
                        batch_size)
   rows = np.load(os.path.join(directory, EMBEDDINGS))
+  if meta["dtype"] == "int8":
+    index.set_codes(rows, np.load(os.path.join(directory, SCALES)))
+    return index
   if meta["dtype"] == "bfloat16":
     rows = rows.view(ml_dtypes.bfloat16)
   index.set_rows(rows)

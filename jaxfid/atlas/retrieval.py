@@ -13,6 +13,13 @@ Questions are tokenised once too (``QUERY_MAXLENGTH``). Searches embed the
 questions with the current query tower and take the exact top k of the
 index; they run on every process alike (SPMD), and every process gets all
 the hits.
+
+With ``rerank_k`` (``RERANK_K``, Atlas's ``retrieve_with_rerank``,
+``src/atlas.py``) a search for k hits takes C = max(rerank_k, k) candidates
+from the index (the embeddings of the last refresh), embeds their passage
+tokens again with the current passage tower (``batch_size`` passages a
+call), scores them ``q . p`` as the index does, and keeps the best k by
+those fresh scores.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import sys
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
@@ -52,20 +60,30 @@ class InLoopRetriever:
     batch_size: passages per encoder call when (re)building, and queries
       per search call.
     dtype: the index's storage dtype.
+    rerank_k: candidates a search re-scores with the current passage tower
+      (module docstring); 0: none.
   """
 
   def __init__(self, model: AtlasModel, passages: Sequence[Passage],
                tokenizer: Tokenizer, mesh: Mesh, *, passage_maxlength: int,
-               query_maxlength: int, batch_size: int, dtype: str):
+               query_maxlength: int, batch_size: int, dtype: str,
+               rerank_k: int = 0):
     self.model, self.passages, self.tokenizer = model, list(passages), tokenizer
     self.query_maxlength = query_maxlength
+    self.passage_maxlength = passage_maxlength
     self.batch_size = batch_size
+    self.rerank_k = rerank_k
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.tokens = encode_padded(
-        tokenizer, [passage_text(p.title, p.text) for p in self.passages],
-        passage_maxlength)                                        # [N, P]
     self.index = PassageIndex(mesh, len(self.passages),
                               model.retriever.dim, dtype, batch_size)
+
+  @functools.cached_property
+  def tokens(self) -> np.ndarray:
+    """The corpus's retriever tokens, int32 [N, P] (tokenised when first
+    needed: a search of a loaded index never needs them)."""
+    return encode_padded(
+        self.tokenizer, [passage_text(p.title, p.text) for p in self.passages],
+        self.passage_maxlength)
 
   # ---- the index ------------------------------------------------------------
 
@@ -95,16 +113,54 @@ class InLoopRetriever:
   def search(self, params, tokens: np.ndarray, k: int
              ) -> tuple[np.ndarray, np.ndarray]:
     """(ids int [n, k], scores float32 [n, k]) of the best k passages for
-    each row of query ``tokens`` [n, Q], best first. Calls are of at most
-    ``batch_size`` queries, padded to a power of two (few compilations)."""
+    each row of query ``tokens`` [n, Q], best first (re-scored with
+    ``rerank_k``). Calls are of at most ``batch_size`` queries, padded to a
+    power of two (few compilations)."""
     ids, scores = [], []
     b = min(self.batch_size, 1 << max(len(tokens) - 1, 0).bit_length())
+    c = min(max(self.rerank_k, k), self.index.num_passages)
     for start in range(0, len(tokens), b):
       part = tokens[start:start + b]
       chunk = np.zeros((b, tokens.shape[1]), np.int32)
       chunk[:len(part)] = part
       q = self._embed_queries(params, jax.device_put(chunk, self.replicated))
-      s, i = self.index.search(q, k)
+      if self.rerank_k:
+        s, i = self._rerank(params, q, c, k)
+      else:
+        s, i = self.index.search(q, k)
       ids.append(np.asarray(jax.device_get(i))[:len(part)])
       scores.append(np.asarray(jax.device_get(s))[:len(part)])
     return np.concatenate(ids), np.concatenate(scores)
+
+  # ---- re-ranking (RERANK_K) ------------------------------------------------
+
+  @functools.cached_property
+  def _embed_passage_rows(self):
+    return jax.jit(lambda params, tokens: self.model.embed_passages(
+        params[RETRIEVER], tokens), out_shardings=self.replicated)
+
+  @functools.cached_property
+  def _rescore(self):
+    def rescore(q, p, ids, k):   # q [b, D], p [b, C, D], ids [b, C]
+      fresh = jnp.einsum("bd,bcd->bc", q, p,
+                         preferred_element_type=jnp.float32)   # [b, C]
+      top, pos = jax.lax.top_k(fresh, k)                       # [b, k]
+      return top, jnp.take_along_axis(ids, pos, axis=1)
+    return jax.jit(rescore, static_argnums=3,
+                   out_shardings=(self.replicated, self.replicated))
+
+  def _rerank(self, params, q, c: int, k: int):
+    """(scores [b, k], ids [b, k]): the index's top ``c`` for queries ``q``
+    [b, D], embedded again by the current passage tower, best ``k`` by
+    ``q . p``."""
+    _, candidates = self.index.search(q, c)                    # [b, C]
+    cand = np.asarray(jax.device_get(candidates))
+    rows = self.tokens[cand.reshape(-1)]                       # [b*C, P]
+    n, e = len(rows), self.batch_size
+    padded = np.zeros((-(-n // e) * e, rows.shape[1]), np.int32)
+    padded[:n] = rows
+    embedded = [self._embed_passage_rows(
+        params, jax.device_put(padded[i:i + e], self.replicated))
+        for i in range(0, len(padded), e)]                     # [e, D] each
+    p = jnp.concatenate(embedded)[:n].reshape(cand.shape + (-1,))  # [b, C, D]
+    return self._rescore(q, p, candidates, k)

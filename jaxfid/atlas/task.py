@@ -88,6 +88,9 @@ class AtlasTask(Task):
       raise InputError("CORPUS", f"{len(self.passages)} passages; retrieval "
                        f"needs at least {need} (N_CONTEXT and eval_recall@"
                        f"{atlas.eval_recall_k})")
+    if 0 < atlas.rerank_k < reader.n_context:
+      raise InputError("RERANK_K", f"{atlas.rerank_k} candidates to re-rank, "
+                       f"fewer than the N_CONTEXT={reader.n_context} kept")
     self.model = AtlasModel(EncoderDecoderModel(reader.model_config),
                             self._make_retriever(), atlas)
     reader.use_model(self.model.reader)
@@ -227,7 +230,8 @@ class AtlasTask(Task):
         self.model, self.passages, reader.tokenizer, mesh,
         passage_maxlength=atlas.passage_maxlength,
         query_maxlength=atlas.query_maxlength,
-        batch_size=atlas.index_batch_size, dtype=atlas.index_dtype)
+        batch_size=atlas.index_batch_size, dtype=atlas.index_dtype,
+        rerank_k=atlas.rerank_k)
     examples = reader.train_examples()
     self.batcher = AtlasBatcher(
         examples, self.passages, self.retriever.tokens,
@@ -262,8 +266,10 @@ class AtlasTask(Task):
   def refresh(self, ctx: Context, step: int, state) -> None:
     """Rebuild the index with the current passage tower; save it."""
     self.retriever.refresh(state["params"], progress=ctx.settings.progress)
+    corpus = self.atlas.corpus
     save_index(self.retriever.index, self._index_dir(step), step=step,
-               corpus=self.atlas.corpus)
+               corpus=corpus if paths.is_url(corpus) else
+               os.path.abspath(corpus))
     ctx.log.write(step, {"index_refreshed": len(self.passages)})
     self._prune(ctx, step)
 

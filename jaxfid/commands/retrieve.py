@@ -3,7 +3,9 @@
 ``jaxfid retrieve --index INDEX_DIR --queries QUERIES --top-k K --output RUN``
 writes a TREC run, or FiD JSON when RUN ends in ``.json``/``.jsonl``.
 Index-specific options (``--token-top-k`` for token-level indexes, or any
-``--search-option NAME=VALUE``) are passed to the index type's searcher.
+``--search-option NAME=VALUE``) are passed to the index type's searcher;
+``--device`` searches on the accelerators, for index types with a device
+search (:func:`jaxfid.retrieval.search.open_index`).
 """
 from __future__ import annotations
 
@@ -59,6 +61,11 @@ def add_parser(subparsers) -> None:
   p.add_argument("--threads", type=_positive, default=None,
                  help="CPUs to search on (default: all): worker processes "
                  "for BM25, FAISS threads for dense indexes")
+  p.add_argument("--device", action="store_true",
+                 help="search on the accelerators (all local devices, the "
+                 "index's rows sharded over them): index types that hold "
+                 "their vectors on the devices (an Atlas run's "
+                 "MODEL_DIR/atlas_index/STEP)")
   add_progress_flag(p)
   p.set_defaults(func=run)
 
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
   summary = retrieve_to_file(args.index, args.queries, args.top_k,
                              args.output, tag=args.tag,
                              progress=args.progress, threads=args.threads,
-                             **options)
+                             device=args.device, **options)
   print(json.dumps(summary))
   return 0
 

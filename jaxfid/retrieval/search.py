@@ -15,9 +15,15 @@ registry of loaders and returns a *searcher*: an object with
 
 Index types register themselves with :func:`register_index_type` when their
 module is imported: ``"bm25"`` (:mod:`jaxfid.retrieval.bm25.index`),
-``"dense"`` (:mod:`jaxfid.dual_encoder.index`) and ``"reatt"``
-(:mod:`jaxfid.reatt.token_index`); :mod:`jaxfid.methods` imports them all.
+``"dense"`` (:mod:`jaxfid.dual_encoder.index`), ``"reatt"``
+(:mod:`jaxfid.reatt.token_index`) and ``"atlas"``
+(:mod:`jaxfid.atlas.index_search`); :mod:`jaxfid.methods` imports them all.
 Opening an index of a type nobody registered is an InputError that says so.
+
+A type registered with ``device=True`` has a device search (``jaxfid
+retrieve --device``): its loader takes ``device`` (a bool) and searches on
+the accelerators when it is true. Asking another type for it is an
+InputError.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from typing import Callable, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
+from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.runs import run_format, write_fid_json, write_trec
@@ -49,16 +56,33 @@ INDEX_TYPES: Registry[Loader] = Registry(
     "index type", "import jaxfid.methods, which registers every index type")
 
 
-def register_index_type(name: str, loader: Loader) -> None:
-  """Makes ``open_index`` use ``loader(directory, meta)`` for type ``name``."""
+DEVICE_SEARCH: set[str] = set()  # the types whose loader takes ``device``
+
+
+def register_index_type(name: str, loader: Loader, *,
+                        device: bool = False) -> None:
+  """Makes ``open_index`` use ``loader(directory, meta)`` for type ``name``
+  (``device=True``: ``loader(directory, meta, device=...)``, a type with a
+  device search)."""
   INDEX_TYPES.register(name, loader)
+  if device:
+    DEVICE_SEARCH.add(name)
 
 
-def open_index(directory: str | os.PathLike) -> Searcher:
-  """The searcher for an index directory, chosen by its meta.json type."""
+def open_index(directory: str | os.PathLike, device: bool = False
+               ) -> Searcher:
+  """The searcher for an index directory, chosen by its meta.json type;
+  ``device``: one that searches on the accelerators."""
   directory = Path(directory)
   meta = read_meta(directory)
-  return INDEX_TYPES.get(meta["type"], where=str(directory))(directory, meta)
+  loader = INDEX_TYPES.get(meta["type"], where=str(directory))
+  if meta["type"] in DEVICE_SEARCH:
+    return loader(directory, meta, device=device)
+  if device:
+    raise InputError(directory, f"a {meta['type']!r} index has no device "
+                     "search (--device); index types with one: "
+                     f"{', '.join(sorted(DEVICE_SEARCH)) or 'none'}")
+  return loader(directory, meta)
 
 
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
@@ -112,14 +136,15 @@ def retrieve_to_file(index_dir: str | os.PathLike,
                      queries_path: str | os.PathLike, top_k: int,
                      output: str | os.PathLike, tag: str = "jaxfid",
                      progress: bool | None = None, threads: int | None = None,
-                     **options) -> dict:
+                     device: bool = False, **options) -> dict:
   """``jaxfid retrieve``: searches all queries and writes a run file.
 
   ``output`` ending in ``.json``/``.jsonl`` gets FiD JSON, anything else a
-  TREC run. Returns a summary (counts) for the command to print.
+  TREC run; ``device``: search on the accelerators (:func:`open_index`).
+  Returns a summary (counts) for the command to print.
   """
   queries = read_queries(queries_path)
-  searcher = open_index(index_dir)
+  searcher = open_index(index_dir, device=device)
   rows = search_all(searcher, [q.text for q in queries], top_k, progress,
                     threads, **options)
   if run_format(output) == "fid":
