@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from cpu_host import cpu_model, load_average  # noqa: E402
+from cpu_host import load_average, summary  # noqa: E402
 
 
 def make_data(args, workdir: str) -> None:
@@ -181,10 +181,8 @@ def main(argv=None) -> int:
     work = faiss_worker if kind == "faiss" else jaxfid_worker
     print(json.dumps(work(workdir, json.loads(opts))))
     return 0
-  name, bf16 = cpu_model()
-  print(f"machine: {platform.platform()}, {name} (avx512_bf16: {bf16}), "
-        f"{os.cpu_count()} CPUs, python {platform.python_version()}, numpy "
-        f"{np.__version__}; load {load_average()}", flush=True)
+  print(f"machine: {summary()}; {platform.platform()}, python "
+        f"{platform.python_version()}, numpy {np.__version__}", flush=True)
   counts = [int(d) for d in args.devices.split(",")]
   base = {"top_k": args.top_k, "passes": args.passes,
           "query_batch": args.query_batch}
