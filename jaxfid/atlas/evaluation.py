@@ -11,8 +11,8 @@ read), giving
   the passage text, :func:`jaxfid.evaluation.retrieval.answer_recall`);
 * ``eval_em``, ``eval_f1``: the reader's greedy (or EVAL_BEAMS) answers
   over the first N_CONTEXT hits (FiD's evaluator, whose per-question
-  predictions go to ``MODEL_DIR/eval/predictions_<step>.jsonl`` with the
-  retrieved passages' ids).
+  predictions go to ``MODEL_DIR/eval/predictions_<step>.jsonl``; the
+  retrieved passages' ids are not written there).
 """
 from __future__ import annotations
 
