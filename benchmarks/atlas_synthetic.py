@@ -37,7 +37,8 @@ measures it), the hardware, the load, and a JSON line of everything.
 
   python benchmarks/atlas_synthetic.py --output /tmp/atlas_synthetic
 
-About 20 minutes on 2 idle CPU cores (7 joint runs of 1,000 steps).
+20 minutes on 2 CPU cores shared with other work (load average about 11):
+the reader, the retriever and 7 joint runs of 1,000 steps.
 """
 from __future__ import annotations
 
