@@ -58,8 +58,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import jax  # noqa: E402
 
+import cpu_host  # noqa: E402
 from distill_synthetic import (READER, READER_GIN, RETRIEVER,  # noqa: E402
-                               RETRIEVER_GIN, hardware)
+                               RETRIEVER_GIN)
 from jaxfid.atlas import evaluation as atlas_evaluation  # noqa: E402
 from jaxfid.atlas import gold as gold_lib  # noqa: E402
 from jaxfid.atlas.batches import with_retrieved  # noqa: E402
@@ -365,12 +366,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{d['questions']}), own passage first {d['gold_first']:.3f}, "
           f"relation first {d['rel_first']:.3f}, spread {d['spread']:.4f}")
   minutes = round((time.time() - t0) / 60, 2)
-  print(hardware())
+  print(cpu_host.summary())
   print(f"load average at start {load[0]:.2f}, at end "
         f"{os.getloadavg()[0]:.2f}; {minutes} minutes")
   print(json.dumps({"reader_em": reader["eval_em"], "start": start,
                     "runs": runs, "diagnostics": diagnostics,
-                    "minutes": minutes, "hardware": hardware(),
+                    "minutes": minutes, "hardware": cpu_host.describe(),
                     "load_start": load[0]}))
   return 0
 
