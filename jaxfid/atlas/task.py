@@ -39,7 +39,7 @@ from jaxfid.atlas.index import load_index, read_meta, save_index
 from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, untied
 from jaxfid.atlas.retrieval import InLoopRetriever, read_passages
 from jaxfid.atlas.step import make_atlas_step
-from jaxfid.core import paths
+from jaxfid.core import multihost, paths
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.model import (QUERY_TOWER, DualEncoder,
@@ -245,7 +245,9 @@ class AtlasTask(Task):
         else None)
     if (step == 0 and self._init_retriever is not None
         and not ctx.settings.init_checkpoint):
-      state["params"] = {**state["params"], RETRIEVER: jax.device_put(
+      # restored on this process's first device: placed from there by every
+      # process (jax.device_put cannot reach other processes' devices)
+      state["params"] = {**state["params"], RETRIEVER: multihost.put(
           self._init_retriever, ctx.placement.params[RETRIEVER])}
     last = max(s for s in self.refresh_at if s <= step)
     directory = self._index_dir(last)

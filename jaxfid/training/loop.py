@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
                                          write_run_config)
-from jaxfid.core import console, paths
+from jaxfid.core import console, multihost, paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import remove_stale_temporaries
 from jaxfid.core.locks import DirectoryLock
@@ -226,10 +226,15 @@ def jit_step(phase, shardings, place: state_lib.Placement):
 
 
 def _initial_params(task: Task, settings: Settings, place):
-  """The run's initial parameters, sharded: INIT_CHECKPOINT's, or SEED's."""
+  """The run's initial parameters, sharded: INIT_CHECKPOINT's, or SEED's.
+
+  A loaded checkpoint sits on this process's first device (a MODEL_DIR's
+  restore) or on the host; :func:`multihost.put` places each process's
+  parts from its own copy (``jax.device_put`` cannot move a single-device
+  array onto devices of other processes)."""
   if settings.init_checkpoint:
-    return jax.device_put(task.initial_params(settings.init_checkpoint),
-                          place.params)
+    return multihost.put(task.initial_params(settings.init_checkpoint),
+                         place.params)
   return jax.jit(lambda: task.model.init_params(settings.seed),
                  out_shardings=place.params)()
 
