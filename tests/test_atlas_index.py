@@ -21,7 +21,9 @@ def test_sharded_search_is_the_exact_top_k(mesh):
   queries = rng.standard_normal((5, 8)).astype(np.float32)
   m = shd.parse_mesh(mesh)
   index = PassageIndex(m, 37, 8, "float32", batch_size=4)
-  assert index.rows % m.size == 0 and index.rows % 4 == 0 and index.rows >= 37
+  # J steps of b' <= B passages a device, padding under one row a device a step
+  assert index.rows == m.size * index.steps * index.local_batch
+  assert index.local_batch <= 4 and 0 <= index.rows - 37 < m.size * index.steps
   index.set_rows(vectors)
   if m.size == 8:
     assert len(index.embeddings.addressable_shards) == 8
@@ -48,6 +50,65 @@ def test_build_embeds_every_row_on_device_and_bfloat16_keeps_the_ranking():
   bf = np.asarray(jnp.asarray(want, jnp.bfloat16).astype(jnp.float32))
   q = np.asarray(jnp.asarray(queries, jnp.bfloat16).astype(jnp.float32))
   np.testing.assert_array_equal(np.asarray(ids), _exact(bf, q, 3)[1])
+
+
+def _mlp_embed(p, t):                               # [b, P] -> [b, D]
+  h = jnp.take(p["table"], t, axis=0).sum(1)                     # [b, E]
+  return jnp.tanh(h @ p["w1"]) @ p["w2"]                          # [b, D]
+
+
+def _mlp_params(rng, e=8, h=64, d=6):
+  return {"table": jnp.asarray(rng.standard_normal((40, e)), jnp.float32),
+          "w1": jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+          "w2": jnp.asarray(rng.standard_normal((h, d)), jnp.float32)}
+
+
+def test_a_build_on_8_devices_equals_the_build_on_one():
+  """int8: the embeddings, their quantisation and both writes (codes and
+  scales) bit for bit; the other dtypes write as the codes do."""
+  rng = np.random.default_rng(7)
+  params = _mlp_params(rng)
+  tokens = rng.integers(0, 40, (37, 3)).astype(np.int32)
+  queries = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  built = {}
+  for mesh in ("data=1", ""):
+    index = PassageIndex(shd.parse_mesh(mesh), 37, 6, "int8", batch_size=3)
+    done = []
+    index.build(_mlp_embed, params, tokens, done.append)
+    assert len(done) == index.steps and sum(done) == 37
+    built[mesh] = index
+  one = built["data=1"]
+  assert (one.steps, one.local_batch) == (13, 3)
+  assert (built[""].steps, built[""].local_batch) == (2, 3)  # 48 rows
+  index = built[""]
+  np.testing.assert_array_equal(index.host_rows(), one.host_rows())
+  np.testing.assert_array_equal(index.host_scales(), one.host_scales())
+  for a, b in zip(index.search(queries, 5), one.search(queries, 5)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_each_device_embeds_only_its_own_rows():
+  """Per device a build on 8 devices costs 1/8 of the build on one (the
+  write program given replicated tokens ran every passage on every
+  device), and the write into the shards moves nothing between devices."""
+  rng = np.random.default_rng(8)
+  params = _mlp_params(rng)
+  tokens = rng.integers(0, 40, (128, 3)).astype(np.int32)
+  flops = {}
+  for mesh in ("data=1", ""):
+    index = PassageIndex(shd.parse_mesh(mesh), 128, 6, "bfloat16",
+                         batch_size=8)
+    compiled = index.write_program(_mlp_embed).lower(
+        index.zeros(), params, index.step_tokens(tokens, 0),
+        np.int32(0)).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops[mesh] = cost["flops"] * index.steps            # per device
+    hlo = compiled.as_text()
+    for collective in ("all-gather", "all-reduce", "all-to-all",
+                       "collective-permute", "reduce-scatter"):
+      assert collective not in hlo, (mesh, collective)
+  assert 0.1 < flops[""] / flops["data=1"] < 0.15, flops
 
 
 def test_a_saved_index_reloads_exactly_on_another_device_count(tmp_path):
