@@ -1,5 +1,6 @@
 """jaxfid/atlas/index.py: the device-resident passage index sharded over the
 mesh: exact top-k against numpy, built on device, saved and re-sharded."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -218,3 +219,50 @@ def test_a_saved_int8_index_is_a_quarter_of_float32_and_reshards(tmp_path):
     # the same products, summed in another order on another shard shape
     np.testing.assert_allclose(np.asarray(scores), np.asarray(hits[0]),
                                rtol=1e-6)
+
+
+# ---- blocked search ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,k", [("float32", 20), ("int8", 5)])
+def test_a_blocked_search_gives_the_hits_and_ties_of_one_top_k(dtype, k):
+  """R/S = 52 rows a device: 7 blocks of 8 (k=5; the last starts at 44, its
+  rows 44..47 scored already) or 3 of k=20 (the last starts at 32), against
+  one block of 52."""
+  rng = np.random.default_rng(9)
+  vectors = rng.integers(-2, 3, (103, 4)).astype(np.float32)  # many ties
+  queries = jnp.asarray(rng.integers(-2, 3, (6, 4)), jnp.float32)
+  m = shd.parse_mesh("data=2")
+  whole = PassageIndex(m, 103, 4, dtype, batch_size=4)
+  blocked = PassageIndex(m, 103, 4, dtype, batch_size=4, search_block=8)
+  assert whole.local_rows == 52 and whole.search_block >= 52
+  for index in (whole, blocked):
+    index.set_rows(vectors)
+  scores, ids = (np.asarray(a) for a in blocked.search(queries, k))
+  want_scores, want_ids = (np.asarray(a) for a in whole.search(queries, k))
+  assert (np.diff(want_scores, axis=1) == 0).any()        # ties among the hits
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_array_equal(scores, want_scores)
+  if dtype == "float32":  # ties to the lower id, as numpy's stable sort
+    np.testing.assert_array_equal(ids, _exact(vectors, np.asarray(queries),
+                                              k)[1])
+
+
+def test_a_blocked_search_holds_a_block_of_scores_not_the_shards():
+  """int8: [Q, R/S] float32 scores (4 MiB here) and a float32 copy of the
+  codes unblocked; blocks of 1,024 rows hold about an eighth of the scores
+  (and a block's copy)."""
+  m = shd.parse_mesh("data=2")
+  temp = {}
+  for block in (32768, 1024):
+    index = PassageIndex(m, 32768, 16, "int8", search_block=block)
+    args = (jax.ShapeDtypeStruct((64, 16), jnp.float32,
+                                 sharding=index.replicated),
+            jax.ShapeDtypeStruct((index.rows, 16), jnp.int8,
+                                 sharding=index.sharding),
+            jax.ShapeDtypeStruct((index.rows,), jnp.float32,
+                                 sharding=index.row_sharding))
+    compiled = index.search_program(10).lower(*args).compile()
+    temp[block] = compiled.memory_analysis().temp_size_in_bytes
+  scores = 64 * 16384 * 4                                # [Q, R/S] float32
+  assert temp[32768] >= scores and temp[1024] < scores / 6, temp

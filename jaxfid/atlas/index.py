@@ -18,9 +18,15 @@ tokens per passage, D embedding width, Q queries, k hits.
 * Search (:meth:`PassageIndex.search`): ``shard_map`` over the mesh; each
   device scores the queries against its rows (queries cast to the storage
   dtype, products accumulated in float32; int8: float32 queries against
-  the codes, then times each row's scale, ``q . c[r] * s[r]``), keeps its
-  own top k, and the S x k candidates are all-gathered and merged by a
-  second top k: the exact inner-product top k of the whole (quantised)
+  the codes, then times each row's scale, ``q . c[r] * s[r]``) in L =
+  ceil((R/S) / max(``search_block``, k)) blocks of C = max(k, ceil((R/S) / L))
+  rows (at most R/S; the last block ends at R/S and masks the rows it shares
+  with the one before), keeping a running top k (``fori_loop``: each block's
+  [Q, C] scores merged with the [Q, k] kept so far, kept first). A search so
+  holds [Q, C] float32 scores (int8: a [C, D] float32 copy of the codes),
+  not [Q, R/S]; a tie keeps the lower id, as one top k over all the
+  device's rows would. The S x k candidates are all-gathered and merged by
+  a second top k: the exact inner-product top k of the whole (quantised)
   index, on every device.
 * Build (:meth:`PassageIndex.build`): each device embeds the passages of
   its own rows, as each Atlas GPU embeds its share (``src/index.py``,
@@ -62,6 +68,10 @@ META, EMBEDDINGS, SCALES = "meta.json", "embeddings.npy", "scales.npy"
 INDEX_TYPE = "atlas"  # meta.json's "type" (jaxfid.retrieval.search)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.int8}
 INT8_MAX = 127
+# The most rows a device scores at once in a search (C, unless k is more):
+# [Q, C] float32 scores, 128 MiB for 256 queries (int8: and a [C, D]
+# float32 copy of the codes where XLA does not fuse the conversion).
+SEARCH_BLOCK = 131072
 
 
 def quantize_int8(x, xp=jnp) -> tuple[Array, Array]:
@@ -87,17 +97,20 @@ class PassageIndex:
       of :meth:`build` (Atlas's ``--per_gpu_embedder_batch_size``; on one
       device, the passages per call). R = S * J * b' (module docstring),
       so no step is cut.
+    search_block: C, the most rows a device scores at once in a
+      :meth:`search` (at least k; module docstring).
   """
 
   def __init__(self, mesh: Mesh, num_passages: int, dim: int,
-               dtype: str = "bfloat16", batch_size: int = 256):
+               dtype: str = "bfloat16", batch_size: int = 256,
+               search_block: int = SEARCH_BLOCK):
     if num_passages < 1:
       raise ValueError("an index needs at least one passage")
     self.mesh, self.num_passages, self.dim = mesh, num_passages, dim
     self.dtype_name, self.dtype = dtype, DTYPES[dtype]
     self.axes = tuple(mesh.axis_names)
     self.shards = mesh.size
-    self.batch_size = batch_size
+    self.batch_size, self.search_block = batch_size, search_block
     self.steps = -(-num_passages // (self.shards * batch_size))     # J
     self.local_batch = -(-num_passages // (self.shards * self.steps))  # b'
     self.rows = self.shards * self.steps * self.local_batch          # R
@@ -259,36 +272,69 @@ class PassageIndex:
     query [Q, D] by inner product, best first; replicated."""
     if k > self.num_passages:
       raise ValueError(f"k={k} is more than the {self.num_passages} passages")
+    stored = ((self.embeddings, self.scales) if self.quantized
+              else (self.embeddings,))
+    return self.search_program(k)(queries, *stored)
+
+  def search_program(self, k: int):
+    """The jitted search for ``k`` hits (compiled once per query shape):
+    (queries [Q, D], rows [R, D][, scales [R]]) -> (scores [Q, k], ids
+    [Q, k]), replicated."""
     if k not in self._search_fns:
       self._search_fns[k] = jax.jit(self._search_program(k),
                                     out_shardings=(self.replicated,
                                                    self.replicated))
-    stored = ((self.embeddings, self.scales) if self.quantized
-              else (self.embeddings,))
-    return self._search_fns[k](queries, *stored)
+    return self._search_fns[k]
 
   def _search_program(self, k: int):
-    axes, n = self.axes, self.num_passages
-    local_rows = self.local_rows
+    """(queries [Q, D], rows [R, D][, scales [R]]) -> (scores [Q, k], ids
+    [Q, k]); each device's rows scored in blocks of C with a running top k
+    (module docstring)."""
+    axes, n, local_rows = self.axes, self.num_passages, self.local_rows
     kk = min(k, local_rows)
+    blocks = -(-local_rows // max(self.search_block, kk))     # L
+    c = min(local_rows, max(kk, -(-local_rows // blocks)))    # C (evened out)
     quantized = self.quantized
 
     def local(q, rows, *scales):           # q [Q, D], rows [R/S, D]
       offset = jax.lax.axis_index(axes) * local_rows
-      if quantized:                        # scales: ([R/S],)
+      q = q.astype(jnp.float32 if quantized else rows.dtype)
+
+      def block(b):
+        """(scores float32 [Q, C], the id of its first row) of local rows
+        b*C .. +C; the last block ends at R/S, its rows before b*C (scored
+        already) and the padding past N at -inf."""
+        start = jnp.minimum(b * c, local_rows - c)
+        part = jax.lax.dynamic_slice_in_dim(rows, start, c)     # [C, D]
+        if quantized:                      # scales: ([R/S],)
+          part = part.astype(jnp.float32)
         scores = jax.lax.dot_general(
-            q.astype(jnp.float32), rows.astype(jnp.float32),
-            (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32) * scales[0][None, :]
-      else:
-        scores = jax.lax.dot_general(
-            q.astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32)               # [Q, R/S]
-      ids = offset + jnp.arange(local_rows, dtype=jnp.int32)  # [R/S]
-      scores = jnp.where(ids[None, :] < n, scores, -jnp.inf)
+            q, part, (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32)               # [Q, C]
+        if quantized:
+          scores = scores * jax.lax.dynamic_slice_in_dim(
+              scales[0], start, c)[None, :]
+        at = start + jnp.arange(c, dtype=jnp.int32)             # [C]
+        keep = (offset + at < n) & (at >= b * c)
+        return jnp.where(keep[None, :], scores, -jnp.inf), offset + start
+
+      scores, first = block(0)
       top, pos = jax.lax.top_k(scores, kk)                    # [Q, kk]
+      top_ids = first + pos
+
+      def merge(b, carry):
+        """The running top kk and block b's rows: [Q, kk + C] -> [Q, kk];
+        the kept hits first, so a tie keeps the lower id (as one top k)."""
+        kept, kept_ids = carry                                # [Q, kk] each
+        scores, first = block(b)
+        top, pos = jax.lax.top_k(jnp.concatenate([kept, scores], axis=1),
+                                 kk)                          # [Q, kk]
+        old = jnp.take_along_axis(kept_ids, jnp.minimum(pos, kk - 1), axis=1)
+        return top, jnp.where(pos < kk, old, first + pos - kk)
+      if blocks > 1:
+        top, top_ids = jax.lax.fori_loop(1, blocks, merge, (top, top_ids))
       all_top = jax.lax.all_gather(top, axes, axis=1, tiled=True)  # [Q, S*kk]
-      all_ids = jax.lax.all_gather(ids[pos], axes, axis=1, tiled=True)
+      all_ids = jax.lax.all_gather(top_ids, axes, axis=1, tiled=True)
       best, where = jax.lax.top_k(all_top, k)                 # [Q, k]
       return best, jnp.take_along_axis(all_ids, where, axis=1)
 
