@@ -57,8 +57,9 @@ class InLoopRetriever:
     tokenizer: the run's vocabulary.
     mesh: the run's device mesh.
     passage_maxlength / query_maxlength: retriever token lengths.
-    batch_size: passages per encoder call when (re)building, and queries
-      per search call.
+    batch_size: the most passages each device embeds per encoder call when
+      (re)building (:class:`~jaxfid.atlas.index.PassageIndex`), passages
+      per call when re-ranking, and queries per search call.
     dtype: the index's storage dtype.
     rerank_k: candidates a search re-scores with the current passage tower
       (module docstring); 0: none.
