@@ -1,5 +1,6 @@
 """jaxfid/atlas/index.py: the device-resident passage index sharded over the
 mesh: exact top-k against numpy, built on device, saved and re-sharded."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ def test_sharded_search_is_the_exact_top_k(mesh):
   queries = rng.standard_normal((5, 8)).astype(np.float32)
   m = shd.parse_mesh(mesh)
   index = PassageIndex(m, 37, 8, "float32", batch_size=4)
-  assert index.rows % m.size == 0 and index.rows % 4 == 0 and index.rows >= 37
+  # J steps of b' <= B passages a device, padding under one row a device a step
+  assert index.rows == m.size * index.steps * index.local_batch
+  assert index.local_batch <= 4 and 0 <= index.rows - 37 < m.size * index.steps
   index.set_rows(vectors)
   if m.size == 8:
     assert len(index.embeddings.addressable_shards) == 8
@@ -48,6 +51,65 @@ def test_build_embeds_every_row_on_device_and_bfloat16_keeps_the_ranking():
   bf = np.asarray(jnp.asarray(want, jnp.bfloat16).astype(jnp.float32))
   q = np.asarray(jnp.asarray(queries, jnp.bfloat16).astype(jnp.float32))
   np.testing.assert_array_equal(np.asarray(ids), _exact(bf, q, 3)[1])
+
+
+def _mlp_embed(p, t):                               # [b, P] -> [b, D]
+  h = jnp.take(p["table"], t, axis=0).sum(1)                     # [b, E]
+  return jnp.tanh(h @ p["w1"]) @ p["w2"]                          # [b, D]
+
+
+def _mlp_params(rng, e=8, h=64, d=6):
+  return {"table": jnp.asarray(rng.standard_normal((40, e)), jnp.float32),
+          "w1": jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+          "w2": jnp.asarray(rng.standard_normal((h, d)), jnp.float32)}
+
+
+def test_a_build_on_8_devices_equals_the_build_on_one():
+  """int8: the embeddings, their quantisation and both writes (codes and
+  scales) bit for bit; the other dtypes write as the codes do."""
+  rng = np.random.default_rng(7)
+  params = _mlp_params(rng)
+  tokens = rng.integers(0, 40, (37, 3)).astype(np.int32)
+  queries = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  built = {}
+  for mesh in ("data=1", ""):
+    index = PassageIndex(shd.parse_mesh(mesh), 37, 6, "int8", batch_size=3)
+    done = []
+    index.build(_mlp_embed, params, tokens, done.append)
+    assert len(done) == index.steps and sum(done) == 37
+    built[mesh] = index
+  one = built["data=1"]
+  assert (one.steps, one.local_batch) == (13, 3)
+  assert (built[""].steps, built[""].local_batch) == (2, 3)  # 48 rows
+  index = built[""]
+  np.testing.assert_array_equal(index.host_rows(), one.host_rows())
+  np.testing.assert_array_equal(index.host_scales(), one.host_scales())
+  for a, b in zip(index.search(queries, 5), one.search(queries, 5)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_each_device_embeds_only_its_own_rows():
+  """Per device a build on 8 devices costs 1/8 of the build on one (the
+  write program given replicated tokens ran every passage on every
+  device), and the write into the shards moves nothing between devices."""
+  rng = np.random.default_rng(8)
+  params = _mlp_params(rng)
+  tokens = rng.integers(0, 40, (128, 3)).astype(np.int32)
+  flops = {}
+  for mesh in ("data=1", ""):
+    index = PassageIndex(shd.parse_mesh(mesh), 128, 6, "bfloat16",
+                         batch_size=8)
+    compiled = index.write_program(_mlp_embed).lower(
+        index.zeros(), params, index.step_tokens(tokens, 0),
+        np.int32(0)).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops[mesh] = cost["flops"] * index.steps            # per device
+    hlo = compiled.as_text()
+    for collective in ("all-gather", "all-reduce", "all-to-all",
+                       "collective-permute", "reduce-scatter"):
+      assert collective not in hlo, (mesh, collective)
+  assert 0.1 < flops[""] / flops["data=1"] < 0.15, flops
 
 
 def test_a_saved_index_reloads_exactly_on_another_device_count(tmp_path):
@@ -157,3 +219,50 @@ def test_a_saved_int8_index_is_a_quarter_of_float32_and_reshards(tmp_path):
     # the same products, summed in another order on another shard shape
     np.testing.assert_allclose(np.asarray(scores), np.asarray(hits[0]),
                                rtol=1e-6)
+
+
+# ---- blocked search ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,k", [("float32", 20), ("int8", 5)])
+def test_a_blocked_search_gives_the_hits_and_ties_of_one_top_k(dtype, k):
+  """R/S = 52 rows a device: 7 blocks of 8 (k=5; the last starts at 44, its
+  rows 44..47 scored already) or 3 of k=20 (the last starts at 32), against
+  one block of 52."""
+  rng = np.random.default_rng(9)
+  vectors = rng.integers(-2, 3, (103, 4)).astype(np.float32)  # many ties
+  queries = jnp.asarray(rng.integers(-2, 3, (6, 4)), jnp.float32)
+  m = shd.parse_mesh("data=2")
+  whole = PassageIndex(m, 103, 4, dtype, batch_size=4)
+  blocked = PassageIndex(m, 103, 4, dtype, batch_size=4, search_block=8)
+  assert whole.local_rows == 52 and whole.search_block >= 52
+  for index in (whole, blocked):
+    index.set_rows(vectors)
+  scores, ids = (np.asarray(a) for a in blocked.search(queries, k))
+  want_scores, want_ids = (np.asarray(a) for a in whole.search(queries, k))
+  assert (np.diff(want_scores, axis=1) == 0).any()        # ties among the hits
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_array_equal(scores, want_scores)
+  if dtype == "float32":  # ties to the lower id, as numpy's stable sort
+    np.testing.assert_array_equal(ids, _exact(vectors, np.asarray(queries),
+                                              k)[1])
+
+
+def test_a_blocked_search_holds_a_block_of_scores_not_the_shards():
+  """int8: [Q, R/S] float32 scores (4 MiB here) and a float32 copy of the
+  codes unblocked; blocks of 1,024 rows hold about an eighth of the scores
+  (and a block's copy)."""
+  m = shd.parse_mesh("data=2")
+  temp = {}
+  for block in (32768, 1024):
+    index = PassageIndex(m, 32768, 16, "int8", search_block=block)
+    args = (jax.ShapeDtypeStruct((64, 16), jnp.float32,
+                                 sharding=index.replicated),
+            jax.ShapeDtypeStruct((index.rows, 16), jnp.int8,
+                                 sharding=index.sharding),
+            jax.ShapeDtypeStruct((index.rows,), jnp.float32,
+                                 sharding=index.row_sharding))
+    compiled = index.search_program(10).lower(*args).compile()
+    temp[block] = compiled.memory_analysis().temp_size_in_bytes
+  scores = 64 * 16384 * 4                                # [Q, R/S] float32
+  assert temp[32768] >= scores and temp[1024] < scores / 6, temp

@@ -2,17 +2,18 @@
 
 On the world of :mod:`jaxfid.fid.distill_world` (questions paraphrase their
 passage: BM25 ties each entity's six passages, recall@1 one in six),
-``benchmarks/distill_synthetic.py`` runs ``jaxfid distill iterate`` for two
-rounds with tiny models trained from scratch (seeds fixed), then trains
+``benchmarks/distill_synthetic.py`` runs ``jaxfid distill iterate`` for one
+round with tiny models trained from scratch (seeds fixed), then trains
 round 1's retriever again on the same scored data with each question's
-reader scores shuffled among its passages. The distilled retrievers must
+reader scores shuffled among its passages. The distilled retriever must
 beat BM25 by a wide margin and the control must not beat it: the gain comes
 from what the reader's scores say, not from the training itself.
 
-Round 2 is held to beating BM25, not to beating round 1: a tiny reader
-trained from scratch on round 1's retrieval, which mixes in other entities'
-passages of the same relation, must also match names and reads worse
-(measured and explained in docs/retrieval.md).
+Round 2 is not run here: it costs as much again, and on this world it does
+not beat round 1 (a tiny reader trained from scratch on round 1's
+retrieval, which mixes in other entities' passages of the same relation,
+must also match names and reads worse; measured and explained in
+docs/retrieval.md).
 """
 from __future__ import annotations
 
@@ -65,15 +66,16 @@ def test_the_world_defeats_bm25_by_construction():
   assert not train_names & dev_names
 
 
-@pytest.mark.slow  # two rounds of tiny trainings: 4 minutes on 2 idle cores
+# One round and the control (round 2, measured in docs/retrieval.md, costs
+# as much again; test_distill_iterate.py checks how rounds follow each other).
+@pytest.mark.slow  # tiny trainings: about 3 minutes on 2 idle cores
 def test_distillation_beats_bm25_and_a_shuffled_teacher_does_not(tmp_path):
-  result = _script().run(str(tmp_path))
-  bm25, first, second = result["rounds"]
+  result = _script().run(str(tmp_path), rounds=1)
+  bm25, first = result["rounds"]
   assert bm25["retriever"] == "bm25"
   # BM25 ties the six passages of the question's entity
   assert bm25["recall@1"] < 0.25 and bm25["recall@20"] == 1.0
   assert first["recall@1"] > bm25["recall@1"] + 0.25
-  assert second["recall@1"] > bm25["recall@1"] + 0.15
   control = result["control"]["recall@1"]
   assert control < bm25["recall@1"] + 0.08
   assert first["recall@1"] > control + 0.25

@@ -1,8 +1,10 @@
 """The in-loop passage index: every passage's embedding on the device mesh,
 its rows sharded over all devices, searched exactly.
 
-Letters: N passages, R = N rounded up (rows), S shards (the mesh's devices),
-D embedding width, Q queries, k hits.
+Letters: N passages, S shards (the mesh's devices), B = ``INDEX_BATCH_SIZE``
+(the most passages a device embeds per encoder call), J build steps, b'
+passages a device embeds a step, R = S * J * b' rows (N rounded up), P
+tokens per passage, D embedding width, Q queries, k hits.
 
 * Storage: one array [R, D] of ``INDEX_DTYPE`` (bfloat16 by default) with
   ``PartitionSpec(<every mesh axis>, None)``: each device holds R/S
@@ -16,13 +18,27 @@ D embedding width, Q queries, k hits.
 * Search (:meth:`PassageIndex.search`): ``shard_map`` over the mesh; each
   device scores the queries against its rows (queries cast to the storage
   dtype, products accumulated in float32; int8: float32 queries against
-  the codes, then times each row's scale, ``q . c[r] * s[r]``), keeps its
-  own top k, and the S x k candidates are all-gathered and merged by a
-  second top k: the exact inner-product top k of the whole (quantised)
+  the codes, then times each row's scale, ``q . c[r] * s[r]``) in L =
+  ceil((R/S) / max(``search_block``, k)) blocks of C = max(k, ceil((R/S) / L))
+  rows (at most R/S; the last block ends at R/S and masks the rows it shares
+  with the one before), keeping a running top k (``fori_loop``: each block's
+  [Q, C] scores merged with the [Q, k] kept so far, kept first). A search so
+  holds [Q, C] float32 scores (int8: a [C, D] float32 copy of the codes),
+  not [Q, R/S]; a tie keeps the lower id, as one top k over all the
+  device's rows would. The S x k candidates are all-gathered and merged by
+  a second top k: the exact inner-product top k of the whole (quantised)
   index, on every device.
-* Build (:meth:`PassageIndex.build`): the passage encoder over the corpus's
-  tokens, ``INDEX_BATCH_SIZE`` rows per call, each batch written into its
-  rows of the sharded array on the device (nothing is gathered to a host).
+* Build (:meth:`PassageIndex.build`): each device embeds the passages of
+  its own rows, as each Atlas GPU embeds its share (``src/index.py``,
+  ``src/atlas.py`` ``build_index``). J = ceil(N / (S * B)) steps of
+  b' = ceil(N / (S * J)) <= B passages a device (the batch evened out over
+  the steps, so a small corpus is not padded to S * B rows): step j gives
+  device i the tokens of rows i * R/S + j * b' .. + b', one global array
+  [S, b', P] sharded on its first axis over every mesh axis, and writes the
+  embeddings [S, b', D] into the rows viewed as [S, R/S, D] at
+  (0, j * b', 0): a write local to each shard, no collective, and nothing
+  gathered to a host. Per device a build is J encoder calls of b'
+  passages: 1/S of the corpus's compute.
 * Save / load (:func:`save_index`, :func:`load_index`): ``DIR/meta.json``
   (``"type": "atlas"``, what ``jaxfid retrieve`` opens it by) and
   ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its uint16
@@ -34,7 +50,6 @@ D embedding width, Q queries, k hits.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Callable
 
@@ -53,6 +68,10 @@ META, EMBEDDINGS, SCALES = "meta.json", "embeddings.npy", "scales.npy"
 INDEX_TYPE = "atlas"  # meta.json's "type" (jaxfid.retrieval.search)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.int8}
 INT8_MAX = 127
+# The most rows a device scores at once in a search (C, unless k is more):
+# [Q, C] float32 scores, 128 MiB for 256 queries (int8: and a [C, D]
+# float32 copy of the codes where XLA does not fuse the conversion).
+SEARCH_BLOCK = 131072
 
 
 def quantize_int8(x, xp=jnp) -> tuple[Array, Array]:
@@ -74,23 +93,32 @@ class PassageIndex:
     num_passages: N.
     dim: D.
     dtype: 'bfloat16', 'float32' or 'int8' (codes and per-row scales).
-    batch_size: rows per encoder call of :meth:`build` (R is a multiple of
-      it and of the device count, so no batch is cut).
+    batch_size: B, the most passages each device embeds per encoder call
+      of :meth:`build` (Atlas's ``--per_gpu_embedder_batch_size``; on one
+      device, the passages per call). R = S * J * b' (module docstring),
+      so no step is cut.
+    search_block: C, the most rows a device scores at once in a
+      :meth:`search` (at least k; module docstring).
   """
 
   def __init__(self, mesh: Mesh, num_passages: int, dim: int,
-               dtype: str = "bfloat16", batch_size: int = 256):
+               dtype: str = "bfloat16", batch_size: int = 256,
+               search_block: int = SEARCH_BLOCK):
     if num_passages < 1:
       raise ValueError("an index needs at least one passage")
     self.mesh, self.num_passages, self.dim = mesh, num_passages, dim
     self.dtype_name, self.dtype = dtype, DTYPES[dtype]
     self.axes = tuple(mesh.axis_names)
     self.shards = mesh.size
-    self.batch_size = batch_size
-    unit = math.lcm(self.shards, batch_size)
-    self.rows = -(-num_passages // unit) * unit
+    self.batch_size, self.search_block = batch_size, search_block
+    self.steps = -(-num_passages // (self.shards * batch_size))     # J
+    self.local_batch = -(-num_passages // (self.shards * self.steps))  # b'
+    self.rows = self.shards * self.steps * self.local_batch          # R
+    self.local_rows = self.rows // self.shards                       # R/S
     self.sharding = NamedSharding(mesh, PartitionSpec(self.axes, None))
     self.row_sharding = NamedSharding(mesh, PartitionSpec(self.axes))
+    self.step_sharding = NamedSharding(mesh, PartitionSpec(self.axes, None,
+                                                           None))
     self.replicated = NamedSharding(mesh, PartitionSpec())
     self.quantized = dtype == "int8"
     self.embeddings: Array | None = None   # [R, D] of dtype (int8: codes)
@@ -163,41 +191,78 @@ class PassageIndex:
             tokens: np.ndarray,
             progress: Callable[[int], None] | None = None) -> None:
     """Embed every passage: ``embed(params, tokens [b, P]) -> [b, D]`` (a
-    pure function, jitted once per index), ``tokens`` the corpus's
-    retriever tokens [N, P]."""
+    pure function of each row, jitted once per index), ``tokens`` the
+    corpus's retriever tokens [N, P]; J steps, each device embedding b' of
+    its own rows a step (module docstring). ``progress(n)`` after each step,
+    n the passages (not padding) it embedded."""
     if len(tokens) != self.num_passages:
       raise ValueError(f"{len(tokens)} token rows for {self.num_passages} "
                        "passages")
+    write = self.write_program(embed)
+    out = self.zeros()
+    for step in range(self.steps):
+      start = step * self.local_batch
+      out = write(out, params, self.step_tokens(tokens, step),
+                  np.int32(start))
+      if progress is not None:
+        progress(sum(max(0, min(self.local_batch,
+                                self.num_passages - i * self.local_rows
+                                - start))
+                     for i in range(self.shards)))
+    self.embeddings, self.scales = out
+
+  def step_tokens(self, tokens: np.ndarray, step: int) -> Array:
+    """Step ``step``'s tokens, int32 [S, b', P] sharded on the first axis:
+    row (i, t) holds passage i * R/S + step * b' + t (zeros past N). Each
+    process slices only its own devices' rows (multi-host)."""
+    b, shape = self.local_batch, (self.shards, self.local_batch,
+                                  tokens.shape[1])
+
+    def rows(index):                       # index[0]: the shards wanted
+      shards = range(*index[0].indices(self.shards))
+      part = np.zeros((len(shards),) + shape[1:], np.int32)   # [s, b', P]
+      for n, i in enumerate(shards):
+        first = i * self.local_rows + step * b
+        got = tokens[first:min(first + b, self.num_passages)]
+        part[n, :len(got)] = got
+      return part[(slice(None),) + tuple(index[1:])]
+    return jax.make_array_from_callback(shape, self.step_sharding, rows)
+
+  def write_program(self, embed: Callable[[object, Array], Array]):
+    """The jitted step of :meth:`build` for ``embed`` (compiled once per
+    index): (index, params, tokens [S, b', P], start) -> the index with
+    each shard's rows start..start+b' embedded (int8: quantised on the
+    device); the index's buffers are donated."""
     if self._write_fn is None or self._write_fn[0] is not embed:
       self._write_fn = (embed, jax.jit(
           self._write_program(embed), donate_argnums=0,
           out_shardings=(self.sharding, self.row_sharding)))
-    write = self._write_fn[1]
-    out = self.zeros()
-    b = self.batch_size
-    for start in range(0, self.num_passages, b):
-      chunk = np.zeros((b, tokens.shape[1]), np.int32)
-      part = tokens[start:start + b]
-      chunk[:len(part)] = part
-      out = write(out, params, jax.device_put(chunk, self.replicated),
-                  np.int32(start))
-      if progress is not None:
-        progress(len(part))
-    self.embeddings, self.scales = out
+    return self._write_fn[1]
 
   def _write_program(self, embed):
-    """(index (rows [R, D], scales [R] or None), params, tokens [b, P],
-    start) -> the index with rows start..start+b embedded (int8: quantised
-    on the device)."""
+    """(index (rows [R, D], scales [R] or None), params, tokens [S, b', P],
+    start) -> the index with rows i * R/S + start .. + b' of every shard i
+    embedded (:meth:`write_program`)."""
+    s, local, d = self.shards, self.local_rows, self.dim
+
+    def put(stored, new, start):
+      """``new`` [S, b', ...] into ``stored`` [R, ...] viewed as
+      [S, R/S, ...] at (0, start, 0...): each shard writes its own rows."""
+      view = stored.reshape((s, local) + stored.shape[1:])    # [S, R/S, ...]
+      at = (0, start) + (0,) * (stored.ndim - 1)
+      return jax.lax.dynamic_update_slice(view, new, at).reshape(stored.shape)
+
     def write(index, params, tokens, start):
-      rows, scales = index
-      x = embed(params, tokens)                                  # [b, D]
+      rows, scales = index                          # [R, D], [R] or None
+      _, b, p = tokens.shape                        # [S, b', P]
+      x = embed(params, tokens.reshape(s * b, p))                # [S*b', D]
+      x = jax.lax.with_sharding_constraint(
+          x.reshape(s, b, d), self.step_sharding)                # [S, b', D]
       if not self.quantized:
-        return (jax.lax.dynamic_update_slice(rows, x.astype(self.dtype),
-                                             (start, 0)), None)
-      codes, s = quantize_int8(x)
-      return (jax.lax.dynamic_update_slice(rows, codes, (start, 0)),
-              jax.lax.dynamic_update_slice(scales, s, (start,)))
+        return put(rows, x.astype(self.dtype), start), None
+      codes, sc = quantize_int8(x.reshape(s * b, d))  # [S*b', D], [S*b']
+      return (put(rows, codes.reshape(s, b, d), start),
+              put(scales, sc.reshape(s, b), start))
     return write
 
   # ---- search --------------------------------------------------------------
@@ -207,36 +272,69 @@ class PassageIndex:
     query [Q, D] by inner product, best first; replicated."""
     if k > self.num_passages:
       raise ValueError(f"k={k} is more than the {self.num_passages} passages")
+    stored = ((self.embeddings, self.scales) if self.quantized
+              else (self.embeddings,))
+    return self.search_program(k)(queries, *stored)
+
+  def search_program(self, k: int):
+    """The jitted search for ``k`` hits (compiled once per query shape):
+    (queries [Q, D], rows [R, D][, scales [R]]) -> (scores [Q, k], ids
+    [Q, k]), replicated."""
     if k not in self._search_fns:
       self._search_fns[k] = jax.jit(self._search_program(k),
                                     out_shardings=(self.replicated,
                                                    self.replicated))
-    stored = ((self.embeddings, self.scales) if self.quantized
-              else (self.embeddings,))
-    return self._search_fns[k](queries, *stored)
+    return self._search_fns[k]
 
   def _search_program(self, k: int):
-    axes, n = self.axes, self.num_passages
-    local_rows = self.rows // self.shards
+    """(queries [Q, D], rows [R, D][, scales [R]]) -> (scores [Q, k], ids
+    [Q, k]); each device's rows scored in blocks of C with a running top k
+    (module docstring)."""
+    axes, n, local_rows = self.axes, self.num_passages, self.local_rows
     kk = min(k, local_rows)
+    blocks = -(-local_rows // max(self.search_block, kk))     # L
+    c = min(local_rows, max(kk, -(-local_rows // blocks)))    # C (evened out)
     quantized = self.quantized
 
     def local(q, rows, *scales):           # q [Q, D], rows [R/S, D]
       offset = jax.lax.axis_index(axes) * local_rows
-      if quantized:                        # scales: ([R/S],)
+      q = q.astype(jnp.float32 if quantized else rows.dtype)
+
+      def block(b):
+        """(scores float32 [Q, C], the id of its first row) of local rows
+        b*C .. +C; the last block ends at R/S, its rows before b*C (scored
+        already) and the padding past N at -inf."""
+        start = jnp.minimum(b * c, local_rows - c)
+        part = jax.lax.dynamic_slice_in_dim(rows, start, c)     # [C, D]
+        if quantized:                      # scales: ([R/S],)
+          part = part.astype(jnp.float32)
         scores = jax.lax.dot_general(
-            q.astype(jnp.float32), rows.astype(jnp.float32),
-            (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32) * scales[0][None, :]
-      else:
-        scores = jax.lax.dot_general(
-            q.astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32)               # [Q, R/S]
-      ids = offset + jnp.arange(local_rows, dtype=jnp.int32)  # [R/S]
-      scores = jnp.where(ids[None, :] < n, scores, -jnp.inf)
+            q, part, (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32)               # [Q, C]
+        if quantized:
+          scores = scores * jax.lax.dynamic_slice_in_dim(
+              scales[0], start, c)[None, :]
+        at = start + jnp.arange(c, dtype=jnp.int32)             # [C]
+        keep = (offset + at < n) & (at >= b * c)
+        return jnp.where(keep[None, :], scores, -jnp.inf), offset + start
+
+      scores, first = block(0)
       top, pos = jax.lax.top_k(scores, kk)                    # [Q, kk]
+      top_ids = first + pos
+
+      def merge(b, carry):
+        """The running top kk and block b's rows: [Q, kk + C] -> [Q, kk];
+        the kept hits first, so a tie keeps the lower id (as one top k)."""
+        kept, kept_ids = carry                                # [Q, kk] each
+        scores, first = block(b)
+        top, pos = jax.lax.top_k(jnp.concatenate([kept, scores], axis=1),
+                                 kk)                          # [Q, kk]
+        old = jnp.take_along_axis(kept_ids, jnp.minimum(pos, kk - 1), axis=1)
+        return top, jnp.where(pos < kk, old, first + pos - kk)
+      if blocks > 1:
+        top, top_ids = jax.lax.fori_loop(1, blocks, merge, (top, top_ids))
       all_top = jax.lax.all_gather(top, axes, axis=1, tiled=True)  # [Q, S*kk]
-      all_ids = jax.lax.all_gather(ids[pos], axes, axis=1, tiled=True)
+      all_ids = jax.lax.all_gather(top_ids, axes, axis=1, tiled=True)
       best, where = jax.lax.top_k(all_top, k)                 # [Q, k]
       return best, jnp.take_along_axis(all_ids, where, axis=1)
 

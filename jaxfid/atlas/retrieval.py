@@ -18,7 +18,7 @@ With ``rerank_k`` (``RERANK_K``, Atlas's ``retrieve_with_rerank``,
 ``src/atlas.py``) a search for k hits takes C = max(rerank_k, k) candidates
 from the index (the embeddings of the last refresh), embeds their passage
 tokens again with the current passage tower (``batch_size`` passages a
-call), scores them ``q . p`` as the index does, and keeps the best k by
+device per call, the candidates split over the mesh by rows), scores them ``q . p`` as the index does, and keeps the best k by
 those fresh scores.
 """
 from __future__ import annotations
@@ -57,8 +57,9 @@ class InLoopRetriever:
     tokenizer: the run's vocabulary.
     mesh: the run's device mesh.
     passage_maxlength / query_maxlength: retriever token lengths.
-    batch_size: passages per encoder call when (re)building, and queries
-      per search call.
+    batch_size: the most passages each device embeds per encoder call when
+      (re)building (:class:`~jaxfid.atlas.index.PassageIndex`) and when
+      re-ranking, and queries per search call.
     dtype: the index's storage dtype.
     rerank_k: candidates a search re-scores with the current passage tower
       (module docstring); 0: none.
@@ -156,11 +157,14 @@ class InLoopRetriever:
     _, candidates = self.index.search(q, c)                    # [b, C]
     cand = np.asarray(jax.device_get(candidates))
     rows = self.tokens[cand.reshape(-1)]                       # [b*C, P]
-    n, e = len(rows), self.batch_size
-    padded = np.zeros((-(-n // e) * e, rows.shape[1]), np.int32)
+    # Calls of E = S * batch_size rows, split by rows over the mesh as the
+    # index's rows are: each device embeds batch_size of them.
+    n, e = len(rows), self.index.shards * self.batch_size
+    padded = np.zeros((-(-n // e) * e, rows.shape[1]), np.int32)  # [E*m, P]
     padded[:n] = rows
-    embedded = [self._embed_passage_rows(
-        params, jax.device_put(padded[i:i + e], self.replicated))
-        for i in range(0, len(padded), e)]                     # [e, D] each
+    embedded = [self._embed_passage_rows(params, jax.make_array_from_callback(
+        (e, rows.shape[1]), self.index.sharding,
+        lambda index, i=i: padded[i:i + e][index]))
+        for i in range(0, len(padded), e)]                     # [E, D] each
     p = jnp.concatenate(embedded)[:n].reshape(cand.shape + (-1,))  # [b, C, D]
     return self._rescore(q, p, candidates, k)
