@@ -42,10 +42,12 @@ tokens per passage, D embedding width, Q queries, k hits.
 * Save / load (:func:`save_index`, :func:`load_index`): ``DIR/meta.json``
   (``"type": "atlas"``, what ``jaxfid retrieve`` opens it by) and
   ``DIR/embeddings.npy`` (the first N rows, bfloat16 stored as its uint16
-  bits, int8 as its codes, with ``DIR/scales.npy`` float32 [N]); a load
+  bits, int8 as its codes, with ``DIR/scales.npy`` float32 [N]); a save
+  gathers the rows to every process and process 0 writes them; a load
   places the rows on any mesh, so a saved index re-shards to another
-  device count. ``meta.json`` is written last: a directory without it is
-  an interrupted save.
+  device count, and memory-maps the files, so each process reads only its
+  own devices' rows. ``meta.json`` is written last: a directory without it
+  is an interrupted save.
 """
 from __future__ import annotations
 
@@ -137,12 +139,20 @@ class PassageIndex:
         out_shardings=(self.sharding, self.row_sharding))()
 
   def _place(self, host: np.ndarray, sharding, shape, dtype) -> Array:
-    """``host`` (its first axis the first N rows) padded to ``shape`` with
-    zeros and placed with ``sharding``."""
-    full = np.zeros(shape, dtype)
-    full[:self.num_passages] = host
-    return jax.make_array_from_callback(shape, sharding,
-                                        lambda index: full[index])
+    """``host`` (its first axis the first N rows; an array or a memory-mapped
+    file) padded to ``shape`` with zeros, cast to ``dtype`` and placed with
+    ``sharding``. Each device's rows are read from ``host`` alone: a process
+    reads only its own devices' rows of a memory-mapped file, and no padded
+    copy of the whole index is made."""
+    n = self.num_passages
+
+    def rows(index):                       # index[0]: the rows wanted
+      first, end, _ = index[0].indices(shape[0])
+      part = np.zeros((end - first,) + shape[1:], dtype)
+      if first < n:
+        part[:min(end, n) - first] = host[first:min(end, n)]
+      return part[(slice(None),) + tuple(index[1:])]
+    return jax.make_array_from_callback(shape, sharding, rows)
 
   def set_rows(self, host: np.ndarray) -> None:
     """The first N rows from a host array [N, D] (any float dtype; int8
@@ -154,7 +164,7 @@ class PassageIndex:
     if self.quantized:  # on the host: no device holds all N rows at once
       self.set_codes(*quantize_int8(host, xp=np))
       return
-    self.embeddings = self._place(host.astype(self.dtype), self.sharding,
+    self.embeddings = self._place(host, self.sharding,
                                   (self.rows, self.dim), self.dtype)
 
   def set_codes(self, codes: np.ndarray, scales: np.ndarray) -> None:
@@ -166,10 +176,10 @@ class PassageIndex:
       raise ValueError(f"expected codes [{self.num_passages}, {self.dim}] "
                        f"and scales [{self.num_passages}], got "
                        f"{list(codes.shape)} and {list(scales.shape)}")
-    self.embeddings = self._place(codes.astype(np.int8), self.sharding,
+    self.embeddings = self._place(codes, self.sharding,
                                   (self.rows, self.dim), np.int8)
-    self.scales = self._place(scales.astype(np.float32), self.row_sharding,
-                              (self.rows,), np.float32)
+    self.scales = self._place(scales, self.row_sharding, (self.rows,),
+                              np.float32)
 
   def host_rows(self) -> np.ndarray:
     """The first N rows as a host array of the storage dtype (int8: the
@@ -384,9 +394,11 @@ def load_index(directory: str, mesh: Mesh, batch_size: int = 256
     raise InputError(directory, f"no complete index ({META} missing)")
   index = PassageIndex(mesh, meta["num_passages"], meta["dim"], meta["dtype"],
                        batch_size)
-  rows = np.load(os.path.join(directory, EMBEDDINGS))
+  # memory-mapped: each process reads its own devices' rows (_place)
+  rows = np.load(os.path.join(directory, EMBEDDINGS), mmap_mode="r")
   if meta["dtype"] == "int8":
-    index.set_codes(rows, np.load(os.path.join(directory, SCALES)))
+    index.set_codes(rows, np.load(os.path.join(directory, SCALES),
+                                  mmap_mode="r"))
     return index
   if meta["dtype"] == "bfloat16":
     rows = rows.view(ml_dtypes.bfloat16)
