@@ -65,11 +65,13 @@ def _consistent(r: dict, chips: int = 4) -> None:
       + r["generated_code_gb"])
   assert r["fits"] == (r["per_chip_gb"] <= r["hbm_gb_per_chip"])
   chip = topologies.CHIPS["v5e"]
-  # the compiler counts a loop's body once; the program's FLOPs every trip
+  # the compiler counts a loop's body once; the program's FLOPs every trip,
+  # and its bytes as many times
+  trips = max(1.0, r["program_flops_per_chip"] / r["flops_per_chip"])
   assert r["roofline_step_s"] == pytest.approx(max(
       max(r["flops_per_chip"], r["program_flops_per_chip"])
       / chip.peak_bf16_flops,
-      r["bytes_accessed_per_chip"] / chip.hbm_bytes_per_s))
+      r["bytes_accessed_per_chip"] * trips / chip.hbm_bytes_per_s))
   assert r["examples_per_sec_at_roofline"] == pytest.approx(
       r["batch_size"] / r["roofline_step_s"])
   assert set(r["collectives"]) == set(aot.COLLECTIVES)
@@ -267,6 +269,15 @@ def test_model_flops_are_the_models_without_recomputation():
                              batch) == fid_bench.forward_flops(
                                  built.task.model_config, shape,
                                  decoded_tokens=5)
+
+
+def test_a_loops_bytes_count_as_often_as_its_flops():
+  """The compiler's cost analysis counts a loop's body once (four
+  microbatches: one); the roofline's bytes are scaled by the ratio of the
+  program's FLOPs to the compiler's, never below 1."""
+  assert aot.loop_trips(91.3e12, 4 * 91.3e12) == pytest.approx(4)
+  assert aot.loop_trips(78.8e12, 62.5e12) == 1.0   # no loop: elementwise ops
+  assert aot.loop_trips(0.0, 5.0) == 1.0
 
 
 def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
