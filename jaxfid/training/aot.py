@@ -44,8 +44,10 @@ What a compiled executable says (:func:`report`), per chip:
   so ``F`` is the larger of its FLOPs and the program's, and ``B`` is its
   bytes times the same ratio (:func:`loop_trips`: 4 for four microbatches;
   1 for a program without a loop, whose matmul FLOPs are below the
-  compiler's count). For a loop ``B`` is an estimate: the work outside the
-  loop is counted as often as the loop's.
+  compiler's count). For a loop ``B`` is an estimate: it scales the work
+  outside the loop as often as the loop's, and where that work holds most
+  of the FLOPs (decoding after FiD's encoder) the loop's bytes are still
+  undercounted and the roofline is optimistic.
 
 All sizes are in GB of 10^9 bytes.
 """
