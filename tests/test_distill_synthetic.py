@@ -68,7 +68,7 @@ def test_the_world_defeats_bm25_by_construction():
 
 # One round and the control (round 2, measured in docs/retrieval.md, costs
 # as much again; test_distill_iterate.py checks how rounds follow each other).
-@pytest.mark.slow  # tiny trainings: about 3 minutes on 2 idle cores
+@pytest.mark.slow  # tiny trainings: 6 minutes on 2 idle cores
 def test_distillation_beats_bm25_and_a_shuffled_teacher_does_not(tmp_path):
   result = _script().run(str(tmp_path), rounds=1)
   bm25, first = result["rounds"]
