@@ -40,7 +40,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -49,29 +48,14 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from cpu_host import load_average, summary  # noqa: E402
+from dense_search import best_of_passes, clustered  # noqa: E402
 
 
 def make_data(args, workdir: str) -> None:
   """``vectors.npy`` [N, D] and ``queries.npy`` [Q, D], float32."""
-  rng = np.random.default_rng(0)
-  centres = rng.standard_normal((args.clusters, args.dim), dtype=np.float32)
-
-  def draw(n: int) -> np.ndarray:
-    which = rng.integers(0, args.clusters, n)
-    noise = rng.standard_normal((n, args.dim), dtype=np.float32)
-    return centres[which] + 0.5 * noise
-
+  draw = clustered(np.random.default_rng(0), args.clusters, args.dim)
   np.save(os.path.join(workdir, "vectors.npy"), draw(args.vectors))
   np.save(os.path.join(workdir, "queries.npy"), draw(args.queries))
-
-
-def _best(run, passes: int) -> tuple[float, object]:
-  best, out = float("inf"), None
-  for _ in range(passes):
-    start = time.perf_counter()
-    out = run()
-    best = min(best, time.perf_counter() - start)
-  return best, out
 
 
 def faiss_worker(workdir: str, opts: dict) -> dict:
@@ -82,8 +66,8 @@ def faiss_worker(workdir: str, opts: dict) -> dict:
   index = faiss.IndexFlatIP(vectors.shape[1])
   index.add(vectors)
   index.search(queries[:8], opts["top_k"])                     # warm-up
-  seconds, (_, ids) = _best(lambda: index.search(queries, opts["top_k"]),
-                            opts["passes"])
+  seconds, _, (_, ids) = best_of_passes(
+      lambda: index.search(queries, opts["top_k"]), opts["passes"])
   if opts["reference"]:  # the top k every jaxfid run is compared with
     np.save(os.path.join(workdir, "faiss_ids.npy"), ids)
   return {"system": "faiss", "devices": 1, "dtype": "float32",
@@ -120,7 +104,7 @@ def jaxfid_worker(workdir: str, opts: dict) -> dict:
                            for q in batches])
 
   run()                                                        # compiles
-  seconds, ids = _best(run, opts["passes"])
+  seconds, _, ids = best_of_passes(run, opts["passes"])
   want = np.load(os.path.join(workdir, "faiss_ids.npy"))
   same = np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, want)])
   return {"system": "jaxfid", "devices": len(devices),

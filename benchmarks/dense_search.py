@@ -55,7 +55,9 @@ def _cpu() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _passes(run, passes: int) -> tuple[float, float, object]:
+def best_of_passes(run, passes: int) -> tuple[float, float, object]:
+  """(best wall seconds, best CPU seconds, the last output) of ``passes``
+  calls of ``run``."""
   best = best_cpu = float("inf")
   out = None
   for _ in range(passes):
@@ -66,15 +68,22 @@ def _passes(run, passes: int) -> tuple[float, float, object]:
   return best, best_cpu, out
 
 
-def make_data(args, workdir: str) -> tuple[str, str, list[str]]:
-  """Corpus TSV, DPR embedding pickle and query-vectors JSONL."""
-  rng = np.random.default_rng(0)
-  centres = rng.standard_normal((args.clusters, args.dim), dtype=np.float32)
+def clustered(rng: np.random.Generator, clusters: int, dim: int):
+  """``draw(n)``: n float32 vectors [n, dim], each one of ``clusters``
+  Gaussian centres (drawn here, once) plus noise of standard deviation 0.5;
+  successive draws continue ``rng``."""
+  centres = rng.standard_normal((clusters, dim), dtype=np.float32)
 
   def draw(n: int) -> np.ndarray:
-    which = rng.integers(0, args.clusters, n)
-    noise = rng.standard_normal((n, args.dim), dtype=np.float32)
+    which = rng.integers(0, clusters, n)
+    noise = rng.standard_normal((n, dim), dtype=np.float32)
     return centres[which] + 0.5 * noise
+  return draw
+
+
+def make_data(args, workdir: str) -> tuple[str, str, list[str]]:
+  """Corpus TSV, DPR embedding pickle and query-vectors JSONL."""
+  draw = clustered(np.random.default_rng(0), args.clusters, args.dim)
 
   corpus = os.path.join(workdir, "corpus.tsv")
   with open(corpus, "w") as f:
@@ -119,7 +128,7 @@ def worker(task: str, index_dir: str, queries: str, options: str) -> dict:
       index = faiss.read_index(os.path.join(index_dir, part["file"]))
       faiss.ParameterSpace().set_index_parameter(index, "nprobe",
                                                  opts["nprobe"])
-    out["seconds"], out["cpu_seconds"], (_, rows) = _passes(
+    out["seconds"], out["cpu_seconds"], (_, rows) = best_of_passes(
         lambda: index.search(vectors, k), passes)
     np.save(os.path.join(os.path.dirname(queries), "faiss_rows.npy"), rows)
   else:
@@ -140,7 +149,7 @@ def worker(task: str, index_dir: str, queries: str, options: str) -> dict:
                    [str(i) for i in range(len(texts))],
                    [_with_ids(searcher.store, hits) for hits in found])
       return found
-    out["seconds"], out["cpu_seconds"], found = _passes(run, passes)
+    out["seconds"], out["cpu_seconds"], found = best_of_passes(run, passes)
     faiss_rows = np.load(os.path.join(os.path.dirname(queries),
                                       "faiss_rows.npy"))
     out["same_rows"] = int(sum(

@@ -45,8 +45,9 @@ class AtlasConfig(Config):
       retriever reads ``"{title} {text}"``, its ``--retriever_format``).
     index_batch_size: the most passages each device embeds per encoder
       call when the index is (re)built (Atlas's
-      ``--per_gpu_embedder_batch_size``: each device embeds its own rows),
-      passages per call when RERANK_K re-embeds, queries per search call.
+      ``--per_gpu_embedder_batch_size``: each device embeds its own rows)
+      and when RERANK_K re-embeds its candidates; queries per search
+      call.
     rerank_k: Atlas's ``--retrieve_with_rerank`` with
       ``--n_to_rerank_with_retrieve_with_rerank``: every search takes this
       many candidates from the index (built at the last refresh), embeds

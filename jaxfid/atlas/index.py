@@ -181,16 +181,19 @@ class PassageIndex:
     self.scales = self._place(scales, self.row_sharding, (self.rows,),
                               np.float32)
 
+  def _host(self, stored: Array) -> np.ndarray:
+    """The first N rows of a row-sharded array, gathered to every host."""
+    full = multihost_utils.process_allgather(stored, tiled=True)
+    return np.asarray(full)[:self.num_passages]
+
   def host_rows(self) -> np.ndarray:
     """The first N rows as a host array of the storage dtype (int8: the
     codes; :meth:`host_scales` their scales)."""
-    full = multihost_utils.process_allgather(self.embeddings, tiled=True)
-    return np.asarray(full)[:self.num_passages]
+    return self._host(self.embeddings)
 
   def host_scales(self) -> np.ndarray:
     """int8 storage: the first N rows' scales, float32 [N]."""
-    full = multihost_utils.process_allgather(self.scales, tiled=True)
-    return np.asarray(full)[:self.num_passages]
+    return self._host(self.scales)
 
   def device_bytes(self) -> int:
     """Bytes of the index on each device (its rows, and int8's scales)."""

@@ -18,8 +18,8 @@ With ``rerank_k`` (``RERANK_K``, Atlas's ``retrieve_with_rerank``,
 ``src/atlas.py``) a search for k hits takes C = max(rerank_k, k) candidates
 from the index (the embeddings of the last refresh), embeds their passage
 tokens again with the current passage tower (``batch_size`` passages a
-device per call, the candidates split over the mesh by rows), scores them ``q . p`` as the index does, and keeps the best k by
-those fresh scores.
+device per call, the candidates split over the mesh by rows), scores them
+``q . p`` as the index does, and keeps the best k by those fresh scores.
 """
 from __future__ import annotations
 
@@ -137,8 +137,7 @@ class InLoopRetriever:
 
   @functools.cached_property
   def _embed_passage_rows(self):
-    return jax.jit(lambda params, tokens: self.model.embed_passages(
-        params[RETRIEVER], tokens), out_shardings=self.replicated)
+    return jax.jit(self._embed_passages, out_shardings=self.replicated)
 
   @functools.cached_property
   def _rescore(self):
