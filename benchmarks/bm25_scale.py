@@ -33,6 +33,10 @@ of its own:
   b=0.4 (pyserini's defaults). Per-query milliseconds are the wall time
   of all queries over their number, CPU the process's (and its workers')
   CPU time over their number; the systems alternate, ``--repeats`` times;
+* **latency**, in the 1-thread search process after its passes: each
+  question searched alone (jaxfid ``searcher.search([q])``, bm25s
+  ``retrieve`` of one tokenised question, Lucene ``SimpleSearcher.search``),
+  as ``jaxfid serve`` searches: p50, p90, p99 and mean milliseconds;
 * **exactness**: jaxfid's rankings and scores against its exhaustive scorer
   (``BM25Index.match`` + ``top_k``, every matching document scored), and
   its top 100 against Lucene's (same docids in the same order, same float32
@@ -113,6 +117,18 @@ def _search_passes(run, passes: int) -> tuple[float, float, list]:
   return best, best_cpu, found
 
 
+def _latency(search_one, texts: list[str]) -> dict:
+  """Single-query latency, ``jaxfid serve``-style: each question searched
+  alone with the index open (after the passes warmed it), in ms."""
+  times = []
+  for text in texts:
+    start = time.perf_counter()
+    search_one(text)
+    times.append(1000 * (time.perf_counter() - start))
+  p50, p90, p99 = np.percentile(times, [50, 90, 99])
+  return {"p50": p50, "p90": p90, "p99": p99, "mean": float(np.mean(times))}
+
+
 def worker(task: str, corpus: str, queries: str, index: str,
            option: str) -> dict:
   sys.path.insert(0, ROOT)
@@ -147,6 +163,9 @@ def worker(task: str, corpus: str, queries: str, index: str,
         lambda: search_all(searcher, texts, TOP_K, progress=False,
                            threads=int(threads)), PASSES)
     out.update(queries=len(texts), threads=int(threads))
+    if int(threads) == 1:
+      out["latency_ms"] = _latency(lambda t: searcher.search([t], TOP_K),
+                                   texts)
     if results != "-":
       with open(results, "w") as f:
         json.dump([[[i, s] for i, s in zip(searcher.store.ids(
@@ -166,6 +185,11 @@ def worker(task: str, corpus: str, queries: str, index: str,
                             n_threads=int(option))
     out["seconds"], out["cpu_seconds"], _ = _search_passes(run, PASSES)
     out.update(queries=len(texts), threads=int(option))
+    if int(option) == 1:
+      out["latency_ms"] = _latency(lambda t: model.retrieve(
+          bm25s.tokenize([t], stopwords="en", stemmer=stemmer,
+                         show_progress=False),
+          k=TOP_K, show_progress=False, n_threads=1), texts)
   elif task == "exactness":
     from jaxfid.retrieval.bm25.index import BM25Searcher
     from jaxfid.retrieval.bm25.scoring import top_k
@@ -362,6 +386,18 @@ def tables(rows: list[dict], hw: dict, threads: int) -> str:
           f" | {build['seconds']:.0f} s | {build['cpu_seconds']:.0f} s | "
           f"{build['peak_rss_mb'] / 1024:.2f} GB | "
           f"{row[f'{system}_disk_mb'] / 1024:.2f} GB |")
+  out += ["", "Single-query latency (one question at a time, index open, "
+          "1 thread): ms", "", "| passages | system | p50 | p90 | p99 | "
+          "mean |", "|---|---|---|---|---|---|"]
+  for row in rows:
+    for system in SYSTEMS:
+      runs = [r for r in row.get(f"{system}_search_1") or []
+              if r.get("latency_ms")]
+      if runs:
+        lat = min((r["latency_ms"] for r in runs), key=lambda x: x["p50"])
+        out.append(f"| {row['passages']:,} | {system} | {lat['p50']:.2f} | "
+                   f"{lat['p90']:.2f} | {lat['p99']:.2f} | "
+                   f"{lat['mean']:.2f} |")
   out += ["", "| passages | jaxfid build, N threads (wall) | identical to "
           "exhaustive | max score difference | same top 100 as Lucene "
           "(docids / scores, relative) |", "|---|---|---|---|---|"]

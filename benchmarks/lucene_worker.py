@@ -83,14 +83,33 @@ def search(jar: str, index: str, queries: str, threads: str, passes: str,
     searcher.batch_search(jtexts, jids, TOP_K, int(threads))
     best = min(best, time.perf_counter() - start)
     best_cpu = min(best_cpu, _cpu() - cpu)
+  latency = None
+  if int(threads) == 1:  # each question alone, as a server would
+    times = []
+    for text in texts:
+      start = time.perf_counter()
+      searcher.search(text, TOP_K)
+      times.append(1000 * (time.perf_counter() - start))
+    times.sort()
+    latency = {"p50": _percentile(times, 50), "p90": _percentile(times, 90),
+               "p99": _percentile(times, 99),
+               "mean": sum(times) / len(times)}
   found = searcher.batch_search(jtexts, jids, TOP_K, int(threads))
   hits = [[[h.docid, h.score] for h in found.get(str(i))]
           for i in range(len(texts))]
   with open(results, "w") as f:
     json.dump(hits, f)
   return {"queries": len(texts), "threads": int(threads), "seconds": best,
-          "cpu_seconds": best_cpu,
+          "cpu_seconds": best_cpu, "latency_ms": latency,
           "peak_rss_mb": _own_peak_mb()}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+  """numpy's default (linear) percentile of a sorted list."""
+  pos = (len(ordered) - 1) * q / 100
+  low = int(pos)
+  high = min(low + 1, len(ordered) - 1)
+  return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def _own_peak_mb() -> float:
