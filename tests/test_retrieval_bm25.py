@@ -229,12 +229,14 @@ def _zipf_corpus(seed, n_docs, vocab=300):
   return texts, words, p
 
 
-@pytest.mark.parametrize("lucene_norms, expand_all", [
-    (True, 0), (False, 0), (True, 10**9)])
+@pytest.mark.parametrize("lucene_norms, expand_all, add_all", [
+    (True, 0, 0), (False, 0, 0), (True, 10**9, 0), (True, 0, 10**9),
+    (False, 0, 10**9)])
 def test_pruned_search_equals_exhaustive_top_k(monkeypatch, lucene_norms,
-                                               expand_all):
+                                               expand_all, add_all):
   monkeypatch.setattr(scoring, "_EXHAUSTIVE_POSTINGS", 0)
   monkeypatch.setattr(topk, "EXPAND_ALL_POSTINGS", expand_all)
+  monkeypatch.setattr(topk, "ADD_ALL_RATIO", add_all)
   texts, words, p = _zipf_corpus(11, 3000)
   index = build_index(texts, BM25Params(lucene_norms=lucene_norms))
   rank = np.random.default_rng(12).permutation(len(texts))

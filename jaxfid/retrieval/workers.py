@@ -17,6 +17,7 @@ runs in the calling process (the same code, no process start-up).
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import multiprocessing
 import os
@@ -63,7 +64,13 @@ def ordered_map(fn: Callable[[T], R], batches: Iterable[T], threads: int,
     for batch in itertools.chain(head, batches):
       yield fn(batch)
     return
-  pool = multiprocessing.get_context().Pool(threads, initializer, initargs)
+  # a forked worker that collects garbage would touch (and so copy) every
+  # object it inherited: frozen, they are left out of its collections
+  gc.freeze()
+  try:
+    pool = multiprocessing.get_context().Pool(threads, initializer, initargs)
+  finally:
+    gc.unfreeze()
   try:
     pending: collections.deque = collections.deque()
     for batch in itertools.chain(head, batches):

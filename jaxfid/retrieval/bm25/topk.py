@@ -21,6 +21,13 @@ with numpy over the memory-mapped postings:
    looked up and the scores are summed in double and rounded to float, as
    Lucene does (boosted weights for repeated terms included).
 
+When no term's postings outnumber those of the term of highest bound by
+more than ``ADD_ALL_RATIO`` (common on corpora of a small vocabulary, where
+every term is frequent), skipping saves less than its bookkeeping costs:
+:func:`add_all_top_k` adds every posting, takes ``theta`` from the complete
+sums of the first term's documents, and keeps the documents of the
+essential terms that reach it (steps 2 and 4 without 3).
+
 The float32 sums of steps 1-3 are within a relative ``(m + 16) * 2^-23`` of
 the exact ones (m terms, all scores positive), and every comparison with
 ``theta`` allows for that and for float rounding of the final scores, so no
@@ -28,8 +35,8 @@ document that could tie the k-th score is dropped: the result equals the
 exhaustive ranking (``BM25Index.match`` then ``top_k``), ties included. The
 work per query is the postings of the expanded terms, plus the candidates
 (or postings) of the others; nothing is proportional to the collection size
-(the accumulator is allocated once per thread, only touched entries are
-reset).
+(the accumulator is allocated once per thread; only touched entries are
+reset, or all of it by one memset when they are more than an eighth).
 """
 from __future__ import annotations
 
@@ -47,6 +54,12 @@ LOOKUP_RATIO = 24
 # below this many postings per query, expanding every term in a few numpy
 # calls is faster than pruning (calls cost more than the work saved)
 EXPAND_ALL_POSTINGS = 50_000
+# a query is scored by adding all its postings (add_all_top_k) unless a term
+# has more than ADD_ALL_RATIO times the postings of the term of highest bound
+ADD_ALL_RATIO = 256
+# the accumulator is zeroed whole (a memset) rather than at the touched rows
+# (a scatter, ~10x the cost per entry) once they exceed N / RESET_ALL_RATIO
+RESET_ALL_RATIO = 8
 
 
 class Term(NamedTuple):
@@ -170,6 +183,45 @@ def expand_all_top_k(terms: Sequence[Term], k: int, space: Workspace
     acc[rows] = 0.0
 
 
+def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Like :func:`pruned_top_k` for queries whose terms' postings are of
+  similar lengths, where MaxScore's skipping saves little: every posting is
+  added (``terms`` sorted by upper bound, descending), then ``theta`` is the
+  k-th best complete sum among the first terms' documents, and the
+  candidates are the documents of the terms that any top-k document must
+  contain (MaxScore's essential terms, for this ``theta``) whose sum
+  reaches it: few passes, each over postings, none over all N documents.
+  """
+  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
+  acc = space.acc
+  try:
+    for term in terms:
+      np.add.at(acc, term.rows, _approx(term, term.scores))
+    docs, j = terms[0].rows, 1
+    while len(docs) < k and j < len(terms):  # distinct documents, >= k
+      docs = np.union1d(docs, terms[j].rows)
+      j += 1
+    theta = _kth(acc[docs], k) * (1 - eps) if len(docs) >= k else -np.inf
+    bounds = np.array([t.upper for t in terms], np.float64)
+    rest = np.concatenate([np.cumsum(bounds[::-1])[::-1], [0.0]])
+    # a document containing none of terms[:e] scores at most rest[e]
+    e = 1
+    while e < len(terms) and not rest[e] < theta * SAFE:
+      e += 1
+    parts = [t.rows[acc[t.rows] * (1 + eps) >= theta * SAFE]
+             for t in terms[:e]]
+    cand = (np.unique(np.concatenate(parts)) if len(parts) > 1
+            else parts[0]).astype(np.int64)
+    return cand, exact_scores(terms, cand)
+  finally:
+    if sum(len(t.rows) for t in terms) * RESET_ALL_RATIO >= len(acc):
+      acc.fill(0.0)
+    else:
+      for term in terms:
+        acc[term.rows] = 0.0
+
+
 def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
                  ) -> tuple[np.ndarray, np.ndarray]:
   """Documents that include the exact top ``k``, with their exact scores.
@@ -186,8 +238,11 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
   """
   if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
     return expand_all_top_k(terms, k, space)
-  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
   terms = sorted(terms, key=lambda t: -t.upper)
+  if max(len(t.rows) for t in terms) <= ADD_ALL_RATIO * len(terms[0].rows):
+    # no term is long enough for skipping most of its postings to pay
+    return add_all_top_k(terms, k, space)
+  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
   bounds = np.array([t.upper for t in terms], np.float64)
   rest = np.concatenate([np.cumsum(bounds[::-1])[::-1], [0.0]])
   done = np.concatenate([[0.0], np.cumsum(bounds)])
