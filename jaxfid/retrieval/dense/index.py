@@ -45,6 +45,7 @@ Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import shutil
@@ -257,12 +258,24 @@ def read_dense_meta(directory: str | os.PathLike) -> dict:
 
 def hit_lists(scores: np.ndarray, rows: np.ndarray
               ) -> list[list[tuple[int, float]]]:
-  """[Q, k] FAISS results (row -1 = none, at the end) as (row, score) lists."""
-  if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
-    return [list(zip(r, s)) for r, s in zip(rows.tolist(), scores.tolist())]
-  found = (rows >= 0).sum(axis=1).tolist()
-  return [list(zip(r[:n], s[:n])) for r, s, n in zip(
-      rows.tolist(), scores.tolist(), found)]
+  """[Q, k] FAISS results (row -1 = none, at the end) as (row, score) lists.
+
+  The garbage collector is paused while they are built: the Q x k new
+  tuples would otherwise set off a collection every 700 of them, which
+  doubles the cost (half of jaxfid's time over FAISS's own on an IVF-PQ
+  index), and tuples of numbers hold no reference cycles.
+  """
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
+      return [list(zip(r, s)) for r, s in zip(rows.tolist(), scores.tolist())]
+    found = (rows >= 0).sum(axis=1).tolist()
+    return [list(zip(r[:n], s[:n])) for r, s, n in zip(
+        rows.tolist(), scores.tolist(), found)]
+  finally:
+    if enabled:
+      gc.enable()
 
 
 class DenseSearcher:
