@@ -178,18 +178,15 @@ def worker(task: str, corpus: str, queries: str, index: str,
     model = bm25s.BM25.load(index)
     stemmer = Stemmer.Stemmer("english")
 
-    def run():
-      tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer,
+    def run(batch: list[str] = texts):
+      tokens = bm25s.tokenize(batch, stopwords="en", stemmer=stemmer,
                               show_progress=False)
       return model.retrieve(tokens, k=TOP_K, show_progress=False,
                             n_threads=int(option))
     out["seconds"], out["cpu_seconds"], _ = _search_passes(run, PASSES)
     out.update(queries=len(texts), threads=int(option))
     if int(option) == 1:
-      out["latency_ms"] = _latency(lambda t: model.retrieve(
-          bm25s.tokenize([t], stopwords="en", stemmer=stemmer,
-                         show_progress=False),
-          k=TOP_K, show_progress=False, n_threads=1), texts)
+      out["latency_ms"] = _latency(lambda t: run([t]), texts)
   elif task == "exactness":
     from jaxfid.retrieval.bm25.index import BM25Searcher
     from jaxfid.retrieval.bm25.scoring import top_k

@@ -149,6 +149,16 @@ def _add(space: Workspace, cand: np.ndarray, term: Term) -> None:
     acc[rows[inside]] += _approx(term, term.scores[inside])
 
 
+def _reset(acc: np.ndarray, touched: Sequence[np.ndarray]) -> None:
+  """Zeroes the accumulator where the ``touched`` rows were added: by one
+  memset once they exceed N / RESET_ALL_RATIO, else at those rows."""
+  if sum(len(rows) for rows in touched) * RESET_ALL_RATIO >= len(acc):
+    acc.fill(0.0)
+  else:
+    for rows in touched:
+      acc[rows] = 0.0
+
+
 def exact_scores(terms: Sequence[Term], docs: np.ndarray) -> np.ndarray:
   """float32 scores of ``docs`` (sorted): Lucene's, summed in double."""
   total = np.zeros(len(docs), np.float64)
@@ -180,7 +190,7 @@ def expand_all_top_k(terms: Sequence[Term], k: int, space: Workspace
     cand = np.unique(rows[sums * (1 + eps) >= theta * SAFE]).astype(np.int64)
     return cand, exact_scores(terms, cand)
   finally:
-    acc[rows] = 0.0
+    _reset(acc, [rows])
 
 
 def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
@@ -215,11 +225,7 @@ def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
             else parts[0]).astype(np.int64)
     return cand, exact_scores(terms, cand)
   finally:
-    if sum(len(t.rows) for t in terms) * RESET_ALL_RATIO >= len(acc):
-      acc.fill(0.0)
-    else:
-      for term in terms:
-        acc[term.rows] = 0.0
+    _reset(acc, [t.rows for t in terms])
 
 
 def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
@@ -277,5 +283,4 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
     cand = np.sort(cand).astype(np.int64)
     return cand, exact_scores(terms, cand)
   finally:
-    for rows in expanded:
-      acc[rows] = 0.0
+    _reset(acc, expanded)
