@@ -12,6 +12,8 @@ from jaxfid.retrieval.dense.embedding_store import (
     EmbeddingStore, ShardWriter, shard_name)
 from jaxfid.retrieval.dense.faiss_index import (
     ShardedIndex, build_faiss_index, merge_topk, order_ties, split_rows)
+from jaxfid.retrieval.dense.index import hit_lists
+from jaxfid.retrieval.hits import Hits
 
 
 def _store(tmp_path, vectors, shard_size=37, dtype="float32"):
@@ -90,6 +92,24 @@ def test_one_part_orders_only_tied_queries():
   index.add(vectors)
   d, i = ShardedIndex([(index, 0)]).search(np.eye(4, dtype=np.float32)[:1], 6)
   assert i.tolist() == [[1, 2, 4, 0, 3, 5]]
+
+
+def test_hit_lists_are_the_pairs_without_the_missing_rows():
+  scores = np.array([[3.0, 2.5, 1.0], [9.0, 8.0, -np.inf]], np.float32)
+  rows = np.array([[4, 9, 1], [2, 7, -1]])
+  found = hit_lists(scores, rows)
+  assert all(isinstance(h, Hits) for h in found)
+  assert found[0] == [(4, 3.0), (9, 2.5), (1, 1.0)]
+  assert found[1] == [(2, 9.0), (7, 8.0)] and len(found[1]) == 2
+  assert found[0] != [(4, 3.0), (9, 2.5)] and found[0] != [(4, 3.0)] * 3
+  assert list(found[1]) == [(2, 9.0), (7, 8.0)]
+  assert type(found[0][0][0]) is int and type(found[0][0][1]) is float
+  assert found[0][1] == (9, 2.5) and found[0][-1] == (1, 1.0)
+  assert found[0][:2] == Hits([4, 9], [3.0, 2.5]) and not Hits([], [])
+  assert [row for row, _ in found[0]] == [4, 9, 1]
+  assert hit_lists(scores[:, :0], rows[:, :0]) == [[], []]
+  with pytest.raises(ValueError):
+    Hits([1, 2], [0.5])
 
 
 def test_split_rows_covers_everything():

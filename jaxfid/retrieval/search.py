@@ -4,8 +4,10 @@
 registry of loaders and returns a *searcher*: an object with
 
 * ``store``: the :class:`~jaxfid.retrieval.store.passage_store.PassageStore`;
-* ``search(texts, top_k, **options) -> list[list[(row, score)]]``: for each
-  query text, up to ``top_k`` store rows with scores, best first. Options are
+* ``search(texts, top_k, **options) -> list[Sequence[(row, score)]]``: for
+  each query text, up to ``top_k`` store rows with scores, best first (a list
+  of pairs, or a :class:`~jaxfid.retrieval.hits.Hits` that holds them as two
+  lists, as dense indexes return). Options are
   index-specific (``token_top_k`` for token-level indexes); a searcher
   rejects options it does not know with an InputError;
 * optionally ``search_batches(batches, top_k, threads, **options)``: the
@@ -47,7 +49,7 @@ class Searcher(Protocol):
   store: PassageStore
 
   def search(self, texts: Sequence[str], top_k: int,
-             **options) -> list[list[tuple[int, float]]]:
+             **options) -> list[Sequence[tuple[int, float]]]:
     ...
 
 
@@ -87,7 +89,7 @@ def open_index(directory: str | os.PathLike, device: bool = False
 
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
                progress: bool | None = None, threads: int | None = None,
-               **options) -> list[list[tuple[int, float]]]:
+               **options) -> list[Sequence[tuple[int, float]]]:
   """Runs all queries in batches, with a progress bar on stderr.
 
   Args:
@@ -100,7 +102,7 @@ def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
   """
   if top_k < 1:
     raise ValueError(f"top_k must be positive, got {top_k}")
-  results: list[list[tuple[int, float]]] = []
+  results: list[Sequence[tuple[int, float]]] = []
   batches = [texts[i:i + BATCH_SIZE] for i in range(0, len(texts),
                                                       BATCH_SIZE)]
   parallel = getattr(searcher, "search_batches", None)

@@ -45,7 +45,6 @@ Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 import shutil
@@ -64,6 +63,7 @@ from jaxfid.retrieval.dense.faiss_index import (
     DEFAULT_FACTORY, DEFAULT_TRAIN_SIZE, ShardedIndex, build_faiss_index,
     check_faiss_files, make_index)
 from jaxfid.retrieval.dense.vector_files import read_query_vectors
+from jaxfid.retrieval.hits import Hits
 from jaxfid.retrieval.index_dir import (
     building, check_output, read_meta, write_meta)
 from jaxfid.retrieval.store.corpus import Passage, read_corpus
@@ -256,26 +256,15 @@ def read_dense_meta(directory: str | os.PathLike) -> dict:
   return meta
 
 
-def hit_lists(scores: np.ndarray, rows: np.ndarray
-              ) -> list[list[tuple[int, float]]]:
-  """[Q, k] FAISS results (row -1 = none, at the end) as (row, score) lists.
-
-  The garbage collector is paused while they are built: the Q x k new
-  tuples would otherwise set off a collection every 700 of them, which
-  doubles the cost (half of jaxfid's time over FAISS's own on an IVF-PQ
-  index), and tuples of numbers hold no reference cycles.
-  """
-  enabled = gc.isenabled()
-  gc.disable()
-  try:
-    if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
-      return [list(zip(r, s)) for r, s in zip(rows.tolist(), scores.tolist())]
-    found = (rows >= 0).sum(axis=1).tolist()
-    return [list(zip(r[:n], s[:n])) for r, s, n in zip(
-        rows.tolist(), scores.tolist(), found)]
-  finally:
-    if enabled:
-      gc.enable()
+def hit_lists(scores: np.ndarray, rows: np.ndarray) -> list[Hits]:
+  """[Q, k] FAISS results (row -1 = none, at the end) as each query's
+  :class:`~jaxfid.retrieval.hits.Hits`: two ``tolist()`` calls and a slice
+  per query, no tuple per result."""
+  if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
+    return [Hits(r, s) for r, s in zip(rows.tolist(), scores.tolist())]
+  found = (rows >= 0).sum(axis=1).tolist()
+  return [Hits(r[:n], s[:n]) for r, s, n in zip(
+      rows.tolist(), scores.tolist(), found)]
 
 
 class DenseSearcher:
@@ -347,13 +336,13 @@ class DenseSearcher:
     return self.query_embedder(texts, **options)
 
   def search_vectors(self, vectors: np.ndarray, top_k: int
-                     ) -> list[list[tuple[int, float]]]:
+                     ) -> list[Hits]:
     """Top ``top_k`` (row, score) per query vector, best first."""
     return hit_lists(*self.index(self._index_mmap).search(vectors, top_k))
 
   def search_batches(self, batches: Sequence[Sequence[str]], top_k: int,
                      threads: int | None = None, **options
-                     ) -> Iterator[list[list[tuple[int, float]]]]:
+                     ) -> Iterator[list[Hits]]:
     """:meth:`search` of each batch, in order: queries are embedded
     ``QUERY_CHUNK`` batches at a time (the embedder pipelines its device
     batches), and FAISS searches on ``threads`` threads (None: all)."""
@@ -372,7 +361,7 @@ class DenseSearcher:
       faiss.omp_set_num_threads(previous)
 
   def search(self, texts: Sequence[str], top_k: int,
-             **options) -> list[list[tuple[int, float]]]:
+             **options) -> list[Hits]:
     """Top ``top_k`` (store row, score) per query text, best first."""
     options = dict(options)
     query_vectors = options.pop("query_vectors", None)
