@@ -10,7 +10,7 @@ are random but clustered (``--clusters`` Gaussian centres), so inverted lists
 behave as with real embeddings. Then, each in a process of its own, with
 FAISS on each ``--threads`` setting, query embedding excluded (the vectors are
 precomputed), the index open first (loading excluded), all queries searched
-``--passes`` times (best kept), the three alternated ``--repeats`` times:
+``--passes`` times (best kept), the four alternated ``--repeats`` times:
 
 * **faiss**: the index object FAISS itself reads from the directory's file
   (for ``Flat``: an ``IndexFlatIP`` holding the same vectors, as jaxfid
@@ -19,10 +19,13 @@ precomputed), the index open first (loading excluded), all queries searched
 * **jaxfid**: :func:`jaxfid.retrieval.search.search_all` on the opened
   index with ``query_vectors=FILE`` (and ``nprobe``): the ``jaxfid
   retrieve`` path up to the run file — batching, the vector look-up by
-  query text, the FAISS search, tie order, (row, score) lists;
+  query text, the FAISS search, tie order, each query's (row, score) hits;
 * **jaxfid + TREC**: the same plus writing the TREC run file, as
   ``jaxfid retrieve`` does (raw FAISS writes nothing, so this row says
   what writing costs);
+* **together**: raw FAISS and jaxfid's path in one process, pass by pass
+  (best of each kept): their ratio without the 10-15% by which FAISS's own
+  time differs from one process to the next on a shared VM;
 
 and checks that jaxfid's rows equal FAISS's (ties aside: equal scores may
 be ordered differently, jaxfid orders them by row).
@@ -104,6 +107,51 @@ def make_data(args, workdir: str) -> tuple[str, str, list[str]]:
 
 
 # --- workers (each in its own process) ---------------------------------------
+def _faiss_search(index_dir: str, info: dict, vectors: np.ndarray, opts: dict):
+  """Raw FAISS on the directory's index: a callable returning (D, I)."""
+  import faiss
+  part = info["parts"][0]
+  if part["file"] is None:  # flat: jaxfid fills it from the shards
+    from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
+    store = EmbeddingStore(index_dir)
+    index = faiss.IndexFlatIP(store.dim)
+    index.add(np.asarray(store[np.arange(len(store))], np.float32))
+  else:
+    index = faiss.read_index(os.path.join(index_dir, part["file"]))
+    faiss.ParameterSpace().set_index_parameter(index, "nprobe",
+                                               opts["nprobe"])
+  return lambda: index.search(vectors, opts["top_k"])
+
+
+def _jaxfid_search(index_dir: str, info: dict, texts: list, queries: str,
+                   opts: dict, trec: bool = False):
+  """jaxfid's search_all on the opened index (and the TREC file): a
+  callable returning each query's hits."""
+  import jaxfid.methods  # noqa: F401  (registers the dense index type)
+  from jaxfid.retrieval.runs import write_trec
+  from jaxfid.retrieval.search import _with_ids, open_index, search_all
+  searcher = open_index(index_dir)
+  search = {"query_vectors": queries}
+  if info["parts"][0]["file"] is not None:
+    search["nprobe"] = str(opts["nprobe"])
+  searcher.search(texts[:1], opts["top_k"], **search)  # opens the index
+
+  def run():
+    found = search_all(searcher, texts, opts["top_k"], progress=False,
+                       threads=opts["threads"], **search)
+    if trec:
+      write_trec(os.path.join(os.path.dirname(queries), "run.trec"),
+                 [str(i) for i in range(len(texts))],
+                 [_with_ids(searcher.store, hits) for hits in found])
+    return found
+  return run
+
+
+def _same_rows(found, faiss_rows: np.ndarray) -> int:
+  return int(sum(sorted(r for r, _ in hits) == sorted(row.tolist())
+                 for hits, row in zip(found, faiss_rows)))
+
+
 def worker(task: str, index_dir: str, queries: str, options: str) -> dict:
   sys.path.insert(0, ROOT)
   import faiss
@@ -112,49 +160,33 @@ def worker(task: str, index_dir: str, queries: str, options: str) -> dict:
   with open(queries) as f:
     records = [json.loads(line) for line in f]
   texts = [r["question"] for r in records]
-  k, passes = opts["top_k"], opts["passes"]
+  passes = opts["passes"]
   out: dict = {"task": task, "queries": len(texts)}
   with open(os.path.join(index_dir, "meta.json")) as f:
     info = json.load(f)["faiss"]
+  vectors = np.array([r["vector"] for r in records], np.float32)
+  rows_file = os.path.join(os.path.dirname(queries), "faiss_rows.npy")
   if task == "faiss":
-    vectors = np.array([r["vector"] for r in records], np.float32)
-    part = info["parts"][0]
-    if part["file"] is None:  # flat: jaxfid fills it from the shards
-      from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
-      store = EmbeddingStore(index_dir)
-      index = faiss.IndexFlatIP(store.dim)
-      index.add(np.asarray(store[np.arange(len(store))], np.float32))
-    else:
-      index = faiss.read_index(os.path.join(index_dir, part["file"]))
-      faiss.ParameterSpace().set_index_parameter(index, "nprobe",
-                                                 opts["nprobe"])
     out["seconds"], out["cpu_seconds"], (_, rows) = best_of_passes(
-        lambda: index.search(vectors, k), passes)
-    np.save(os.path.join(os.path.dirname(queries), "faiss_rows.npy"), rows)
+        _faiss_search(index_dir, info, vectors, opts), passes)
+    np.save(rows_file, rows)
+  elif task == "together":  # both in this process, pass by pass
+    runs = {"faiss": _faiss_search(index_dir, info, vectors, opts),
+            "jaxfid": _jaxfid_search(index_dir, info, texts, queries, opts)}
+    best: dict = {}
+    for _ in range(passes):
+      for name, run in runs.items():
+        wall, cpu, found = best_of_passes(run, 1)
+        b = best.setdefault(name, [wall, cpu])
+        b[0], b[1] = min(b[0], wall), min(b[1], cpu)
+    out["seconds"], out["cpu_seconds"] = best["jaxfid"]
+    out["faiss_seconds"], out["faiss_cpu_seconds"] = best["faiss"]
+    out["same_rows"] = _same_rows(found, np.load(rows_file))
   else:
-    import jaxfid.methods  # noqa: F401  (registers the dense index type)
-    from jaxfid.retrieval.runs import write_trec
-    from jaxfid.retrieval.search import _with_ids, open_index, search_all
-    searcher = open_index(index_dir)
-    search = {"query_vectors": queries}
-    if info["parts"][0]["file"] is not None:
-      search["nprobe"] = str(opts["nprobe"])
-    searcher.search(texts[:1], k, **search)  # opens the index and vectors
-
-    def run():
-      found = search_all(searcher, texts, k, progress=False,
-                         threads=opts["threads"], **search)
-      if task == "jaxfid_trec":
-        write_trec(os.path.join(os.path.dirname(queries), "run.trec"),
-                   [str(i) for i in range(len(texts))],
-                   [_with_ids(searcher.store, hits) for hits in found])
-      return found
-    out["seconds"], out["cpu_seconds"], found = best_of_passes(run, passes)
-    faiss_rows = np.load(os.path.join(os.path.dirname(queries),
-                                      "faiss_rows.npy"))
-    out["same_rows"] = int(sum(
-        sorted(r for r, _ in hits) == sorted(row.tolist())
-        for hits, row in zip(found, faiss_rows)))
+    out["seconds"], out["cpu_seconds"], found = best_of_passes(
+        _jaxfid_search(index_dir, info, texts, queries, opts,
+                       trec=task == "jaxfid_trec"), passes)
+    out["same_rows"] = _same_rows(found, np.load(rows_file))
   out["ms_per_query"] = 1000 * out["seconds"] / len(texts)
   return out
 
@@ -212,7 +244,7 @@ def main(argv=None) -> int:
                 "nprobe": args.nprobe, "passes": args.passes}
         runs: dict[str, list] = {}
         for _ in range(args.repeats):
-          for task in ("faiss", "jaxfid", "jaxfid_trec"):
+          for task in ("faiss", "jaxfid", "jaxfid_trec", "together"):
             runs.setdefault(task, []).append(
                 run_worker(task, index_dir, queries, opts))
         rows.append({"factory": factory, "threads": count, "runs": runs})
@@ -221,19 +253,26 @@ def main(argv=None) -> int:
         f"{args.repeats} processes x {args.passes} passes; load at end "
         f"{os.getloadavg()}\n")
   print("| index | FAISS threads | FAISS ms/query (CPU) | jaxfid ms/query "
-        "(CPU) | jaxfid / FAISS, wall (CPU) | jaxfid + TREC file ms/query "
-        "| same rows as FAISS |")
-  print("|---|---|---|---|---|---|---|")
+        "(CPU) | jaxfid / FAISS, wall (CPU) | in one process, alternated: "
+        "jaxfid / FAISS, wall (CPU) | jaxfid + TREC file ms/query | same "
+        "rows as FAISS |")
+  print("|---|---|---|---|---|---|---|---|")
   n = args.queries
   for row in rows:
     best = {task: (min(r["seconds"] for r in rs),
                    min(r["cpu_seconds"] for r in rs))
             for task, rs in row["runs"].items()}
     (fw, fc), (jw, jc) = best["faiss"], best["jaxfid"]
-    same = min(r["same_rows"] for r in row["runs"]["jaxfid"])
+    together = row["runs"]["together"]
+    tw = min(r["seconds"] for r in together) / min(
+        r["faiss_seconds"] for r in together)
+    tc = min(r["cpu_seconds"] for r in together) / min(
+        r["faiss_cpu_seconds"] for r in together)
+    same = min(r["same_rows"] for task in ("jaxfid", "together")
+               for r in row["runs"][task])
     print(f"| {row['factory']} | {row['threads']} | {1000 * fw / n:.3f} "
           f"({1000 * fc / n:.3f}) | {1000 * jw / n:.3f} ({1000 * jc / n:.3f})"
-          f" | {jw / fw:.2f} ({jc / fc:.2f}) | "
+          f" | {jw / fw:.2f} ({jc / fc:.2f}) | {tw:.2f} ({tc:.2f}) | "
           f"{1000 * best['jaxfid_trec'][0] / n:.3f} | {same}/{n} |")
   print(json.dumps(rows))
   return 0

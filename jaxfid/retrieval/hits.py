@@ -1,31 +1,37 @@
-"""One query's search results: (row, score) pairs held as two lists.
+"""One query's search results: (row, score) pairs held as two arrays.
 
 A searcher returns, per query, a sequence of (store row, score) pairs, best
 first (:mod:`jaxfid.retrieval.search`). :class:`Hits` is that sequence
-without a tuple per pair: it keeps the rows and the scores as two Python
-lists (what ``ndarray.tolist()`` of FAISS's result arrays gives in one C
-call) and makes a pair only when one is read. Building 100 tuples for each
-query, and the garbage collector's passes over them, cost about a tenth of
-an IVF-PQ search's time (issue #28); the pairs a consumer reads are freed as
-it goes, so they set off no collection.
+without a Python object per pair: it keeps a query's row of FAISS's result
+arrays (int64 rows, float32 scores: views, no copy) and makes Python ints
+and floats only when the pairs are read, a query at a time, as a run
+file's writer reads them. Building 100 tuples for each query at search
+time, and the garbage collector's passes over them, cost about a tenth of
+an IVF-PQ search (issue #28).
 
 It is a ``Sequence``: iteration, indexing, slicing, ``len``, ``bool`` and
-``==`` against any sequence of pairs behave as for a list of tuples.
+``==`` against any sequence of pairs behave as for a list of
+``(int, float)`` tuples.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Iterator, overload
 
+import numpy as np
+
 
 class Hits(Sequence):
-  """(row, score) pairs, best first, over ``rows`` and ``scores`` lists."""
+  """(row, score) pairs, best first, over ``rows`` (int64 [n]) and
+  ``scores`` (float32 [n])."""
 
   __slots__ = ("rows", "scores")
 
-  def __init__(self, rows: list[int], scores: list[float]):
-    if len(rows) != len(scores):
-      raise ValueError(f"{len(rows)} rows for {len(scores)} scores")
+  def __init__(self, rows: np.ndarray, scores: np.ndarray):
+    rows, scores = np.asarray(rows, np.int64), np.asarray(scores, np.float32)
+    if rows.shape != scores.shape or rows.ndim != 1:
+      raise ValueError(f"rows {rows.shape} and scores {scores.shape}: "
+                       "two vectors of one length")
     self.rows = rows
     self.scores = scores
 
@@ -33,7 +39,7 @@ class Hits(Sequence):
     return len(self.rows)
 
   def __iter__(self) -> Iterator[tuple[int, float]]:
-    return zip(self.rows, self.scores)
+    return zip(self.rows.tolist(), self.scores.tolist())
 
   @overload
   def __getitem__(self, i: int) -> tuple[int, float]: ...
@@ -44,17 +50,18 @@ class Hits(Sequence):
   def __getitem__(self, i):
     if isinstance(i, slice):
       return Hits(self.rows[i], self.scores[i])
-    return self.rows[i], self.scores[i]
+    return int(self.rows[i]), float(self.scores[i])
 
   def __eq__(self, other: object) -> bool:
     if isinstance(other, Hits):
-      return self.rows == other.rows and self.scores == other.scores
+      return (np.array_equal(self.rows, other.rows)
+              and np.array_equal(self.scores, other.scores))
     if isinstance(other, (list, tuple)):
       return len(other) == len(self) and all(
           a == b for a, b in zip(self, other))
     return NotImplemented
 
-  __hash__ = None  # mutable lists inside, as a list of pairs
+  __hash__ = None  # mutable arrays inside, as a list of pairs
 
   def __repr__(self) -> str:
     return f"Hits({list(self)!r})"
