@@ -174,14 +174,15 @@ def worker(task: str, index_dir: str, queries: str, options: str) -> dict:
     runs = {"faiss": _faiss_search(index_dir, info, vectors, opts),
             "jaxfid": _jaxfid_search(index_dir, info, texts, queries, opts)}
     best: dict = {}
+    outputs: dict = {}
     for _ in range(passes):
       for name, run in runs.items():
-        wall, cpu, found = best_of_passes(run, 1)
+        wall, cpu, outputs[name] = best_of_passes(run, 1)
         b = best.setdefault(name, [wall, cpu])
         b[0], b[1] = min(b[0], wall), min(b[1], cpu)
     out["seconds"], out["cpu_seconds"] = best["jaxfid"]
     out["faiss_seconds"], out["faiss_cpu_seconds"] = best["faiss"]
-    out["same_rows"] = _same_rows(found, np.load(rows_file))
+    out["same_rows"] = _same_rows(outputs["jaxfid"], np.load(rows_file))
   else:
     out["seconds"], out["cpu_seconds"], found = best_of_passes(
         _jaxfid_search(index_dir, info, texts, queries, opts,

@@ -7,7 +7,7 @@ registry of loaders and returns a *searcher*: an object with
 * ``search(texts, top_k, **options) -> list[Sequence[(row, score)]]``: for
   each query text, up to ``top_k`` store rows with scores, best first (a list
   of pairs, or a :class:`~jaxfid.retrieval.hits.Hits` that holds them as two
-  lists, as dense indexes return). Options are
+  arrays, as dense indexes return). Options are
   index-specific (``token_top_k`` for token-level indexes); a searcher
   rejects options it does not know with an InputError;
 * optionally ``search_batches(batches, top_k, threads, **options)``: the

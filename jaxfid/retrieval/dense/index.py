@@ -260,8 +260,6 @@ def hit_lists(scores: np.ndarray, rows: np.ndarray) -> list[Hits]:
   """[Q, k] FAISS results (row -1 = none, at the end) as each query's
   :class:`~jaxfid.retrieval.hits.Hits`: views of its row of the arrays,
   no Python number made until a consumer reads them."""
-  if len(rows) and rows[:, -1:].min(initial=0) >= 0:  # all k found
-    return [Hits(r, s) for r, s in zip(rows, scores)]
   found = (rows >= 0).sum(axis=1).tolist()
   return [Hits(r[:n], s[:n]) for r, s, n in zip(rows, scores, found)]
 
