@@ -286,6 +286,26 @@ def test_damaged_bm25_index(data, bm25_index, tmp_path, name, how, capsys):
   assert line.startswith(f"jaxfid retrieve: error: {path}: {reason}"), line
 
 
+def test_bm25_postings_out_of_order_are_one_line(data, bm25_index, tmp_path,
+                                                 capsys):
+  """Rows of a full-size but damaged postings file are caught when a term is
+  first read (the top-k's compiled scatter does no bounds checks)."""
+  copy = tmp_path / "index"
+  shutil.copytree(bm25_index, copy)
+  name = copy / "bm25" / "indices.csc.index.npy"
+  rows = np.load(name)
+  np.save(name, np.full_like(rows, 2**31 - 1))
+  run = tmp_path / "run.trec"
+  rc, _, err = _cli(["retrieve", "--index", copy, "--queries",
+                     data["queries"], "--top-k", "3", "--output", run],
+                    capsys)
+  line = _one_line(err)
+  assert rc == 2 and not run.exists(), line
+  assert line.startswith(f"jaxfid retrieve: error: {copy / 'bm25'}: the "
+                         "postings of term "), line
+  assert "not ascending rows below" in line
+
+
 @pytest.mark.parametrize("name, how, reason", [
     ("embeddings_00001.npy", "truncate", "truncated: "),
     ("embeddings_00002.npy", "delete", "missing index file"),

@@ -266,6 +266,28 @@ def test_pruned_search_equals_exhaustive_top_k(monkeypatch, lucene_norms,
   assert not space.acc.any() and not space.mark.any()
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_scatter_add_is_add_at_bit_for_bit(monkeypatch, kernel):
+  """The compiled scatter (or its fallback) adds each term's postings as
+  ``np.add.at`` does, to the bit, over several terms in turn; rows of
+  another dtype take the fallback."""
+  if not kernel:
+    monkeypatch.setattr(topk, "_csc_matvec", None)
+  rng = np.random.default_rng(0)
+  n = 5000
+  acc, expected = np.zeros(n, np.float32), np.zeros(n, np.float32)
+  for size, dtype in [(3000, np.int32), (40, np.int32), (1, np.int32),
+                      (0, np.int32), (700, np.int64)]:
+    rows = np.sort(rng.choice(n, size, replace=False)).astype(dtype)
+    values = (rng.random(size) * 7).astype(np.float32) * np.float32(3)
+    topk.scatter_add(acc, rows, values)
+    np.add.at(expected, rows, values)
+  assert acc.tobytes() == expected.tobytes()
+  assert (topk._csc_matvec is not None) == kernel
+  np.testing.assert_array_equal(topk.gather(acc, rows[::-1]),
+                                acc[rows[::-1]])
+
+
 def test_upper_bounds_stored_and_recomputed(tmp_path):
   texts, _, _ = _zipf_corpus(3, 200)
   index = build_index(texts)

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxfid.core.errors import InputError
 from jaxfid.retrieval.bm25.topk import Term, Workspaces, pruned_top_k
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
@@ -183,6 +184,10 @@ class BM25Index:
     self.data, self.indices, self.indptr = data, indices, indptr
     self.max_scores = max_scores  # float32 per term (computed when None)
     self._workspaces = Workspaces()
+    # terms whose postings were checked (ascending rows within the
+    # collection: the top-k's compiled scatter does no bounds checks)
+    self._checked = np.zeros(len(indptr) - 1, bool)
+    self.source = "the BM25 index"  # its directory, once loaded
     self.idf = idf  # float32 per term
     self.doc_norms = doc_norms  # float32 normInverse per document
     self.vocab = vocab
@@ -212,8 +217,21 @@ class BM25Index:
     out = []
     for col, rep in zip(cols.tolist(), reps.tolist()):
       start, end = int(self.indptr[col]), int(self.indptr[col + 1])
-      out.append((col, rep, self.indices[start:end], self.data[start:end]))
+      rows = self.indices[start:end]
+      if not self._checked[col]:
+        self._check_rows(col, rows)
+      out.append((col, rep, rows, self.data[start:end]))
     return out
+
+  def _check_rows(self, col: int, rows: np.ndarray) -> None:
+    """Once per term: its rows ascend within [0, num_docs) (else the index
+    file is damaged: one error naming it, never a write out of bounds)."""
+    if len(rows) and (rows[0] < 0 or rows[-1] >= self.num_docs
+                      or (len(rows) > 1 and not np.all(rows[1:] > rows[:-1]))):
+      raise InputError(self.source, f"the postings of term {col} are not "
+                       f"ascending rows below {self.num_docs} (a damaged "
+                       "indices.csc.index.npy; rebuild the index)")
+    self._checked[col] = True
 
   def _boosted(self, col: int, boost: float, rows: np.ndarray,
                scores: np.ndarray) -> np.ndarray:
@@ -330,16 +348,18 @@ class BM25Index:
     def load(name):  # a plain ndarray view: np.memmap slicing is slow
       return np.load(d / name, mmap_mode=mode).view(np.ndarray)
 
-    return cls(data=load("data.csc.index.npy"),
-               indices=load("indices.csc.index.npy"),
-               indptr=np.load(d / "indptr.csc.index.npy"),
-               vocab=vocab, num_docs=meta["num_docs"],
-               params=BM25Params(**meta["params"]),
-               analyzer=EnglishAnalyzer.from_config(meta["analyzer"]),
-               stats=meta["stats"], idf=np.load(d / "idf.npy"),
-               doc_norms=load("doc_norms.npy"),
-               max_scores=(np.load(d / "max_scores.npy")
-                           if (d / "max_scores.npy").exists() else None))
+    index = cls(data=load("data.csc.index.npy"),
+                indices=load("indices.csc.index.npy"),
+                indptr=np.load(d / "indptr.csc.index.npy"),
+                vocab=vocab, num_docs=meta["num_docs"],
+                params=BM25Params(**meta["params"]),
+                analyzer=EnglishAnalyzer.from_config(meta["analyzer"]),
+                stats=meta["stats"], idf=np.load(d / "idf.npy"),
+                doc_norms=load("doc_norms.npy"),
+                max_scores=(np.load(d / "max_scores.npy")
+                            if (d / "max_scores.npy").exists() else None))
+    index.source = os.fspath(d)
+    return index
 
 
 def top_k(docs: np.ndarray, scores: np.ndarray, k: int,
