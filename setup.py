@@ -49,6 +49,8 @@ INSTALL_REQUIRES = [
     "regex>=2026.11.19",
     "safetensors>=0.8.0",
     "numpy>=2.4.6,<3",
+    # BM25 top-k's compiled scatter (scipy.sparse's csc_matvec)
+    "scipy>=1.17.1",
     "tqdm>=4.70.1",
     "matplotlib>=3.11.2",
     "tensorboardX>=2.6.5",
@@ -90,7 +92,6 @@ SERVE_REQUIRES = [
 TEST_REQUIRES = [
     "pytest>=9.2.0",
     "pytest-xdist>=3.8.0",
-    "scipy>=1.17.1",
     "transformers>=5.24.0,<6",
 ] + SEQIO_REQUIRES + BENCH_REQUIRES + SERVE_REQUIRES
 

@@ -115,6 +115,11 @@ class Workspaces(threading.local):
 _ONE = np.ones(1, np.float32)
 
 
+def _compiled_scatter():
+  """scipy's ``csc_matvec``, or None where this scipy lacks it."""
+  return _csc_matvec
+
+
 def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
                 ) -> None:
   """``acc[rows] += values`` for distinct ``rows`` within ``acc`` (one term's
@@ -125,10 +130,11 @@ def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
   the same float32 addition in the same order, so the results are the same
   bits. ``np.add.at`` where that kernel is missing or the dtypes differ.
   """
-  if (_csc_matvec is not None and rows.dtype == np.int32
+  kernel = _compiled_scatter()
+  if (kernel is not None and rows.dtype == np.int32
       and values.dtype == np.float32 and acc.dtype == np.float32
       and rows.flags.c_contiguous and values.flags.c_contiguous):
-    _csc_matvec(len(acc), 1, np.array([0, len(rows)], np.int32), rows,
+    kernel(len(acc), 1, np.array([0, len(rows)], np.int32), rows,
                 values, _ONE, acc)
   else:
     np.add.at(acc, rows, values)
