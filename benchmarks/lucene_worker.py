@@ -21,7 +21,8 @@ Tasks (one per process, a JSON line on stdout):
   queries, top 100, on THREADS threads, PASSES times (the first warms the
   JIT as the others' first pass warms their caches; the best is kept);
   then the hits of one more pass are written to RESULTS as JSON
-  (``[[docid, score], ...]`` per query) for the rankings check.
+  (``[[docid, score], ...]`` per query) for the rankings check (nothing
+  when RESULTS is ``-``).
 """
 from __future__ import annotations
 
@@ -94,11 +95,12 @@ def search(jar: str, index: str, queries: str, threads: str, passes: str,
     latency = {"p50": _percentile(times, 50), "p90": _percentile(times, 90),
                "p99": _percentile(times, 99),
                "mean": sum(times) / len(times)}
-  found = searcher.batch_search(jtexts, jids, TOP_K, int(threads))
-  hits = [[[h.docid, h.score] for h in found.get(str(i))]
-          for i in range(len(texts))]
-  with open(results, "w") as f:
-    json.dump(hits, f)
+  if results != "-":  # "-": no rankings wanted (bm25_scale's N threads)
+    found = searcher.batch_search(jtexts, jids, TOP_K, int(threads))
+    hits = [[[h.docid, h.score] for h in found.get(str(i))]
+            for i in range(len(texts))]
+    with open(results, "w") as f:
+      json.dump(hits, f)
   return {"queries": len(texts), "threads": int(threads), "seconds": best,
           "cpu_seconds": best_cpu, "latency_ms": latency,
           "peak_rss_mb": _own_peak_mb()}
