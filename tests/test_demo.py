@@ -14,6 +14,7 @@ import pytest
 
 from jaxfid.cli import build_parser
 from jaxfid.fid.commands import demo
+from subprocess_env import default_xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 500  # a window of seconds for SIGTERM to land in training on a loaded machine
@@ -26,8 +27,10 @@ def _command(out):
 
 
 def _env(tmp_path):
-  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-              JAXFID_COMPILATION_CACHE=str(tmp_path / "xla"))
+  # XLA's defaults, as a user's demo runs: the suite's -O0 and 8 devices
+  # make its 500 steps about twice as slow (subprocess_env.py)
+  return default_xla_env(PYTHONPATH=ROOT,
+                         JAXFID_COMPILATION_CACHE=str(tmp_path / "xla"))
 
 
 @pytest.mark.slow
