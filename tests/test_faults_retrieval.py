@@ -277,7 +277,8 @@ def _retrieve_damaged(index: Path, name: str, how: str, queries, tmp_path,
     ("bm25/indices.csc.index.npy", "truncate"),
     ("bm25/indptr.csc.index.npy", "truncate"),
     ("bm25/vocab.index.json", "truncate"), ("bm25/doc_norms.npy", "delete"),
-    ("bm25/max_scores.npy", "truncate")])
+    ("bm25/max_scores.npy", "truncate"),
+    ("bm25/impacts.csc.index.npy", "truncate")])
 def test_damaged_bm25_index(data, bm25_index, tmp_path, name, how, capsys):
   line = _retrieve_damaged(bm25_index, name, how, data["queries"], tmp_path,
                            capsys)
@@ -286,15 +287,19 @@ def test_damaged_bm25_index(data, bm25_index, tmp_path, name, how, capsys):
   assert line.startswith(f"jaxfid retrieve: error: {path}: {reason}"), line
 
 
-def test_bm25_postings_out_of_order_are_one_line(data, bm25_index, tmp_path,
-                                                 capsys):
-  """Rows of a full-size but damaged postings file are caught when a term is
-  first read (the top-k's compiled scatter does no bounds checks)."""
+@pytest.mark.parametrize("name, value, what, says", [
+    ("indices.csc.index.npy", 2**31 - 1, "postings", "not ascending rows"),
+    ("impacts.csc.index.npy", 2**16 - 1, "impacts", "exceed 4095")])
+def test_bm25_postings_out_of_range_are_one_line(data, bm25_index, tmp_path,
+                                                 capsys, name, value, what,
+                                                 says):
+  """Rows or impacts of a full-size but damaged postings file are caught
+  when a term is first read (the top-k's compiled scatter does no bounds
+  checks, and its uint16 sums must not overflow)."""
   copy = tmp_path / "index"
   shutil.copytree(bm25_index, copy)
-  name = copy / "bm25" / "indices.csc.index.npy"
-  rows = np.load(name)
-  np.save(name, np.full_like(rows, 2**31 - 1))
+  path = copy / "bm25" / name
+  np.save(path, np.full_like(np.load(path), value))
   run = tmp_path / "run.trec"
   rc, _, err = _cli(["retrieve", "--index", copy, "--queries",
                      data["queries"], "--top-k", "3", "--output", run],
@@ -302,8 +307,8 @@ def test_bm25_postings_out_of_order_are_one_line(data, bm25_index, tmp_path,
   line = _one_line(err)
   assert rc == 2 and not run.exists(), line
   assert line.startswith(f"jaxfid retrieve: error: {copy / 'bm25'}: the "
-                         "postings of term "), line
-  assert "not ascending rows below" in line
+                         f"{what} of term "), line
+  assert says in line and name in line
 
 
 @pytest.mark.parametrize("name, how, reason", [

@@ -229,31 +229,40 @@ def _zipf_corpus(seed, n_docs, vocab=300):
   return texts, words, p
 
 
+@pytest.mark.parametrize("impacts", [True, False])
 @pytest.mark.parametrize("lucene_norms, expand_all, add_all", [
     (True, 0, 0), (False, 0, 0), (True, 10**9, 0), (True, 0, 10**9),
     (False, 0, 10**9)])
 def test_pruned_search_equals_exhaustive_top_k(monkeypatch, lucene_norms,
-                                               expand_all, add_all):
+                                               expand_all, add_all, impacts):
+  """Every path of the top k, with uint16 impact sums and float32 sums."""
   monkeypatch.setattr(scoring, "_EXHAUSTIVE_POSTINGS", 0)
   monkeypatch.setattr(topk, "EXPAND_ALL_POSTINGS", expand_all)
   monkeypatch.setattr(topk, "ADD_ALL_RATIO", add_all)
   texts, words, p = _zipf_corpus(11, 3000)
   index = build_index(texts, BM25Params(lucene_norms=lucene_norms))
+  assert index.impacts is not None
+  if not impacts:  # an index saved before impacts
+    index.impacts = index.impact_step = None
   rank = np.random.default_rng(12).permutation(len(texts))
   rng = np.random.default_rng(13)
   pruned = 0
   calls = []
   real = topk.pruned_top_k
+  kinds = set()
 
-  def spy(terms, k, space):
-    docs, scores = real(terms, k, space)
+  def spy(terms, k, space, step):
+    kinds.add(topk.Sums.choose(terms, space, step).acc.dtype)
+    docs, scores = real(terms, k, space, step)
     calls.append(len(docs))
     return docs, scores
 
   monkeypatch.setattr(scoring, "pruned_top_k", spy)
-  for _ in range(80):
-    # common and rare words, sometimes repeated (boosted)
-    query = " ".join(rng.choice(words, size=rng.integers(2, 8), p=p ** 0.3
+  for i in range(88):
+    # common and rare words, sometimes repeated (boosted); every 11th query
+    # longer than MAX_IMPACT_TERMS words
+    size = rng.integers(2, 8) if i % 11 else rng.integers(17, 25)
+    query = " ".join(rng.choice(words, size=size, p=p ** 0.3
                                 / (p ** 0.3).sum()))
     docs, scores = index.match(query)
     for k in (1, 10, 100):
@@ -262,8 +271,12 @@ def test_pruned_search_equals_exhaustive_top_k(monkeypatch, lucene_norms,
       assert got == top_k(docs, scores, k, rank), (query, k)
       pruned += bool(calls) and calls[-1] < len(docs) // 2
   assert pruned > 100  # most searches scored well under half the matches
+  # long queries (boosts summing to more than MAX_IMPACT_TERMS) sum floats
+  assert kinds == ({np.dtype(np.uint16), np.dtype(np.float32)} if impacts
+                   else {np.dtype(np.float32)})
   space = index._workspaces.get(index.num_docs)
-  assert not space.acc.any() and not space.mark.any()
+  assert not space.acc.any() and not space.acc16.any()
+  assert not space.mark.any()
 
 
 @pytest.mark.parametrize("kernel", [True, False])
@@ -286,6 +299,28 @@ def test_scatter_add_is_add_at_bit_for_bit(monkeypatch, kernel):
   assert (topk._csc_matvec is not None) == kernel
   np.testing.assert_array_equal(topk.gather(acc, rows[::-1]),
                                 acc[rows[::-1]])
+
+
+def test_impacts_bound_the_scores_and_old_indexes_search_without(tmp_path):
+  """impact * step <= score < (impact + 1) * step for every posting, at most
+  IMPACT_MAX; an index saved before impacts searches with float32 sums and
+  returns the same hits."""
+  texts, words, p = _zipf_corpus(4, 2000)
+  index = build_index(texts)
+  index.save(tmp_path)
+  loaded = BM25Index.load(tmp_path)
+  step, impacts = loaded.impact_step, np.asarray(loaded.impacts)
+  np.testing.assert_array_equal(impacts, index.impacts)
+  data = np.asarray(loaded.data, np.float64)
+  assert impacts.max() <= topk.IMPACT_MAX and impacts.max() >= 4000
+  assert np.all(impacts * step <= data) and np.all(data < (impacts + 1) * step)
+  (tmp_path / "impacts.csc.index.npy").unlink()
+  old = BM25Index.load(tmp_path)
+  assert old.impacts is None and old.impact_step is None
+  rng = np.random.default_rng(5)
+  for _ in range(30):
+    query = " ".join(rng.choice(words[:40], size=rng.integers(2, 6)))
+    assert old.search(query, 10) == loaded.search(query, 10)
 
 
 def test_upper_bounds_stored_and_recomputed(tmp_path):

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from jaxfid.core.files import preallocate
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
+from jaxfid.retrieval.bm25.topk import impact_step, quantize_impacts
 from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
@@ -181,10 +182,14 @@ class BM25Builder:
       shutil.rmtree(self.spill_dir, ignore_errors=True)
     stats = {"num_nonempty_docs": nonempty, "sum_total_term_freq": total,
              "avgdl": float(avgdl)}
+    step = impact_step(float(max_scores.max(initial=0.0)))
+    impacts = quantize_impacts(data, step, self._allocate_impacts(
+        len(data), directory))
     return BM25Index(data, indices, indptr, self.vocab,
                      num_docs=self._num_docs, params=params,
                      analyzer=self.analyzer, stats=stats, idf=idf,
-                     doc_norms=norm_inv, max_scores=max_scores)
+                     doc_norms=norm_inv, max_scores=max_scores,
+                     impacts=impacts, impact_step=step)
 
   @staticmethod
   def _allocate(size: int, directory) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +206,16 @@ class BM25Builder:
     preallocate(d / "data.csc.index.npy")
     preallocate(d / "indices.csc.index.npy")
     return arrays
+
+  @staticmethod
+  def _allocate_impacts(size: int, directory) -> np.ndarray:
+    if directory is None:
+      return np.empty(size, np.uint16)
+    path = Path(directory) / "impacts.csc.index.npy"
+    impacts = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16,
+                                        shape=(size,))
+    preallocate(path)
+    return impacts
 
 
 def build_index(texts: Iterable[str], params: BM25Params = BM25Params(),

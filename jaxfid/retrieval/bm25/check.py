@@ -4,7 +4,8 @@
 (:mod:`jaxfid.retrieval.bm25.scoring` layout) before loading it: the
 document count of ``bm25.json`` against ``meta.json``'s, the CSC arrays
 against ``indptr`` (sizes and dtypes from the ``.npy`` headers, nothing read
-whole), the per-term and per-document arrays (``max_scores.npy`` when present), and that the vocabulary was not
+whole), the per-term and per-document arrays (``max_scores.npy`` and
+``impacts.csc.index.npy`` when present), and that the vocabulary was not
 cut short. A missing, truncated or inconsistent file is one
 :class:`~jaxfid.core.errors.InputError` naming it.
 """
@@ -39,6 +40,8 @@ def check_bm25_files(directory: str | os.PathLike, num_docs: int) -> None:
   load_array(d / "doc_norms.npy", (num_docs,), (np.float32,))
   if (d / "max_scores.npy").exists():  # absent in indexes saved before it
     load_array(d / "max_scores.npy", (num_terms,), (np.float32,))
+  if (d / "impacts.csc.index.npy").exists():  # the same
+    load_array(d / "impacts.csc.index.npy", (nnz,), (np.uint16,))
   check_json_complete(d / "vocab.index.json")
 
 

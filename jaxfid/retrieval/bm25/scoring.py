@@ -30,7 +30,10 @@ Storage is bm25s's "eager" sparse layout: a term-major CSC matrix of
 precomputed per-(term, document) scores (``data`` float32, ``indices`` int32
 document numbers, ``indptr`` int64 per term), saved with bm25s's file names so
 ``bm25s.BM25.load`` opens the same directory; ``max_scores.npy`` adds each
-term's largest score (older indexes without it get it computed on load). A
+term's largest score (older indexes without it get it computed on load) and
+``impacts.csc.index.npy`` each posting's score quantised to uint16 for the
+top k's accumulator (:mod:`jaxfid.retrieval.bm25.topk`; an index saved
+before them searches with float32 sums, the same results, slower). A
 query with few postings is scored exhaustively (double sums over the distinct
 matching rows); otherwise :func:`jaxfid.retrieval.bm25.topk.pruned_top_k`
 skips the documents that cannot reach the top k (MaxScore) and scores the
@@ -52,7 +55,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.bm25.topk import Term, Workspaces, pruned_top_k
+from jaxfid.retrieval.bm25.topk import (
+    IMPACT_MAX, Term, Workspaces, impact_step, pruned_top_k,
+    quantize_impacts)
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
 # --- Lucene's SmallFloat: document lengths in one byte ----------------------
@@ -170,6 +175,8 @@ class BM25Index:
     data, indices, indptr: term-major CSC of per-(term, doc) scores.
     idf: float32 idf per term; doc_norms: float32 norm inverse per document.
     max_scores: float32 per term, its largest score (for pruning).
+    impacts, impact_step: uint16 ``floor(data / impact_step)`` per posting
+      (None in indexes saved before them).
     vocab: term -> column.
     num_docs: N.
     params: the BM25Params it was built with.
@@ -180,9 +187,13 @@ class BM25Index:
   def __init__(self, data, indices, indptr, vocab: dict[str, int],
                num_docs: int, params: BM25Params, analyzer: EnglishAnalyzer,
                stats: dict, idf: np.ndarray, doc_norms: np.ndarray,
-               max_scores: np.ndarray | None = None):
+               max_scores: np.ndarray | None = None,
+               impacts: np.ndarray | None = None,
+               impact_step: float | None = None):
     self.data, self.indices, self.indptr = data, indices, indptr
     self.max_scores = max_scores  # float32 per term (computed when None)
+    self.impacts = impacts if impact_step is not None else None
+    self.impact_step = impact_step if impacts is not None else None
     self._workspaces = Workspaces()
     # terms whose postings were checked (ascending rows within the
     # collection: the top-k's compiled scatter does no bounds checks)
@@ -224,14 +235,25 @@ class BM25Index:
     return out
 
   def _check_rows(self, col: int, rows: np.ndarray) -> None:
-    """Once per term: its rows ascend within [0, num_docs) (else the index
-    file is damaged: one error naming it, never a write out of bounds)."""
+    """Once per term: its rows ascend within [0, num_docs) and its impacts
+    are at most IMPACT_MAX (else the index file is damaged: one error
+    naming it, never a write out of bounds or an overflowing sum)."""
     if len(rows) and (rows[0] < 0 or rows[-1] >= self.num_docs
                       or (len(rows) > 1 and not np.all(rows[1:] > rows[:-1]))):
       raise InputError(self.source, f"the postings of term {col} are not "
                        f"ascending rows below {self.num_docs} (a damaged "
                        "indices.csc.index.npy; rebuild the index)")
+    impacts = self._impacts(col)
+    if impacts is not None and len(impacts) and impacts.max() > IMPACT_MAX:
+      raise InputError(self.source, f"the impacts of term {col} exceed "
+                       f"{IMPACT_MAX} (a damaged impacts.csc.index.npy; "
+                       "rebuild the index)")
     self._checked[col] = True
+
+  def _impacts(self, col: int) -> np.ndarray | None:
+    if self.impacts is None:
+      return None
+    return self.impacts[int(self.indptr[col]):int(self.indptr[col + 1])]
 
   def _boosted(self, col: int, boost: float, rows: np.ndarray,
                scores: np.ndarray) -> np.ndarray:
@@ -306,9 +328,9 @@ class BM25Index:
       return top_k(docs, scores, k, tie_rank)
     docs, scores = pruned_top_k(
         [Term(rows, scores, int(rep), self._upper(col, rep),
-              functools.partial(self._boosted, col, rep))
+              functools.partial(self._boosted, col, rep), self._impacts(col))
          for col, rep, rows, scores in terms], k,
-        self._workspaces.get(self.num_docs))
+        self._workspaces.get(self.num_docs), self.impact_step)
     return top_k(docs, scores, k, tie_rank)
 
   # -- persistence
@@ -330,10 +352,16 @@ class BM25Index:
     np.save(d / "idf.npy", np.asarray(self.idf, np.float32))
     np.save(d / "doc_norms.npy", np.asarray(self.doc_norms, np.float32))
     np.save(d / "max_scores.npy", self.upper_bounds())
+    if self.impacts is None:
+      self.impact_step = impact_step(float(self.upper_bounds().max(
+          initial=0.0)))
+      self.impacts = quantize_impacts(self.data, self.impact_step)
+    _save_array(d / "impacts.csc.index.npy", self.impacts, np.uint16)
     with open(d / "bm25.json", "w") as f:
       json.dump({"params": dataclasses.asdict(self.params),
                  "analyzer": self.analyzer.config(),
-                 "num_docs": self.num_docs, "stats": self.stats}, f, indent=2)
+                 "num_docs": self.num_docs, "stats": self.stats,
+                 "impact_step": self.impact_step}, f, indent=2)
 
   @classmethod
   def load(cls, directory: str | os.PathLike, mmap: bool = True) -> "BM25Index":
@@ -357,7 +385,10 @@ class BM25Index:
                 stats=meta["stats"], idf=np.load(d / "idf.npy"),
                 doc_norms=load("doc_norms.npy"),
                 max_scores=(np.load(d / "max_scores.npy")
-                            if (d / "max_scores.npy").exists() else None))
+                            if (d / "max_scores.npy").exists() else None),
+                impacts=(load("impacts.csc.index.npy")
+                         if (d / "impacts.csc.index.npy").exists() else None),
+                impact_step=meta.get("impact_step"))
     index.source = os.fspath(d)
     return index
 

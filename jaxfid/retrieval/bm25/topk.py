@@ -44,6 +44,18 @@ accumulator is read with :func:`gather` (``take`` with platform indices:
 numpy's fancy indexing with the index's int32 rows is 4-8x slower). The
 index checks each term's rows once, on first use, since the compiled loop
 does no bounds checks (``BM25Index._check_rows``).
+
+**Impacts.** The work is memory traffic over the accumulator (12 MB of
+float32 at 3M documents). Where the index stores *impacts* (each posting's
+score at boost 1 quantised down, ``floor(score / step)`` with one ``step``
+for the whole index, at most :data:`IMPACT_MAX`) and the query's boosts sum
+to at most :data:`MAX_IMPACT_TERMS`, the sums are taken in a uint16
+accumulator instead (:class:`Sums`): half the bytes to add, read and zero.
+An integer sum ``P`` over terms of boosts summing to ``m`` bounds the true
+partial score from both sides, ``P * step <= score < (P + m) * step`` (up
+to ``eps``), and every comparison with ``theta`` uses those bounds, so the
+candidates still include every document that can tie the k-th score; a few
+more documents within ``m * step`` of it are scored exactly.
 """
 from __future__ import annotations
 
@@ -73,6 +85,10 @@ ADD_ALL_RATIO = 256
 # the accumulator is zeroed whole (a memset) rather than at the touched rows
 # (a scatter, ~10x the cost per entry) once they exceed N / RESET_ALL_RATIO
 RESET_ALL_RATIO = 8
+# impacts are floor(score / step) <= IMPACT_MAX; a query's boosts may sum to
+# MAX_IMPACT_TERMS before its uint16 sums could overflow (else: float32 sums)
+IMPACT_MAX = 4095
+MAX_IMPACT_TERMS = np.iinfo(np.uint16).max // IMPACT_MAX
 
 
 class Term(NamedTuple):
@@ -85,20 +101,23 @@ class Term(NamedTuple):
     upper: an upper bound of its boosted scores.
     exact: ``exact(rows, scores)``, Lucene's boosted float32 scores of a
       subset of its postings.
+    impacts: uint16 ``floor(scores / step)`` (the index's step), or None.
   """
   rows: np.ndarray
   scores: np.ndarray
   boost: int
   upper: float
   exact: Callable[[np.ndarray, np.ndarray], np.ndarray]
+  impacts: np.ndarray | None = None
 
 
 class Workspace:
-  """Per-thread arrays over all N documents: the float32 accumulator and
-  flags of candidates."""
+  """Per-thread arrays over all N documents: the float32 and uint16
+  accumulators and flags of candidates."""
 
   def __init__(self, num_docs: int):
     self.acc = np.zeros(num_docs, np.float32)
+    self.acc16 = np.zeros(num_docs, np.uint16)
     self.mark = np.zeros(num_docs, bool)
 
 
@@ -112,7 +131,8 @@ class Workspaces(threading.local):
     return space
 
 
-_ONE = np.ones(1, np.float32)
+_ONE = {np.dtype(np.float32): np.ones(1, np.float32),
+        np.dtype(np.uint16): np.ones(1, np.uint16)}
 
 
 def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
@@ -122,16 +142,80 @@ def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
 
   scipy's CSC product with one column of ones (``y += A x``) is a compiled
   loop over the postings, 1.5-1.8x as fast as ``np.add.at``; each sum is
-  the same float32 addition in the same order, so the results are the same
-  bits. ``np.add.at`` where that kernel is missing or the dtypes differ.
+  the same float32 (or uint16) addition in the same order, so the results
+  are the same bits. ``np.add.at`` where that kernel is missing or the
+  dtypes differ.
   """
-  if (_csc_matvec is not None and rows.dtype == np.int32
-      and values.dtype == np.float32 and acc.dtype == np.float32
+  one = _ONE.get(acc.dtype)
+  if (_csc_matvec is not None and one is not None
+      and rows.dtype == np.int32 and values.dtype == acc.dtype
       and rows.flags.c_contiguous and values.flags.c_contiguous):
     _csc_matvec(len(acc), 1, np.array([0, len(rows)], np.int32), rows,
-                values, _ONE, acc)
+                values, one, acc)
   else:
     np.add.at(acc, rows, values)
+
+
+def quantize_impacts(scores: np.ndarray, step: float,
+                     out: np.ndarray | None = None,
+                     chunk: int = 1 << 24) -> np.ndarray:
+  """uint16 ``floor(scores / step)`` (in float64), in chunks (``scores``
+  may be a memory map of hundreds of millions of postings)."""
+  out = np.empty(len(scores), np.uint16) if out is None else out
+  for a in range(0, len(scores), chunk):
+    part = np.floor(np.asarray(scores[a:a + chunk], np.float64) / step)
+    out[a:a + chunk] = part.astype(np.uint16)
+  return out
+
+
+def impact_step(max_score: float) -> float:
+  """The step that quantises every score up to ``max_score`` to at most
+  IMPACT_MAX."""
+  return max_score / IMPACT_MAX * (1 + 2.0**-20) if max_score > 0 else 1.0
+
+
+class Sums(NamedTuple):
+  """A query's accumulator and how its sums bound the true scores.
+
+  ``step`` None: float32 sums of the terms' scores, within a relative
+  ``eps`` of the exact ones. Else uint16 sums ``P`` of impacts: the true
+  partial score over terms whose boosts sum to ``m`` lies in
+  ``[P * step, (P + m) * step)``, up to ``eps``.
+  """
+  acc: np.ndarray
+  step: float | None
+  eps: float
+
+  @classmethod
+  def choose(cls, terms: Sequence[Term], space: Workspace,
+             step: float | None) -> "Sums":
+    """uint16 sums where every term has impacts (of ``step``) and the
+    boosts allow, else float32 sums."""
+    eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
+    if (step is not None and all(t.impacts is not None for t in terms)
+        and sum(t.boost for t in terms) <= MAX_IMPACT_TERMS):
+      return cls(space.acc16, step, eps)
+    return cls(space.acc, None, eps)
+
+  def values(self, term: Term, pos=slice(None)) -> np.ndarray:
+    """What a term adds to the accumulator (at ``pos`` of its postings)."""
+    if self.step is None:
+      return _approx(term, term.scores[pos])
+    impacts = term.impacts[pos]
+    return impacts if term.boost == 1 else impacts * np.uint16(term.boost)
+
+  def low(self, value: float) -> float:
+    """A lower bound of the true partial score of an accumulator value."""
+    if self.step is None:
+      return value * (1 - self.eps)
+    return value * self.step * (1 - self.eps)
+
+  def need(self, bound: float, added: int) -> float:
+    """The least accumulator value (over terms of boosts summing to
+    ``added``) whose true partial score may reach ``bound``."""
+    if self.step is None:
+      return bound / (1 + self.eps)
+    return bound / (self.step * (1 + self.eps)) - added
 
 
 def gather(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -157,11 +241,11 @@ def _lookup(cand: np.ndarray, rows: np.ndarray
   return hit, pos[hit]
 
 
-def _union(space: Workspace, expanded: Sequence[np.ndarray],
-           need: float, last: np.ndarray | None) -> np.ndarray:
+def _union(acc: np.ndarray, mark: np.ndarray,
+           expanded: Sequence[np.ndarray], need: float,
+           last: np.ndarray | None) -> np.ndarray:
   """The distinct rows of the expanded postings whose sum is >= need
   (``last``: the sums of the last expanded rows, if already gathered)."""
-  acc, mark = space.acc, space.mark
   parts = []
   for j, rows in enumerate(expanded):
     sums = (last if j == len(expanded) - 1 and last is not None
@@ -177,19 +261,20 @@ def _union(space: Workspace, expanded: Sequence[np.ndarray],
   return cand
 
 
-def _add(space: Workspace, cand: np.ndarray, term: Term) -> None:
+def _add(sums: Sums, mark: np.ndarray, cand: np.ndarray, term: Term
+         ) -> None:
   """Adds a term's approximate scores to the candidates it contains."""
-  acc, mark, rows = space.acc, space.mark, term.rows
+  acc, rows = sums.acc, term.rows
   if len(cand) * LOOKUP_RATIO < len(rows):
     cand = np.sort(cand)
     hit, pos = _lookup(cand, rows)
-    acc[cand[hit]] += _approx(term, term.scores[pos])
+    acc[cand[hit]] += sums.values(term, pos)
   else:
     mark[cand] = True
     inside = np.flatnonzero(gather(mark, rows))
     mark[cand] = False
     hit = rows[inside].astype(np.intp)
-    acc[hit] += _approx(term, term.scores[inside])
+    acc[hit] += sums.values(term, inside)
 
 
 def _reset(acc: np.ndarray, touched: Sequence[np.ndarray]) -> None:
@@ -236,7 +321,7 @@ def expand_all_top_k(terms: Sequence[Term], k: int, space: Workspace
     _reset(acc, [rows])
 
 
-def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
+def add_all_top_k(terms: Sequence[Term], k: int, sums: Sums
                   ) -> tuple[np.ndarray, np.ndarray]:
   """Like :func:`pruned_top_k` for queries whose terms' postings are of
   similar lengths, where MaxScore's skipping saves little: every posting is
@@ -246,16 +331,16 @@ def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
   contain (MaxScore's essential terms, for this ``theta``) whose sum
   reaches it: few passes, each over postings, none over all N documents.
   """
-  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
-  acc = space.acc
+  acc = sums.acc
   try:
     for term in terms:
-      scatter_add(acc, term.rows, _approx(term, term.scores))
+      scatter_add(acc, term.rows, sums.values(term))
+    added = sum(term.boost for term in terms)
     docs, j = terms[0].rows, 1
     while len(docs) < k and j < len(terms):  # distinct documents, >= k
       docs = np.union1d(docs, terms[j].rows)
       j += 1
-    theta = (_kth(gather(acc, docs), k) * (1 - eps) if len(docs) >= k
+    theta = (sums.low(_kth(gather(acc, docs), k)) if len(docs) >= k
              else -np.inf)
     bounds = np.array([t.upper for t in terms], np.float64)
     rest = np.concatenate([np.cumsum(bounds[::-1])[::-1], [0.0]])
@@ -263,8 +348,8 @@ def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
     e = 1
     while e < len(terms) and not rest[e] < theta * SAFE:
       e += 1
-    parts = [t.rows[gather(acc, t.rows) * (1 + eps) >= theta * SAFE]
-             for t in terms[:e]]
+    need = sums.need(theta * SAFE, added)
+    parts = [t.rows[gather(acc, t.rows) >= need] for t in terms[:e]]
     cand = (np.unique(np.concatenate(parts)) if len(parts) > 1
             else parts[0]).astype(np.int64)
     return cand, exact_scores(terms, cand)
@@ -272,14 +357,15 @@ def add_all_top_k(terms: Sequence[Term], k: int, space: Workspace
     _reset(acc, [t.rows for t in terms])
 
 
-def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace,
+                 step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Documents that include the exact top ``k``, with their exact scores.
 
   Args:
     terms: the distinct query terms (at least one posting each).
     k: how many documents are wanted (>= 1).
     space: the thread's workspace (left all zero on return).
+    step: the index's impact step, if its terms carry impacts.
 
   Returns:
     (rows int64 ascending, float32 scores): every document that can be in
@@ -289,41 +375,43 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace
   if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
     return expand_all_top_k(terms, k, space)
   terms = sorted(terms, key=lambda t: -t.upper)
+  sums = Sums.choose(terms, space, step)
   if max(len(t.rows) for t in terms) <= ADD_ALL_RATIO * len(terms[0].rows):
     # no term is long enough for skipping most of its postings to pay
-    return add_all_top_k(terms, k, space)
-  eps = (len(terms) + 16) * 2.0**-23  # float32 sums vs exact, relative
+    return add_all_top_k(terms, k, sums)
   bounds = np.array([t.upper for t in terms], np.float64)
   rest = np.concatenate([np.cumsum(bounds[::-1])[::-1], [0.0]])
   done = np.concatenate([[0.0], np.cumsum(bounds)])
-  acc = space.acc
+  acc = sums.acc
   expanded: list[np.ndarray] = []
   theta = -np.inf
-  i = 0
+  i = added = 0  # terms added, and their boosts' sum
   try:
     while i < len(terms) and not rest[i] < theta * SAFE:
       term = terms[i]
       rows = term.rows.astype(np.intp)
       expanded.append(rows)
-      scatter_add(acc, term.rows, _approx(term, term.scores))
+      scatter_add(acc, term.rows, sums.values(term))
       i += 1
-      sums = None
+      added += term.boost
+      last = None
       # theta cannot exceed the bounds summed so far: compute it only when
       # it might stop the expansion
       if i < len(terms) and rest[i] < done[i] and len(rows) >= k:
-        sums = gather(acc, rows)
-        theta = max(theta, _kth(sums, k) * (1 - eps))
-    cand = _union(space, expanded, (theta * SAFE - rest[i]) / (1 + eps),
-                  sums)
+        last = gather(acc, rows)
+        theta = max(theta, sums.low(_kth(last, k)))
+    cand = _union(acc, space.mark, expanded,
+                  sums.need(theta * SAFE - rest[i], added), last)
     for term in terms[i:]:
       if len(cand) == 0:
         break
-      _add(space, cand, term)
+      _add(sums, space.mark, cand, term)
       i += 1
+      added += term.boost
       partial = gather(acc, cand)
       if len(cand) >= k:
-        theta = max(theta, _kth(partial, k) * (1 - eps))
-      cand = cand[partial * (1 + eps) + rest[i] >= theta * SAFE]
+        theta = max(theta, sums.low(_kth(partial, k)))
+      cand = cand[partial >= sums.need(theta * SAFE - rest[i], added)]
     cand = np.sort(cand).astype(np.int64)
     return cand, exact_scores(terms, cand)
   finally:
