@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from jaxfid.core.files import preallocate
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
-from jaxfid.retrieval.bm25.topk import impact_step, quantize_impacts
+from jaxfid.retrieval.bm25.topk import quantize_impacts
 from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
@@ -182,9 +182,9 @@ class BM25Builder:
       shutil.rmtree(self.spill_dir, ignore_errors=True)
     stats = {"num_nonempty_docs": nonempty, "sum_total_term_freq": total,
              "avgdl": float(avgdl)}
-    step = impact_step(float(max_scores.max(initial=0.0)))
-    impacts = quantize_impacts(data, step, self._allocate_impacts(
-        len(data), directory))
+    impacts, step = quantize_impacts(
+        data, float(max_scores.max(initial=0.0)),
+        self._allocate_impacts(len(data), directory))
     return BM25Index(data, indices, indptr, self.vocab,
                      num_docs=self._num_docs, params=params,
                      analyzer=self.analyzer, stats=stats, idf=idf,

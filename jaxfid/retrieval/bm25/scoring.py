@@ -56,8 +56,7 @@ import numpy as np
 
 from jaxfid.core.errors import InputError
 from jaxfid.retrieval.bm25.topk import (
-    IMPACT_MAX, Term, Workspaces, impact_step, pruned_top_k,
-    quantize_impacts)
+    IMPACT_MAX, Term, Workspaces, pruned_top_k, quantize_impacts)
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 
 # --- Lucene's SmallFloat: document lengths in one byte ----------------------
@@ -352,10 +351,9 @@ class BM25Index:
     np.save(d / "idf.npy", np.asarray(self.idf, np.float32))
     np.save(d / "doc_norms.npy", np.asarray(self.doc_norms, np.float32))
     np.save(d / "max_scores.npy", self.upper_bounds())
-    if self.impacts is None:
-      self.impact_step = impact_step(float(self.upper_bounds().max(
-          initial=0.0)))
-      self.impacts = quantize_impacts(self.data, self.impact_step)
+    if self.impacts is None:  # an index loaded from before impacts
+      self.impacts, self.impact_step = quantize_impacts(
+          self.data, float(self.upper_bounds().max(initial=0.0)))
     _save_array(d / "impacts.csc.index.npy", self.impacts, np.uint16)
     with open(d / "bm25.json", "w") as f:
       json.dump({"params": dataclasses.asdict(self.params),

@@ -156,22 +156,19 @@ def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
     np.add.at(acc, rows, values)
 
 
-def quantize_impacts(scores: np.ndarray, step: float,
+def quantize_impacts(scores: np.ndarray, max_score: float,
                      out: np.ndarray | None = None,
-                     chunk: int = 1 << 24) -> np.ndarray:
-  """uint16 ``floor(scores / step)`` (in float64), in chunks (``scores``
-  may be a memory map of hundreds of millions of postings)."""
+                     chunk: int = 1 << 24) -> tuple[np.ndarray, float]:
+  """(uint16 ``floor(scores / step)``, ``step``): the step quantises every
+  score up to ``max_score`` to at most IMPACT_MAX. Computed in float64, in
+  chunks (``scores`` may be a memory map of hundreds of millions of
+  postings), into ``out`` if given."""
+  step = max_score / IMPACT_MAX * (1 + 2.0**-20) if max_score > 0 else 1.0
   out = np.empty(len(scores), np.uint16) if out is None else out
   for a in range(0, len(scores), chunk):
     part = np.floor(np.asarray(scores[a:a + chunk], np.float64) / step)
     out[a:a + chunk] = part.astype(np.uint16)
-  return out
-
-
-def impact_step(max_score: float) -> float:
-  """The step that quantises every score up to ``max_score`` to at most
-  IMPACT_MAX."""
-  return max_score / IMPACT_MAX * (1 + 2.0**-20) if max_score > 0 else 1.0
+  return out, step
 
 
 class Sums(NamedTuple):
