@@ -74,7 +74,7 @@ def test_the_world_defeats_bm25_by_construction():
 
 # Two rounds and the control (test_distill_iterate.py checks how rounds
 # follow each other; docs/retrieval.md has the third round).
-@pytest.mark.slow  # tiny trainings: about 9 minutes on 2 idle cores
+@pytest.mark.slow  # tiny trainings: 10 minutes on 2 cores (partly shared)
 def test_distillation_rises_per_round_and_a_shuffled_teacher_does_not(
     tmp_path):
   result = _run_script(str(tmp_path), rounds=2)
