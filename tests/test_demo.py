@@ -17,7 +17,7 @@ from jaxfid.fid.commands import demo
 from subprocess_env import default_xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 500  # a window of seconds for SIGTERM to land in training on a loaded machine
+STEPS = 200  # a window of seconds for SIGTERM to land in training on a loaded machine
 
 
 def _command(out):
@@ -28,7 +28,7 @@ def _command(out):
 
 def _env(tmp_path):
   # XLA's defaults, as a user's demo runs: the suite's -O0 and 8 devices
-  # make its 500 steps about twice as slow (subprocess_env.py)
+  # make its steps about twice as slow (subprocess_env.py)
   return default_xla_env(PYTHONPATH=ROOT,
                          JAXFID_COMPILATION_CACHE=str(tmp_path / "xla"))
 
