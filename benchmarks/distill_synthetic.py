@@ -16,7 +16,8 @@ corpus with it and measures its dev answer recall.
 Prints each round's record, the control's recall, the hardware and, last,
 a JSON line ``{"rounds": [...], "control": {...}, "minutes", "hardware"}``.
 
-  python benchmarks/distill_synthetic.py --output /tmp/kd_synthetic
+  python benchmarks/distill_synthetic.py --output /tmp/kd_synthetic \
+      [--rounds N] [--reader-steps N --reader-batch-size N]
 
 Three choices differ from the FiD-KD paper's settings because the models
 here start from random weights, not from T5 and BERT: the retriever sees
@@ -60,11 +61,12 @@ DEV_ENTITIES = 64
 
 
 def reader_bindings(top_k: int, steps: int, learning_rate: float,
-                    encoder_layers: int) -> list[str]:
+                    encoder_layers: int, batch_size: int = 8) -> list[str]:
   """The reader's bindings over ``gin/fid/tiny.gin``, reading ``top_k``
   passages (``benchmarks/atlas_synthetic.py`` uses them too)."""
   return [
-      f"TRAIN_STEPS={steps}", f"N_CONTEXT={top_k}", "TEXT_MAXLENGTH=28",
+      f"TRAIN_STEPS={steps}", f"BATCH_SIZE={batch_size}",
+      f"N_CONTEXT={top_k}", "TEXT_MAXLENGTH=28",
       "ANSWER_MAXLENGTH=4", f"EVAL_EVERY={steps}",
       f"CHECKPOINT_EVERY={steps}", "EVAL_MAX_EXAMPLES=96", "LOG_EVERY=100",
       "DROPOUT_RATE=0.0", f"LEARNING_RATE={learning_rate}",
@@ -82,22 +84,28 @@ def retriever_bindings(top_k: int, steps: int = 1000) -> list[str]:
       "MESH='data=1'", "loop.train.progress=False"]
 
 
-READER = reader_bindings(TOP_K, steps=4000, learning_rate=1e-3,
-                         encoder_layers=4)
+def distill_reader(steps: int = 4000, batch_size: int = 8) -> list[str]:
+  """This benchmark's reader: 4 encoder layers, learning rate 1e-3."""
+  return reader_bindings(TOP_K, steps=steps, learning_rate=1e-3,
+                         encoder_layers=4, batch_size=batch_size)
+
+
+READER = distill_reader()
 RETRIEVER = retriever_bindings(TOP_K)
 READER_GIN = os.path.join(ROOT, "gin/fid/tiny.gin")
 RETRIEVER_GIN = os.path.join(ROOT, "gin/retrieval/distill_tiny.gin")
 
 
 def iterate_argv(paths: dict, work_dir: str, rounds: int,
-                 extra: tuple[str, ...] = ()) -> list[str]:
+                 extra: tuple[str, ...] = (),
+                 reader: list[str] = READER) -> list[str]:
   """``jaxfid distill iterate``'s arguments on the world's files."""
   return ["distill", "iterate", "--work-dir", work_dir,
           "--corpus", paths["corpus.tsv"], "--train", paths["train.jsonl"],
           "--dev", paths["dev.jsonl"], "--rounds", str(rounds),
           "--top-k", str(TOP_K), f"--reader-gin_file={READER_GIN}",
           f"--retriever-gin_file={RETRIEVER_GIN}",
-          *[f"--reader.{b}" for b in READER],
+          *[f"--reader.{b}" for b in reader],
           *[f"--retriever.{b}" for b in RETRIEVER], "--no-progress", *extra]
 
 
@@ -139,15 +147,17 @@ def control(paths: dict, work_dir: str, seed: int = 0) -> dict:
 
 
 def run(output: str, rounds: int = 2, seed: int = 0,
-        with_control: bool = True, extra: tuple[str, ...] = ()) -> dict:
-  """Writes the world under ``output``, runs the rounds (and the control);
-  returns ``{"rounds": [records], "control": {...} or None}``."""
+        with_control: bool = True, extra: tuple[str, ...] = (),
+        reader: list[str] = READER) -> dict:
+  """Writes the world under ``output``, runs the rounds (and the control)
+  with the reader's bindings ``reader``; returns ``{"rounds": [records],
+  "control": {...} or None}``."""
   paths = distill_world.write_world(
       distill_world.make_world(num_dev_entities=DEV_ENTITIES, seed=seed),
       os.path.join(output, "world"))
   work_dir = os.path.join(output, "w")
   with contextlib.redirect_stdout(io.StringIO()):
-    code = cli_main(iterate_argv(paths, work_dir, rounds, extra))
+    code = cli_main(iterate_argv(paths, work_dir, rounds, extra, reader))
   if code != 0:
     raise SystemExit(f"distill iterate failed with exit code {code}")
   with open(os.path.join(work_dir, "rounds.jsonl")) as f:
@@ -168,11 +178,16 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--retriever-init", choices=("restart", "continue"),
                  default="continue",
                  help="distill iterate's --retriever-init")
+  p.add_argument("--reader-steps", type=int, default=4000,
+                 help="the reader's training steps per round")
+  p.add_argument("--reader-batch-size", type=int, default=8,
+                 help="the reader's batch size")
   args = p.parse_args(argv)
   t0 = time.time()
+  reader = distill_reader(args.reader_steps, args.reader_batch_size)
   result = run(args.output, args.rounds, args.seed, not args.no_control,
                ("--reader-init", args.reader_init, "--retriever-init",
-                args.retriever_init))
+                args.retriever_init), reader)
   print(f"{'round':>5} {'R@1':>7} {'R@5':>7} {'R@20':>7} {'reader EM':>9}")
   for r in result["rounds"]:
     em = "" if r["eval_em"] is None else f"{r['eval_em']:.3f}"
