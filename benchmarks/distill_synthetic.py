@@ -84,7 +84,11 @@ def retriever_bindings(top_k: int, steps: int = 1000) -> list[str]:
       "MESH='data=1'", "loop.train.progress=False"]
 
 
-def distill_reader(steps: int = 4000, batch_size: int = 8) -> list[str]:
+READER_STEPS, READER_BATCH_SIZE = 4000, 8
+
+
+def distill_reader(steps: int = READER_STEPS,
+                   batch_size: int = READER_BATCH_SIZE) -> list[str]:
   """This benchmark's reader: 4 encoder layers, learning rate 1e-3."""
   return reader_bindings(TOP_K, steps=steps, learning_rate=1e-3,
                          encoder_layers=4, batch_size=batch_size)
@@ -178,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--retriever-init", choices=("restart", "continue"),
                  default="continue",
                  help="distill iterate's --retriever-init")
-  p.add_argument("--reader-steps", type=int, default=4000,
+  p.add_argument("--reader-steps", type=int, default=READER_STEPS,
                  help="the reader's training steps per round")
-  p.add_argument("--reader-batch-size", type=int, default=8,
+  p.add_argument("--reader-batch-size", type=int, default=READER_BATCH_SIZE,
                  help="the reader's batch size")
   args = p.parse_args(argv)
   t0 = time.time()

@@ -28,9 +28,8 @@ from subprocess_env import default_xla_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # round 2's recall@1 over round 1's with the test's lighter reader (1,500
 # steps of 16 instead of the benchmark's 4,000 of 8: 6 minutes instead of
-# 8 on 2 idle cores);
-# measured +0.195 (world seed 0, the test's) and +0.12 (seed 1):
-# docs/retrieval.md
+# 8 on 2 idle cores); measured +0.195 (world seed 0, the test's) and +0.12
+# (seed 1): docs/retrieval.md
 MARGIN = 0.08
 READER_FLAGS = ["--reader-steps", "1500", "--reader-batch-size", "16"]
 
