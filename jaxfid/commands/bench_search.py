@@ -9,9 +9,13 @@ fits):
   FSDP with tensor parallelism over 2 and 4 chips (``model=2``,
   ``model=4``); a split whose data-parallel size does not divide the batch
   is skipped without compiling;
-* remat (``REMAT``) per split, lightest first: ``none``, ``dots``, ``full``;
-  a heavier remat is only tried when the lighter one does not fit (it would
-  only be slower);
+* remat (``REMAT``) per split: the lightest that fits (a heavier one would
+  only be slower). The first split walks up from ``none`` (``none``,
+  ``dots``, ``full``); a later one starts at the lightest remat that fitted
+  on a split already done and walks down while they fit, or up until one
+  fits (memory falls from ``none`` to ``full``, so the answer is the same
+  and, at paper sizes where only ``full`` fits, each later split costs two
+  compiles instead of three);
 * accumulation (``ACCUMULATION_STEPS``: 2, 4, 8, ... microbatches of the
   same global batch) only when nothing fits at the run's own, stopping at
   the first number of microbatches where something fits; there remat is
@@ -164,18 +168,35 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
         future.result()
 
   def sweep(accumulation: int, lightest_first: bool) -> None:
-    """Per split, the lightest remat that fits: from ``none`` up to the
-    first that fits, or (more microbatches, where the light ones rarely
-    fit) from ``full`` down while they fit."""
+    """Per split, the lightest remat that fits (module docstring): the
+    walk starts at ``none`` (or, with more microbatches, where the light
+    ones rarely fit, at ``full``) until a split has found one, then at the
+    lightest found so far."""
+    found: list[int] = []  # REMATS indices that fitted, splits done
+
+    def fits_at(mesh: str, i: int) -> bool:
+      result = attempt({**base, "MESH": mesh, "REMAT": REMATS[i],
+                        "ACCUMULATION_STEPS": accumulation})
+      return result is not None and result["fits"]
+
     def chain(mesh: str) -> None:
       if batch % (_data_parallel(mesh) * accumulation):
         return  # the batch does not split: nothing to compile
-      for remat in (REMATS if lightest_first else REMATS[::-1]):
-        result = attempt({**base, "MESH": mesh, "REMAT": remat,
-                          "ACCUMULATION_STEPS": accumulation})
-        fits = result is not None and result["fits"]
-        if fits == lightest_first:
-          break  # lighter-first: a heavier one is slower; else: too big
+      with lock:
+        i = min(found) if found else (0 if lightest_first else
+                                      len(REMATS) - 1)
+      if fits_at(mesh, i):  # down to the lightest that still fits
+        while i > 0 and fits_at(mesh, i - 1):
+          i -= 1
+      else:  # up to the first that fits
+        while i < len(REMATS) - 1:
+          i += 1
+          if fits_at(mesh, i):
+            break
+        else:
+          return
+      with lock:
+        found.append(i)
     each_split(chain)
 
   print(_table([]), file=sys.stderr)
