@@ -44,15 +44,57 @@ from jaxfid.reatt.batches import ReAttBatcher  # noqa: E402
 from jaxfid.reatt.restarts import restart_adam_at  # noqa: E402
 from jaxfid.training.step import make_train_step  # noqa: E402
 from jaxfid.training.task import Phase, train_state  # noqa: E402
-from reatt_world import make_world, tiny_model, write_corpus  # noqa: E402
+from jaxfid.fid.examples import FidExample, Passage  # noqa: E402
+from reatt_world import (WORDS, make_world, tiny_model,  # noqa: E402
+                         write_corpus)
 
-VARIANTS = {"plain": (False, False), "restart": (True, False),
-            "scale": (False, True), "both": (True, True)}
+# variant: (fresh Adam after the QA-only steps, learned score scale,
+# position bias in the training scores, KL weight)
+VARIANTS = {"plain": (False, False, False, 8.0),
+            "restart": (True, False, False, 8.0),
+            "scale": (False, True, False, 8.0),
+            "both": (True, True, False, 8.0),
+            "posbias": (True, False, True, 8.0),
+            "qa_only": (False, False, False, 0.0)}
 NUM_KEYS, WARMUP, LENGTH, BATCH = 64, 50, 16, 16
+HELDOUT_TRAIN, HELDOUT_TEST = 96, 32
+
+
+def heldout_world(seed: int = 0, n_context: int = 4
+                  ) -> tuple[list[Passage], list[FidExample], list[FidExample]]:
+  """Documents ``"<a> <b> is <value>"`` for 128 distinct word pairs; the
+  question is ``"<a> <b>"``. Training questions on 96 of them (close
+  documents among those 96, two of them sharing a word with the question
+  where there are such), held-out questions on the other 32: documents
+  training never shows, of words it does (a new corpus, a known
+  vocabulary); retrieval must match both words."""
+  rng = np.random.default_rng(seed)
+  first, second, values = WORDS[:30], WORDS[30:60], WORDS[60:]
+  pairs = rng.choice(len(first) * len(second),
+                     HELDOUT_TRAIN + HELDOUT_TEST, replace=False)
+  docs = [Passage(title="", id=f"d{i}", text=(
+      f"{first[c // len(second)]} {second[c % len(second)]} is "
+      f"{values[rng.integers(len(values))]}")) for i, c in enumerate(pairs)]
+  words = [set(d.text.split()[:2]) for d in docs]
+
+  def example(i: int, ctxs: tuple) -> FidExample:
+    a, b, _, v = docs[i].text.split()
+    return FidExample(question=f"{a} {b}", answers=(v,), ctxs=ctxs, id=str(i))
+
+  train = []
+  for i in range(HELDOUT_TRAIN):
+    near = [j for j in range(HELDOUT_TRAIN) if j != i and words[j] & words[i]]
+    ids = [i, *rng.permutation(near)[:2].tolist()]
+    rest = [j for j in range(HELDOUT_TRAIN) if j not in ids]
+    ids += rng.choice(rest, n_context - len(ids), replace=False).tolist()
+    rng.shuffle(ids)
+    train.append(example(i, tuple(docs[j] for j in ids)))
+  test = [example(i, ()) for i in range(HELDOUT_TRAIN, len(docs))]
+  return docs, train, test
 
 
 def recall(model, params, corpus, examples, directory) -> tuple[float, float]:
-  """R@1, R@5 of every question's own document over the whole corpus."""
+  """R@1, R@5 of every question's own document (``d<id>``) over the corpus."""
   encoder = token_index.TokenEncoder.from_model(model, params)
   meta = token_index.build_token_index(
       encoder, Tokenizer(), corpus, directory, doc_maxlength=LENGTH,
@@ -61,18 +103,24 @@ def recall(model, params, corpus, examples, directory) -> tuple[float, float]:
   hits = searcher.search([e.question for e in examples], 5,
                          token_top_k=meta["num_tokens"])
   ranked = [searcher.store.ids([r for r, _ in h]) for h in hits]
-  gold = [f"d{i}" for i in range(len(examples))]
+  gold = [f"d{e.id}" for e in examples]
   return (float(np.mean([g in r[:1] for g, r in zip(gold, ranked)])),
           float(np.mean([g in r[:5] for g, r in zip(gold, ranked)])))
 
 
-def run(variant: str, seed: int, steps: int, work: str) -> dict:
-  restart, scale = VARIANTS[variant]
-  docs, examples = make_world(num_keys=NUM_KEYS, n_context=4)
+def run(variant: str, seed: int, steps: int, work: str,
+        heldout: bool = False) -> dict:
+  restart, scale, position_bias, kl_weight = VARIANTS[variant]
+  if heldout:
+    docs, examples, tests = heldout_world(seed)
+  else:
+    docs, examples = make_world(num_keys=NUM_KEYS, n_context=4)
+    tests = examples
   corpus = os.path.join(work, "corpus.jsonl")
   write_corpus(corpus, docs)
   base = tiny_model(bi_encoder_layers=1, num_decoder_layers=2)
-  model = reatt.ReAttModel(base.config, base.reatt.replace(score_scale=scale))
+  model = reatt.ReAttModel(base.config, base.reatt.replace(
+      score_scale=scale, position_bias=position_bias))
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
   phase = Phase("train", steps,
                 make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
@@ -85,19 +133,21 @@ def run(variant: str, seed: int, steps: int, work: str) -> dict:
   state = phase.make_state(model.init_params(seed), 0)
   batcher = ReAttBatcher(examples, Tokenizer(), batch_size=BATCH, n_context=4,
                          text_maxlength=LENGTH, target_maxlength=4,
-                         kl_weight=8.0, retrieval_warmup_steps=WARMUP,
+                         kl_weight=kl_weight, retrieval_warmup_steps=WARMUP,
                          seed=seed)
   t0 = time.time()
+  metrics = {"kl_loss": float("nan")}  # --steps 0: the untrained model
   try:
     for s in range(steps):
       state, metrics = step(state, jax.tree.map(jnp.asarray, batcher.batch(s)))
   finally:
     batcher.close()
   params = state["params"]
-  r1, r5 = recall(model, params, corpus, examples,
+  r1, r5 = recall(model, params, corpus, tests,
                   os.path.join(work, f"index_{variant}_{seed}"))
   own = params[reatt.PARAMS_KEY]
-  return {"variant": variant, "seed": seed, "steps": steps, "R@1": r1,
+  return {"variant": variant, "seed": seed, "steps": steps,
+          "questions": "held-out" if heldout else "training", "R@1": r1,
           "R@5": r5, "kl_loss": round(float(metrics["kl_loss"]), 4),
           "score_scale": (round(float(jnp.exp(own[reatt.SCORE_SCALE])), 4)
                           if scale else None),
@@ -110,12 +160,15 @@ def main() -> int:
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
                       default=list(VARIANTS))
+  parser.add_argument("--heldout", action="store_true",
+                      help="word-pair world: train on 96 documents' "
+                      "questions, score 32 held-out documents' over all 128")
   args = parser.parse_args()
   rows = []
   with tempfile.TemporaryDirectory() as work:
     for variant in args.variants:
       for seed in args.seeds:
-        rows.append(run(variant, seed, args.steps, work))
+        rows.append(run(variant, seed, args.steps, work, args.heldout))
         print(json.dumps(rows[-1]), flush=True)
   for variant in args.variants:
     mine = [r for r in rows if r["variant"] == variant]

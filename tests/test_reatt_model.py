@@ -36,15 +36,17 @@ def world():
   return examples
 
 
-def _numpy_avg_max(q, qm, k, km):
+def _numpy_avg_max(q, qm, k, km, bias=None):
   b, n, h = q.shape[0], k.shape[0], q.shape[2]
+  bias = np.zeros((h, q.shape[1], k.shape[1])) if bias is None else bias
   out = np.zeros((b, h, n))
   for i in range(b):
     for d in range(n):
       for hh in range(h):
         if not km[d].any():
           continue
-        vals = [max(float(q[i, a, hh] @ k[d, j, hh]) for j in np.flatnonzero(km[d]))
+        vals = [max(float(q[i, a, hh] @ k[d, j, hh]) + float(bias[hh, a, j])
+                    for j in np.flatnonzero(km[d]))
                 for a in np.flatnonzero(qm[i])]
         out[i, hh, d] = np.mean(vals)
   return out
@@ -71,6 +73,47 @@ def test_avg_max_matches_numpy_reference():
   f = lambda qq, c: jnp.sum(reatt.avg_max_relevance(qq, qm, k, km, chunk=c) ** 2)
   np.testing.assert_allclose(jax.grad(f)(q, 3), jax.grad(f)(q, 0), rtol=1e-5,
                              atol=1e-6)
+
+
+def test_position_bias_joins_the_training_scores_only():
+  """``position_bias``: the original's training scores are layer B+1's raw
+  attention logits, relative position bias included (jzbjyb/FiD
+  ``collect_for_retrieval``); its index's, and jaxfid's, have none."""
+  rng = np.random.default_rng(1)
+  q = rng.normal(size=(2, 5, 4, 8)).astype(np.float32)
+  k = rng.normal(size=(6, 7, 4, 8)).astype(np.float32)
+  qm = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+  km = rng.random((6, 7)) < 0.6
+  km[:, 0] = True
+  bias = rng.normal(size=(4, 5, 7)).astype(np.float32)
+  want = _numpy_avg_max(q, qm, k, km, bias)
+  for chunk in (0, 4):
+    np.testing.assert_allclose(
+        reatt.avg_max_relevance(q, qm, k, km, chunk=chunk, bias=bias), want,
+        rtol=1e-5, atol=1e-5)
+  model = tiny_model(bi_encoder_layers=1)
+  biased = reatt.ReAttModel(model.config,
+                            model.reatt.replace(position_bias=True))
+  params = biased.init_params(0)
+  rel = np.asarray(biased.network(params).encoder.relpos_bias(5, 7)[0])
+  assert np.abs(rel).max() > 0
+  probs = np.asarray(biased.head_probabilities(params))
+  for in_batch in (True, False):
+    got, _ = biased.retrieval_scores(params, q, qm, k, km, 3, in_batch,
+                                     position_bias=True)
+    per_head = _numpy_avg_max(q, qm, k, km, rel)               # [B, H, N]
+    if not in_batch:  # each question's own 3 rows
+      per_head = np.stack([per_head[i, :, 3 * i:3 * i + 3] for i in range(2)])
+    np.testing.assert_allclose(got, np.einsum("bhn,h->bn", per_head, probs),
+                               rtol=1e-5, atol=1e-5)
+  # the loss uses it; the relevance the index reproduces does not
+  target = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 3))))
+  loss = lambda m: float(m.retrieval_loss(params, q, qm, k, km, target,
+                                          kl_weight=1.0)[0])
+  assert loss(biased) != loss(model)
+  plain, _ = model.retrieval_scores(params, q, qm, k, km, 3, True)
+  unbiased, _ = biased.retrieval_scores(params, q, qm, k, km, 3, True)
+  np.testing.assert_array_equal(unbiased, plain)
 
 
 def test_question_lengths_from_tokens():

@@ -25,7 +25,8 @@ Retrieval attention (the only new parameter is ``reatt/head_weights`` [H],
 zeros at init). From the bi-encoder output, layer ``n``'s pre-attention norm
 and query/key projections give question-token queries and document-token
 keys; per head, ``r_h(q, d) = mean_i max_j q_i . k_j`` over real tokens
-(avg-max, no position bias, as the original's index and inference path); the
+(avg-max, no position bias, as the original's index and inference path;
+``position_bias`` adds it to the training scores, as its training path); the
 relevance is ``r = sum_h softmax(w / tau)_h r_h``.
 
 Loss. ``QA + kl_weight * KL(P_tgt || P_ret)``: ``P_ret`` is the softmax of
@@ -94,6 +95,14 @@ class ReAttConfig(Config):
       the parameter ``score_scale`` beside the head weights), as the
       original's ``combine_weight``; rankings, hence the index, do not
       depend on it.
+    position_bias: add the encoder's relative position bias (question
+      position i, the document token's row position j) to the training
+      scores before the max, as the original's training path scores raw
+      attention logits after position bias (``collect_for_retrieval``;
+      in-batch: the bias cropped at the shortest question,
+      ``compute_score_and_aggregate_in_batch``); its index and search, and
+      jaxfid's, never add it, so training and retrieval then score
+      differently.
   """
   bi_encoder_layers: int = option(12, low=1)
   head_temperature: float = option(0.001, above=0)
@@ -102,6 +111,7 @@ class ReAttConfig(Config):
   relevance_chunk: int = option(0, low=0)
   query_maxlength: int = option(0, low=0)
   score_scale: bool = False
+  position_bias: bool = False
 
 
 @dataclasses.dataclass
@@ -232,26 +242,35 @@ class ReAttModel(EncoderDecoderModel):
 
   def retrieval_scores(self, params: dict, queries: Array, query_mask: Array,
                        keys: Array, key_mask: Array, num_passages: int,
-                       in_batch: bool) -> tuple[Array, Array]:
+                       in_batch: bool, position_bias: bool = False
+                       ) -> tuple[Array, Array]:
     """Head-mixed relevance and validity: [B, B*P] (in-batch) or [B, P].
 
     Args:
       queries: [B, Q, H, E] and ``query_mask`` bool [B, Q] (SplitEncoding's).
       keys: [B*P, L, H, E] and ``key_mask`` bool [B*P, L], rows grouped by
         question.
+      position_bias: add the relative position bias (the training scores
+        under ``ReAttConfig.position_bias``; the index's never have it).
     """
     probs = self.head_probabilities(params)                       # [H]
     b = queries.shape[0]
+    bias = None
+    if position_bias:
+      bias = self.network(params).encoder.relpos_bias(
+          queries.shape[1], keys.shape[1])[0]                     # [H, Q, L]
     doc_valid = jnp.any(key_mask, axis=-1)                        # [B*P]
     if in_batch:
       per_head = avg_max_relevance(queries, query_mask, keys, key_mask,
-                                   chunk=self.reatt.relevance_chunk)  # [B, H, B*P]
+                                   chunk=self.reatt.relevance_chunk,
+                                   bias=bias)                     # [B, H, B*P]
       valid = jnp.broadcast_to(doc_valid[None], (b, doc_valid.shape[0]))
     else:
       keys = keys.reshape(b, num_passages, *keys.shape[1:])      # [B, P, L, H, E]
       kmask = key_mask.reshape(b, num_passages, -1)              # [B, P, L]
       per_head = jax.vmap(
-          lambda q, qm, k, km: avg_max_relevance(q[None], qm[None], k, km)[0]
+          lambda q, qm, k, km: avg_max_relevance(q[None], qm[None], k, km,
+                                                 bias=bias)[0]
       )(queries, query_mask, keys, kmask)                        # [B, H, P]
       valid = doc_valid.reshape(b, num_passages)                 # [B, P]
     scores = jnp.einsum("bhn,h->bn", per_head, probs)
@@ -300,7 +319,8 @@ class ReAttModel(EncoderDecoderModel):
     b, p = target.shape
     in_batch = self.reatt.in_batch_negatives
     scores, valid = self.retrieval_scores(params, queries, query_mask, keys,
-                                          key_mask, p, in_batch)
+                                          key_mask, p, in_batch,
+                                          self.reatt.position_bias)
     if in_batch:  # other questions' documents: target 0
       target = in_batch_targets(target)
     kl_rows = kl_to_target(target, scores, valid)                 # [B]

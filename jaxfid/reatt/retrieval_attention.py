@@ -9,7 +9,8 @@ over each row (``question: Q`` | ``title: T context: P``) lets question
 tokens attend only to question tokens and document tokens only to document
 tokens. Layer ``n``'s pre-attention norm and query/key projections of those
 states give question-token queries and document-token keys; per head,
-``r_h(q, d) = mean_i max_j q_i . k_j`` (avg-max, no position bias), and the
+``r_h(q, d) = mean_i max_j q_i . k_j`` (avg-max; the training scores may
+add the relative position bias, ``ReAttConfig.position_bias``), and the
 relevance is ``sum_h softmax(w / tau)_h r_h``.
 """
 from __future__ import annotations
@@ -97,17 +98,21 @@ def retrieval_keys(encoder: Encoder, hidden: Array, layer: int) -> Array:
 # ---------------------------------------------------------------- relevance
 
 
-def _max_over_doc_tokens(q: Array, k: Array, k_mask: Array) -> Array:
-  """float32 [B, H, Q, N]: max over each document's real tokens of q . k."""
+def _max_over_doc_tokens(q: Array, k: Array, k_mask: Array,
+                         bias: Array | None = None) -> Array:
+  """float32 [B, H, Q, N]: max over each document's real tokens of q . k
+  (+ ``bias`` [H, Q, S] by position)."""
   s = jnp.einsum("bqhe,nshe->bhqns", q, k,
                  preferred_element_type=jnp.float32)              # [B, H, Q, N, S]
+  if bias is not None:
+    s = s + bias[None, :, :, None, :]                             # [B, H, Q, N, S]
   s = jnp.where(k_mask[None, None, None], s, NEG_INF)
   best = jnp.max(s, axis=-1)                                      # [B, H, Q, N]
   return jnp.where(jnp.any(k_mask, -1)[None, None, None], best, 0.0)
 
 
 def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
-                      chunk: int = 0) -> Array:
+                      chunk: int = 0, bias: Array | None = None) -> Array:
   """Per-head avg-max relevance float32 [B, H, N] of B queries and N documents.
 
   Args:
@@ -115,6 +120,9 @@ def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
     k: document-token vectors [N, S, H, E]; k_mask: bool [N, S].
     chunk: score ``chunk`` documents at a time (``lax.map``, recomputed in
       the backward pass) to bound memory; 0 scores all at once.
+    bias: float32 [H, Q, S], added to ``q_i . k_j`` before the max: the
+      relative position bias of question position i and row position j
+      (``ReAttConfig.position_bias``); None adds nothing.
 
   ``r_h(q, d) = mean_{i in q} max_{j in d} q_i^h . k_j^h``, padding excluded
   from both; a document without tokens scores 0 (callers mask it out).
@@ -126,11 +134,11 @@ def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
     mp = jnp.pad(k_mask, ((0, pad), (0, 0)))
     kc = kp.reshape(-1, chunk, *k.shape[1:])                      # [C, chunk, S, H, E]
     mc = mp.reshape(-1, chunk, k.shape[1])                        # [C, chunk, S]
-    fn = jax.checkpoint(lambda args: _max_over_doc_tokens(q, *args))
+    fn = jax.checkpoint(lambda args: _max_over_doc_tokens(q, *args, bias))
     best = jax.lax.map(fn, (kc, mc))                              # [C, B, H, Q, chunk]
     best = jnp.moveaxis(best, 0, 3).reshape(*best.shape[1:4], -1)[..., :n]
   else:
-    best = _max_over_doc_tokens(q, k, k_mask)                     # [B, H, Q, N]
+    best = _max_over_doc_tokens(q, k, k_mask, bias)               # [B, H, Q, N]
   qm = q_mask[:, None, :, None]
   total = jnp.sum(jnp.where(qm, best, 0.0), axis=2)               # [B, H, N]
   count = jnp.maximum(jnp.sum(q_mask, axis=1), 1)[:, None, None]
