@@ -1,13 +1,21 @@
 """ReAtt's training options against the original's, on a small synthetic task.
 
 Issue #27 item 9: jaxfid's ReAtt retrieves a little worse than a PyTorch
-reference after QA-only training. This measures two of the original's
-training choices that jaxfid lacked, each alone and both together:
+reference after QA-only training. This measures the original's training
+choices that jaxfid lacked (``plain``: none of them, Adam carried across
+the QA-only warm-up):
 
 * ``restart``: a fresh Adam after the QA-only warm-up (the original's
   ``--init_from`` runs; ``RESTART_OPTIMIZER``, :mod:`jaxfid.reatt.restarts`);
 * ``scale``: the learned scale ``exp(c)`` of the relevance scores in the KL
-  (the original's ``combine_weight``; ``LEARNED_SCORE_SCALE``).
+  (the original's ``combine_weight``; ``LEARNED_SCORE_SCALE``); ``both``;
+* ``posbias``: ``restart`` with the relative position bias in the training
+  scores (the original's training path; ``POSITION_BIAS``);
+* ``qa_only``: ``plain`` without the KL term (the paper's ablation #2).
+
+``--heldout`` trains on a word-pair world (:func:`heldout_world`) and scores
+the questions of 32 documents training never shows; ``--steps 0`` scores
+the untrained model.
 
 The task is the key-value world of ``tests/reatt_world.py`` (64 documents
 ``"<key> is <value>"``, questions are keys, 4 close documents each, one
