@@ -107,6 +107,19 @@ def test_search_splits_the_chips():
   assert bench_search._flag("SCAN_LAYERS", True) == "--gin.SCAN_LAYERS=True"
 
 
+def _made_up_run(batch: int, chips: int):
+  """``(built, target)`` as the search reads them: a run of ``batch``
+  examples (full remat, no mesh) and ``chips`` v5e chips."""
+  settings = types.SimpleNamespace(batch_size=batch, mesh="",
+                                   accumulation_steps=1)
+  built = types.SimpleNamespace(settings=settings, remat="full",
+                                scan_layers=False)
+  target = types.SimpleNamespace(
+      devices=[0] * chips, topology=types.SimpleNamespace(name=f"v5e-{chips}"),
+      chip=topologies.CHIPS["v5e"])
+  return built, target
+
+
 def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
   """The search's policy on a made-up compiler (no libtpu): per split the
   lightest remat that fits, the scan flip shown unranked, a crashed compile
@@ -131,15 +144,8 @@ def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
             "roofline_step_s": step + (0.01 if macros["SCAN_LAYERS"] else 0),
             "examples_per_sec_at_roofline": 8 / step}
 
-  settings = types.SimpleNamespace(batch_size=8, mesh="",
-                                   accumulation_steps=1)
-  built = types.SimpleNamespace(settings=settings, remat="full",
-                                scan_layers=False)
-  target = types.SimpleNamespace(
-      devices=[0] * 4, topology=types.SimpleNamespace(name="v5e-4"),
-      chip=topologies.CHIPS["v5e"])
-  r = bench_search.search(compile_fn, lambda: [1.0], built, target, "train",
-                          jobs=2)
+  r = bench_search.search(compile_fn, lambda: [1.0], *_made_up_run(8, 4),
+                          "train", jobs=2)
   assert most[0] == 2
   tried = {(row["MESH"], row["REMAT"]) for row in r["search"]}
   # the third split starts at the lightest remat found so far (dots)
@@ -173,14 +179,8 @@ def test_search_starts_later_splits_at_the_lightest_remat_found():
     return {"fits": need[key] <= 16.0, "per_chip_gb": need[key],
             "roofline_step_s": step, "examples_per_sec_at_roofline": 8 / step}
 
-  settings = types.SimpleNamespace(batch_size=16, mesh="",
-                                   accumulation_steps=1)
-  built = types.SimpleNamespace(settings=settings, remat="full",
-                                scan_layers=False)
-  target = types.SimpleNamespace(
-      devices=[0] * 8, topology=types.SimpleNamespace(name="v5e-8"),
-      chip=topologies.CHIPS["v5e"])
-  r = bench_search.search(compile_fn, lambda: [1.0], built, target, "train")
+  r = bench_search.search(compile_fn, lambda: [1.0], *_made_up_run(16, 8),
+                          "train")
   assert order[:-1] == [
       ("data=8", "none"), ("data=8", "dots"), ("data=8", "full"),
       ("fsdp=8", "full"), ("fsdp=8", "dots"), ("fsdp=8", "none"),  # lighter
