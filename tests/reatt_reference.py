@@ -46,8 +46,7 @@ def _layer(block, x, allowed, bias):
 
 def reatt_loss(hf, tokens, question_length, decoder_input, targets, *,
                bi_encoder_layers: int, head_weights, tau: float,
-               kl_weight: float, position_bias: bool = False,
-               kl_weights=None) -> dict:
+               kl_weight: float, position_bias: bool = False) -> dict:
   """``{"loss", "qa_loss", "kl_loss"}`` of one batch, in-batch negatives on.
 
   Args:
@@ -59,9 +58,6 @@ def reatt_loss(hf, tokens, question_length, decoder_input, targets, *,
     head_weights: float [H], the head selector's weights.
     position_bias: add layer n's relative position bias to the retrieval
       logits (the original's training path scores raw logits after it).
-    kl_weights: float [B], per-question weights of the KL term (jaxfid's
-      batches carry ``alpha / B``, 0 in the QA-only warm-up): the term is
-      ``sum_b kl_weights[b] * KL_b``; None: ``kl_weight * mean_b KL_b``.
   """
   b, p, length = tokens.shape
   enc = hf.encoder
@@ -109,8 +105,6 @@ def reatt_loss(hf, tokens, question_length, decoder_input, targets, *,
   for i in range(b):
     full_target[i, i * p:(i + 1) * p] = target[i]
   log_ret = torch.log_softmax(scores, dim=-1)
-  kl_rows = torch.nn.functional.kl_div(log_ret, full_target,
-                                       reduction="none").sum(-1)  # [B]
-  kl = kl_rows.mean()  # KLDivLoss(reduction='batchmean')
-  term = kl_weight * kl if kl_weights is None else (kl_weights * kl_rows).sum()
-  return {"loss": qa_loss + term, "qa_loss": qa_loss, "kl_loss": kl}
+  kl = torch.nn.functional.kl_div(log_ret, full_target, reduction="batchmean")
+  return {"loss": qa_loss + kl_weight * kl, "qa_loss": qa_loss,
+          "kl_loss": kl}

@@ -52,13 +52,19 @@ def _numpy_avg_max(q, qm, k, km, bias=None):
   return out
 
 
-def test_avg_max_matches_numpy_reference():
-  rng = np.random.default_rng(0)
-  q = rng.normal(size=(2, 5, 3, 4)).astype(np.float32)
-  k = rng.normal(size=(7, 6, 3, 4)).astype(np.float32)
+def _avg_max_inputs(rng, docs: int, doc_length: int, heads: int, width: int):
+  """Random queries [2, 5, H, E] (one padded) and documents [N, S, H, E]
+  (random padding, never the first token) with their masks."""
+  q = rng.normal(size=(2, 5, heads, width)).astype(np.float32)
+  k = rng.normal(size=(docs, doc_length, heads, width)).astype(np.float32)
   qm = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-  km = rng.random((7, 6)) < 0.6
+  km = rng.random((docs, doc_length)) < 0.6
   km[:, 0] = True
+  return q, qm, k, km
+
+
+def test_avg_max_matches_numpy_reference():
+  q, qm, k, km = _avg_max_inputs(np.random.default_rng(0), 7, 6, 3, 4)
   km[3] = False  # a document without tokens scores 0
   want = _numpy_avg_max(q, qm, k, km)
   got = reatt.avg_max_relevance(q, qm, k, km)
@@ -80,11 +86,7 @@ def test_position_bias_joins_the_training_scores_only():
   attention logits, relative position bias included (jzbjyb/FiD
   ``collect_for_retrieval``); its index's, and jaxfid's, have none."""
   rng = np.random.default_rng(1)
-  q = rng.normal(size=(2, 5, 4, 8)).astype(np.float32)
-  k = rng.normal(size=(6, 7, 4, 8)).astype(np.float32)
-  qm = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-  km = rng.random((6, 7)) < 0.6
-  km[:, 0] = True
+  q, qm, k, km = _avg_max_inputs(rng, 6, 7, 4, 8)
   bias = rng.normal(size=(4, 5, 7)).astype(np.float32)
   want = _numpy_avg_max(q, qm, k, km, bias)
   for chunk in (0, 4):
