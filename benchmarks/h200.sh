@@ -41,8 +41,10 @@ fi
 OUT=${OUT:-/tmp/jaxfid_h200}
 mkdir -p "$OUT"
 jax_before=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))') || exit 1
+# --use-pep517: setuptools' legacy `develop` runs a nested pip with build
+# isolation, which fetches setuptools from the (unreachable) registry.
 python3 -m pip install --no-index --find-links .whl --no-build-isolation \
-    --no-cache-dir -e . >"$OUT/install.log" 2>&1 \
+    --use-pep517 --no-cache-dir -e . >"$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; echo "jaxfid install failed" >&2; exit 1; }
 jax_after=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))')
 [ "$jax_before" = "$jax_after" ] \
