@@ -117,7 +117,9 @@ def recall(model, params, corpus, examples, directory) -> tuple[float, float]:
 
 
 def run(variant: str, seed: int, steps: int, work: str,
-        heldout: bool = False) -> dict:
+        heldout: bool = False, losses: list | None = None) -> dict:
+  """One training run and its recall; ``losses`` (if given) receives every
+  step's loss."""
   restart, scale, position_bias, kl_weight = VARIANTS[variant]
   if heldout:
     docs, examples, tests = heldout_world(seed)
@@ -148,6 +150,8 @@ def run(variant: str, seed: int, steps: int, work: str,
   try:
     for s in range(steps):
       state, metrics = step(state, jax.tree.map(jnp.asarray, batcher.batch(s)))
+      if losses is not None:
+        losses.append(float(metrics["loss"]))
   finally:
     batcher.close()
   params = state["params"]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import jaxfid
 from hf_reference import make_tiny_hf_checkpoint, require_torch
 from jaxfid.checkpoints import names
 from jaxfid.reatt import model as reatt
+from jaxfid.training.step import make_train_step
+from jaxfid.training.task import train_state
 
 B, P, L, T = 2, 3, 12, 4
 BI_ENCODER_LAYERS, TAU, ALPHA = 2, 0.001, 8.0
@@ -28,8 +31,8 @@ def checkpoint(tmp_path_factory):
                                  version="1.1", num_layers=3, seed=3)
 
 
-def _batch(vocab: int):
-  rng = np.random.default_rng(0)
+def _batch(vocab: int, seed: int = 0):
+  rng = np.random.default_rng(seed)
   tokens = rng.integers(2, vocab, size=(B, P, L))
   question_length = np.array([4, 5])
   tokens[0, 1, 9:] = 0   # rows of different lengths
@@ -92,3 +95,61 @@ def test_reatt_loss_and_gradients_equal_the_reference(checkpoint,
     np.testing.assert_allclose(rename.to_hf(np.asarray(g)) / scale,
                                ref.numpy() / scale, atol=2e-5,
                                err_msg=f"{path} ({rename.hf})")
+
+
+def test_reatt_training_follows_the_reference(checkpoint):
+  """Five Adam steps (clipped at 1, as ``benchmarks/reatt_vs_pytorch.py``
+  trains both) from the same weights on the same batches: the losses and
+  the trained weights agree, so the two trainers part only where float
+  noise grows (the benchmark: after about 50 steps)."""
+  torch, transformers = require_torch()
+  from reatt_reference import reatt_loss
+  hf = transformers.T5ForConditionalGeneration.from_pretrained(
+      checkpoint, attn_implementation="eager").eval()  # dropout off
+  loaded = jaxfid.load_t5(checkpoint)
+  model = reatt.ReAttModel(loaded.config.replace(dropout_rate=0.0),
+                           reatt.ReAttConfig(bi_encoder_layers=BI_ENCODER_LAYERS,
+                                             head_temperature=TAU))
+  heads = loaded.config.num_heads
+  params = reatt.add_head_weights(loaded.params, heads)
+  head_weights = torch.tensor(
+      np.asarray(params[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS]),
+      requires_grad=True)
+  weights = [*hf.parameters(), head_weights]
+  adam = torch.optim.Adam(weights, lr=1e-3)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+  step = jax.jit(make_train_step(
+      lambda p, b, r, n: model.loss(p, b, r, normalizer=n), tx, seed=0))
+  state = train_state(params, 0, opt_state=tx.init(params))
+  for s in range(5):
+    tokens, qlen, dec_in, targets = _batch(loaded.config.vocab_size, seed=s)
+    state, metrics = step(state, {
+        "encoder_input_tokens": tokens.astype(np.int32),
+        "question_length": qlen.astype(np.int32),
+        "decoder_target_tokens": targets.astype(np.int32),
+        "decoder_input_tokens": dec_in.astype(np.int32),
+        "kl_weight": np.full(B, ALPHA / B, np.float32)})
+    want = reatt_loss(hf, torch.tensor(tokens), torch.tensor(qlen),
+                      torch.tensor(dec_in), torch.tensor(targets),
+                      bi_encoder_layers=BI_ENCODER_LAYERS,
+                      head_weights=head_weights, tau=TAU, kl_weight=ALPHA)
+    adam.zero_grad()
+    want["loss"].backward()
+    torch.nn.utils.clip_grad_norm_(weights, 1.0)
+    adam.step()
+    np.testing.assert_allclose(float(metrics["loss"]), want["loss"].item(),
+                               rtol=1e-5, err_msg=f"step {s}")
+  trained = state["params"]
+  np.testing.assert_allclose(trained[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS],
+                             head_weights.detach().numpy(), atol=1e-5)
+  theirs = dict(hf.named_parameters())
+  moved = 0.0
+  for path, got in names.flatten({k: v for k, v in trained.items()
+                                  if k != reatt.PARAMS_KEY}).items():
+    rename = names.to_hf(path)
+    want = theirs[rename.hf].detach().numpy()
+    np.testing.assert_allclose(rename.to_hf(np.asarray(got)), want, atol=1e-4,
+                               err_msg=f"{path} ({rename.hf})")
+    before = names.flatten(loaded.params)[path]
+    moved = max(moved, float(np.abs(np.asarray(got) - before).max()))
+  assert moved > 0.002  # five steps of 1e-3 moved the weights
