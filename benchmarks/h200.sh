@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The H200 measurement of issue #7 as one device run (about 8-9 minutes once
-# the machine is up; estimate, not measured).
+# The H200 measurement of issue #7 as one device run. Measured 2026-12-04:
+# install and smoke run take about 2 minutes, then jaxfid's unrolled t5-base
+# train step was still compiling when the 600-second call limit came, 7
+# minutes later. Next try: `bash benchmarks/h200.sh --scan-layers`
+# (benchmarks/RESULTS.md, "The H200 run of 2026-12-04").
 #
 # The lent machine has its own CUDA 13 jax (0.11.2), flax, optax, orbax,
 # torch 2.11 and transformers 5.17, no network, and not all of jaxfid's
