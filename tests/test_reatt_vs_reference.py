@@ -1,4 +1,5 @@
-"""ReAtt's loss and gradients against a PyTorch reference on copied weights.
+"""ReAtt's loss, gradients and first Adam steps against a PyTorch reference
+on copied weights.
 
 The reference (``tests/reatt_reference.py``) follows the original training
 code (jzbjyb/FiD ``src/model.py``) on an HF T5; jaxfid loads the same
