@@ -116,11 +116,11 @@ def recall(model, params, corpus, examples, directory) -> tuple[float, float]:
           float(np.mean([g in r[:5] for g, r in zip(gold, ranked)])))
 
 
-def run(variant: str, seed: int, steps: int, work: str,
-        heldout: bool = False, losses: list | None = None) -> dict:
-  """One training run and its recall; ``losses`` (if given) receives every
-  step's loss."""
-  restart, scale, position_bias, kl_weight = VARIANTS[variant]
+def setup(variant: str, seed: int, work: str, heldout: bool = False):
+  """What a run of ``variant`` trains and scores, for jaxfid and the PyTorch
+  reference alike: ``(model, corpus path, training examples, the questions
+  scored)``; the corpus is written to ``work``."""
+  _, scale, position_bias, _ = VARIANTS[variant]
   if heldout:
     docs, examples, tests = heldout_world(seed)
   else:
@@ -131,6 +131,24 @@ def run(variant: str, seed: int, steps: int, work: str,
   base = tiny_model(bi_encoder_layers=1, num_decoder_layers=2)
   model = reatt.ReAttModel(base.config, base.reatt.replace(
       score_scale=scale, position_bias=position_bias))
+  return model, corpus, examples, tests
+
+
+def batcher_for(variant: str, examples, seed: int) -> ReAttBatcher:
+  """A run's batches: KL weight 0 for the QA-only warm-up, then the
+  variant's."""
+  return ReAttBatcher(examples, Tokenizer(), batch_size=BATCH, n_context=4,
+                      text_maxlength=LENGTH, target_maxlength=4,
+                      kl_weight=VARIANTS[variant][3],
+                      retrieval_warmup_steps=WARMUP, seed=seed)
+
+
+def run(variant: str, seed: int, steps: int, work: str,
+        heldout: bool = False, losses: list | None = None) -> dict:
+  """One training run and its recall; ``losses`` (if given) receives every
+  step's loss."""
+  restart, scale = VARIANTS[variant][:2]
+  model, corpus, examples, tests = setup(variant, seed, work, heldout)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
   phase = Phase("train", steps,
                 make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
@@ -141,10 +159,7 @@ def run(variant: str, seed: int, steps: int, work: str,
   phase = restart_adam_at(phase, [WARMUP] if restart else [])
   step = jax.jit(phase.step)
   state = phase.make_state(model.init_params(seed), 0)
-  batcher = ReAttBatcher(examples, Tokenizer(), batch_size=BATCH, n_context=4,
-                         text_maxlength=LENGTH, target_maxlength=4,
-                         kl_weight=kl_weight, retrieval_warmup_steps=WARMUP,
-                         seed=seed)
+  batcher = batcher_for(variant, examples, seed)
   t0 = time.time()
   metrics = {"kl_loss": float("nan")}  # --steps 0: the untrained model
   try:

@@ -44,10 +44,7 @@ import reatt_candidates as cand  # noqa: E402  (puts the repo and tests/ on the 
 import jaxfid  # noqa: E402
 from jaxfid.checkpoints import names  # noqa: E402
 from jaxfid.checkpoints.hf import write_hf  # noqa: E402
-from jaxfid.core.tokenization import Tokenizer  # noqa: E402
 from jaxfid.reatt import model as reatt  # noqa: E402
-from jaxfid.reatt.batches import ReAttBatcher  # noqa: E402
-from reatt_world import tiny_model, write_corpus  # noqa: E402
 
 
 def run_reference(variant: str, seed: int, steps: int, work: str,
@@ -58,16 +55,12 @@ def run_reference(variant: str, seed: int, steps: int, work: str,
   import torch
   import transformers
   from reatt_reference import reatt_loss
-  restart, scale, position_bias, alpha = cand.VARIANTS[variant]
+  restart, scale = cand.VARIANTS[variant][:2]
   if scale:
     raise ValueError(f"the reference has no learned score scale ({variant})")
   torch.manual_seed(seed)
-  docs, examples, tests = cand.heldout_world(seed)
-  corpus = os.path.join(work, "corpus.jsonl")
-  write_corpus(corpus, docs)
-  base = tiny_model(bi_encoder_layers=1, num_decoder_layers=2)
-  model = reatt.ReAttModel(base.config,
-                           base.reatt.replace(position_bias=position_bias))
+  model, corpus, examples, tests = cand.setup(variant, seed, work,
+                                              heldout=True)
   params = model.init_params(seed)
   start = os.path.join(work, f"init_{seed}")
   write_hf(start, model.config, {
@@ -82,10 +75,7 @@ def run_reference(variant: str, seed: int, steps: int, work: str,
   weights = [*hf.parameters(), head_weights]
   make_adam = lambda: torch.optim.Adam(weights, lr=3e-3)  # noqa: E731
   adam = make_adam()
-  batcher = ReAttBatcher(examples, Tokenizer(), batch_size=cand.BATCH,
-                         n_context=4, text_maxlength=cand.LENGTH,
-                         target_maxlength=4, kl_weight=alpha,
-                         retrieval_warmup_steps=cand.WARMUP, seed=seed)
+  batcher = cand.batcher_for(variant, examples, seed)
   t0 = time.time()
   kl = float("nan")
   try:
@@ -101,7 +91,7 @@ def run_reference(variant: str, seed: int, steps: int, work: str,
           decoder_input, targets, bi_encoder_layers=model.reatt.bi_encoder_layers,
           head_weights=head_weights, tau=model.reatt.head_temperature,
           kl_weight=float(batch["kl_weight"].sum()),
-          position_bias=position_bias)
+          position_bias=model.reatt.position_bias)
       adam.zero_grad()
       out["loss"].backward()
       torch.nn.utils.clip_grad_norm_(weights, 1.0)

@@ -45,6 +45,13 @@ def _batch(vocab: int, seed: int = 0):
   return tokens, question_length, decoder_input, targets
 
 
+def _jax_batch(tokens, question_length, decoder_input, targets) -> dict:
+  return {"encoder_input_tokens": tokens.astype(np.int32),
+          "question_length": question_length.astype(np.int32),
+          "decoder_input_tokens": decoder_input.astype(np.int32),
+          "decoder_target_tokens": targets.astype(np.int32)}
+
+
 @pytest.mark.parametrize("position_bias", [False, True])
 def test_reatt_loss_and_gradients_equal_the_reference(checkpoint,
                                                       position_bias):
@@ -70,10 +77,7 @@ def test_reatt_loss_and_gradients_equal_the_reference(checkpoint,
       position_bias=position_bias))
   params = reatt.add_head_weights(loaded.params, heads)
   params[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS] = weights
-  batch = {"encoder_input_tokens": tokens.astype(np.int32),
-           "question_length": qlen.astype(np.int32),
-           "decoder_input_tokens": dec_in.astype(np.int32),
-           "decoder_target_tokens": targets.astype(np.int32)}
+  batch = _jax_batch(tokens, qlen, dec_in, targets)
   (loss, metrics), grads = jax.jit(jax.value_and_grad(
       lambda p: model.loss(p, batch, kl_weight=ALPHA), has_aux=True))(params)
 
@@ -125,10 +129,7 @@ def test_reatt_training_follows_the_reference(checkpoint):
   for s in range(5):
     tokens, qlen, dec_in, targets = _batch(loaded.config.vocab_size, seed=s)
     state, metrics = step(state, {
-        "encoder_input_tokens": tokens.astype(np.int32),
-        "question_length": qlen.astype(np.int32),
-        "decoder_target_tokens": targets.astype(np.int32),
-        "decoder_input_tokens": dec_in.astype(np.int32),
+        **_jax_batch(tokens, qlen, dec_in, targets),
         "kl_weight": np.full(B, ALPHA / B, np.float32)})
     want = reatt_loss(hf, torch.tensor(tokens), torch.tensor(qlen),
                       torch.tensor(dec_in), torch.tensor(targets),
@@ -144,6 +145,7 @@ def test_reatt_training_follows_the_reference(checkpoint):
   np.testing.assert_allclose(trained[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS],
                              head_weights.detach().numpy(), atol=1e-5)
   theirs = dict(hf.named_parameters())
+  initial = names.flatten(loaded.params)
   moved = 0.0
   for path, got in names.flatten({k: v for k, v in trained.items()
                                   if k != reatt.PARAMS_KEY}).items():
@@ -151,6 +153,5 @@ def test_reatt_training_follows_the_reference(checkpoint):
     want = theirs[rename.hf].detach().numpy()
     np.testing.assert_allclose(rename.to_hf(np.asarray(got)), want, atol=1e-4,
                                err_msg=f"{path} ({rename.hf})")
-    before = names.flatten(loaded.params)[path]
-    moved = max(moved, float(np.abs(np.asarray(got) - before).max()))
+    moved = max(moved, float(np.abs(np.asarray(got) - initial[path]).max()))
   assert moved > 0.002  # five steps of 1e-3 moved the weights
