@@ -5,6 +5,7 @@ The compiles use the real TPU compiler (libtpu, on this CPU host) for
 installed. The topology names and the one-line errors need no libtpu.
 """
 import json
+import resource
 import signal
 import subprocess
 import sys
@@ -340,6 +341,30 @@ def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
   with pytest.raises(bench_search.CompileFailed) as e:
     bench_compile.compile_in_child(args, {}, None)
   assert e.value.message == "MESH: cannot lay out"
+
+
+def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
+  """The child compiles with the stack limit raised to its ceiling: the
+  TPU compiler's recursion overflowed 8 MiB thread stacks on a 48-layer
+  program (bench_compile._unlimited_stack)."""
+  _, hard = resource.getrlimit(resource.RLIMIT_STACK)
+  probe = subprocess.run(
+      [sys.executable, "-c", "import resource; "
+       "print(*resource.getrlimit(resource.RLIMIT_STACK))"],
+      capture_output=True, text=True, check=True,
+      preexec_fn=bench_compile._unlimited_stack)
+  assert probe.stdout.split() == [str(hard)] * 2
+  args = cli.build_parser().parse_args(
+      ["bench", "compile", "--topology", "v5e-4", "--gin_file=x.gin"])
+  args.gin_bindings = []
+  seen = {}
+
+  def run(argv, **kwargs):
+    seen.update(kwargs)
+    return subprocess.CompletedProcess(argv, 0, "{}\n", "")
+  monkeypatch.setattr(subprocess, "run", run)
+  bench_compile.compile_in_child(args, {}, None)
+  assert seen["preexec_fn"] is bench_compile._unlimited_stack
 
 
 @pytest.mark.tpu

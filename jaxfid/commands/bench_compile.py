@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -212,12 +213,24 @@ def summary(result: dict) -> str:
                  f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
+def _unlimited_stack() -> None:
+  """The compile's process gets the stack limit's ceiling (unlimited where
+  the host allows it; then glibc gives each thread 32 MiB). The TPU
+  compiler recurses over a program's fusions: on 2026-12-04, T5-large's 48
+  layers at d_model 64 (libtpu 0.0.42.1) overflowed a thread's default 8
+  MiB (``SIGSEGV STACK OVERFLOW`` in ``FusedSpatialMajorConvolution``) and
+  compiled with ``ulimit -s unlimited``."""
+  _, hard = resource.getrlimit(resource.RLIMIT_STACK)
+  resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
+
+
 def compile_in_child(args, macros: dict, model_flops,
                      echo: bool = False) -> dict:
   """One configuration compiled by ``jaxfid bench compile --in-process`` in
   a process of its own: a compiler crash (libtpu can die of a signal) is
   one line, a ``--search`` row, not the end of the command, and the
-  compile's host memory is freed when it ends. Its report, or
+  compile's host memory is freed when it ends; it runs with the largest
+  stack the host allows (:func:`_unlimited_stack`). Its report, or
   :class:`~jaxfid.commands.bench_search.CompileFailed`; ``echo`` passes its
   stderr on (its notes and summary line) when it succeeds."""
   argv = [sys.executable, "-m", "jaxfid", "bench", "compile", "--in-process",
@@ -229,7 +242,8 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
-  child = subprocess.run(argv, capture_output=True, text=True, check=False)
+  child = subprocess.run(argv, capture_output=True, text=True, check=False,
+                         preexec_fn=_unlimited_stack)
   if child.returncode == 0:
     if echo:
       sys.stderr.write(child.stderr)
