@@ -64,8 +64,7 @@ def run_reference(variant: str, seed: int, steps: int, work: str,
   params = model.init_params(seed)
   start = os.path.join(work, f"init_{seed}")
   write_hf(start, model.config, {
-      k: np.asarray(v) for k, v in names.flatten(
-          {k: v for k, v in params.items() if k != reatt.PARAMS_KEY}).items()},
+      k: np.asarray(v) for k, v in names.flatten(reatt.t5_part(params)).items()},
       overwrite=True)
   hf = transformers.T5ForConditionalGeneration.from_pretrained(
       start, attn_implementation="eager").train()

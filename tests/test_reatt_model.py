@@ -145,7 +145,7 @@ def test_without_bi_encoder_layers_it_is_fid(world):
   params = model.init_params(0)
   batch = _batch(world[:2])
   fid = EncoderDecoderModel(model.config)
-  t5 = {k: v for k, v in params.items() if k != reatt.PARAMS_KEY}
+  t5 = reatt.t5_part(params)
   dec = np.tile(np.arange(1, 5, dtype=np.int32), (2, 1))
   key = jax.random.key(1)
   want = jax.jit(lambda p, t, d, m, k: fid.logits(

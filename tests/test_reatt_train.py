@@ -189,7 +189,7 @@ def _save(path, fields, params):
 def test_init_checkpoint_from_a_t5_or_a_reatt_model_dir(tmp_path):
   model = tiny_model(bi_encoder_layers=1)
   params = model.init_params(3)
-  t5 = {k: v for k, v in params.items() if k != reatt.PARAMS_KEY}
+  t5 = reatt.t5_part(params)
   _save(tmp_path / "fid", {"method": "fid", "model": model.config.to_dict()}, t5)
   got = reatt_task.initial_reatt_params(str(tmp_path / "fid"), model)
   np.testing.assert_array_equal(got["reatt"]["head_weights"], np.zeros(4))

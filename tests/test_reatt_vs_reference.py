@@ -89,8 +89,7 @@ def test_reatt_loss_and_gradients_equal_the_reference(checkpoint,
   np.testing.assert_allclose(grads[reatt.PARAMS_KEY][reatt.HEAD_WEIGHTS],
                              head_weights.grad.numpy(), rtol=1e-4, atol=1e-5)
   torch_grads = {n: t.grad for n, t in hf.named_parameters()}
-  flat = names.flatten({k: v for k, v in grads.items()
-                        if k != reatt.PARAMS_KEY})
+  flat = names.flatten(reatt.t5_part(grads))
   assert len(flat) == len(torch_grads)
   for path, g in flat.items():
     rename = names.to_hf(path)
@@ -147,8 +146,7 @@ def test_reatt_training_follows_the_reference(checkpoint):
   theirs = dict(hf.named_parameters())
   initial = names.flatten(loaded.params)
   moved = 0.0
-  for path, got in names.flatten({k: v for k, v in trained.items()
-                                  if k != reatt.PARAMS_KEY}).items():
+  for path, got in names.flatten(reatt.t5_part(trained)).items():
     rename = names.to_hf(path)
     want = theirs[rename.hf].detach().numpy()
     np.testing.assert_allclose(rename.to_hf(np.asarray(got)), want, atol=1e-4,

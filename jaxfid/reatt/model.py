@@ -128,6 +128,12 @@ class SplitEncoding:
 # -------------------------------------------------------------------- model
 
 
+def t5_part(params: dict) -> dict:
+  """The T5 parameters of ReAtt params (all but ``reatt/``): what HF and
+  T5X checkpoints hold and :class:`T5` runs."""
+  return {k: v for k, v in params.items() if k != PARAMS_KEY}
+
+
 def add_head_weights(t5_params: dict, num_heads: int,
                      score_scale: bool = False) -> dict:
   """ReAtt params from T5 params (``reatt/head_weights`` zeros [H] added)
@@ -186,7 +192,7 @@ class ReAttModel(EncoderDecoderModel):
     return axes
 
   def network(self, params: dict) -> T5:
-    return super().network({k: v for k, v in params.items() if k != PARAMS_KEY})
+    return super().network(t5_part(params))
 
   def head_probabilities(self, params: dict) -> Array:
     return head_probabilities(params[PARAMS_KEY][HEAD_WEIGHTS],
