@@ -485,3 +485,23 @@ def test_every_method_compiles_both_programs(method, program, capsys):
   r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   _consistent(r)
   assert r["program"] == program and r["fits"]
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_search_sizes_reatt_with_grad_cache(capsys):
+  """--search over ReAtt's GradCache step (in-batch negatives over 2
+  microbatches, as gin/reatt/large.gin's 4): every row keeps the run's
+  accumulation, and the best fits with its flags."""
+  _needs_libtpu()
+  assert cli.main(["bench", "compile", "--topology", "v5e-2",
+                   *METHODS["reatt"], "--gin.IN_BATCH_NEGATIVES=True",
+                   "--gin.ACCUMULATION_STEPS=2", "--search"]) == 0
+  r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert r["fits"] is True and r["chips"] == 2
+  assert r["compiles"] == len(r["search"]) == 3
+  assert {row["MESH"] for row in r["search"]} == {"data=2", "fsdp=2"}
+  assert {row["ACCUMULATION_STEPS"] for row in r["search"]} == {2}
+  assert all("error" not in row for row in r["search"])
+  assert r["search"][-1]["SCAN_LAYERS"] is True
+  assert all(f.startswith("--gin.") for f in r["flags"])
