@@ -347,24 +347,24 @@ def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   """The child compiles with the stack limit raised to its ceiling: the
   TPU compiler's recursion overflowed 8 MiB thread stacks on a 48-layer
   program (bench_compile._unlimited_stack)."""
-  _, hard = resource.getrlimit(resource.RLIMIT_STACK)
-  probe = subprocess.run(
-      [sys.executable, "-c", "import resource; "
-       "print(*resource.getrlimit(resource.RLIMIT_STACK))"],
-      capture_output=True, text=True, check=True,
-      preexec_fn=bench_compile._unlimited_stack)
-  assert probe.stdout.split() == [str(hard)] * 2
+  soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+  low = 4 << 20 if hard == resource.RLIM_INFINITY else min(hard, 4 << 20)
   args = cli.build_parser().parse_args(
       ["bench", "compile", "--topology", "v5e-4", "--gin_file=x.gin"])
   args.gin_bindings = []
-  seen = {}
+  spawn = subprocess.run
 
-  def run(argv, **kwargs):
-    seen.update(kwargs)
-    return subprocess.CompletedProcess(argv, 0, "{}\n", "")
-  monkeypatch.setattr(subprocess, "run", run)
-  bench_compile.compile_in_child(args, {}, None)
-  assert seen["preexec_fn"] is bench_compile._unlimited_stack
+  def probe(argv, **kwargs):   # the child reports the limits it inherits
+    return spawn([sys.executable, "-c", "import json, resource; print("
+                  "json.dumps(resource.getrlimit(resource.RLIMIT_STACK)))"],
+                 **kwargs)
+  monkeypatch.setattr(subprocess, "run", probe)
+  resource.setrlimit(resource.RLIMIT_STACK, (low, hard))  # `ulimit -s 4096`
+  try:
+    got = bench_compile.compile_in_child(args, {}, None)
+  finally:
+    resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+  assert got == [hard, hard]
 
 
 @pytest.mark.tpu

@@ -214,12 +214,15 @@ def summary(result: dict) -> str:
 
 
 def _unlimited_stack() -> None:
-  """The compile's process gets the stack limit's ceiling (unlimited where
-  the host allows it; then glibc gives each thread 32 MiB). The TPU
-  compiler recurses over a program's fusions: on 2026-12-04, T5-large's 48
-  layers at d_model 64 (libtpu 0.0.42.1) overflowed a thread's default 8
-  MiB (``SIGSEGV STACK OVERFLOW`` in ``FusedSpatialMajorConvolution``) and
-  compiled with ``ulimit -s unlimited``."""
+  """Raises this process's stack limit to its ceiling, for the compile
+  processes it starts next to inherit (unlimited where the host allows it;
+  glibc then gives each of their threads 32 MiB). Set here, not in a
+  ``preexec_fn``: that makes ``subprocess`` fork a multithreaded JAX
+  process, which JAX warns of. The TPU compiler recurses over a program's
+  fusions: on 2026-12-04, T5-large's 48 layers at d_model 64 (libtpu
+  0.0.42.1) overflowed a thread's default 8 MiB (``SIGSEGV STACK
+  OVERFLOW`` in ``FusedSpatialMajorConvolution``) and compiled with
+  ``ulimit -s unlimited``."""
   _, hard = resource.getrlimit(resource.RLIMIT_STACK)
   resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
 
@@ -242,8 +245,8 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
-  child = subprocess.run(argv, capture_output=True, text=True, check=False,
-                         preexec_fn=_unlimited_stack)
+  _unlimited_stack()
+  child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
     if echo:
       sys.stderr.write(child.stderr)
