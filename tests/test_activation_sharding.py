@@ -99,7 +99,7 @@ def test_fsdp_gathers_each_kernel_where_it_is_used():
   ``model`` split kept): the gather is part of the layer, so remat repeats
   it in the backward pass instead of keeping every gathered kernel (FiD-base
   at paper size on v5e-16 with ``MESH='fsdp=16'``: 18.18 GB per chip
-  without, 9.73 with; docs/tpu.md). On a mesh without ``fsdp`` the test
+  without, 9.73 with; docs/tpu_measured.md). On a mesh without ``fsdp`` the test
   above finds no kernel constraint: that program is unchanged."""
   found = _constraints(_lowered_text(CONFIG, "fsdp=2,model=4"))
   h, e, f, d, v = 4, 2, 40, 16, CONFIG.vocab_size
