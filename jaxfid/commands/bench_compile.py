@@ -29,7 +29,6 @@ import dataclasses
 import io
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -213,18 +212,19 @@ def summary(result: dict) -> str:
                  f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
-def _unlimited_stack() -> None:
-  """Raises this process's stack limit to its ceiling, for the compile
-  processes it starts next to inherit (unlimited where the host allows it;
-  glibc then gives each of their threads 32 MiB). Set here, not in a
-  ``preexec_fn``: that makes ``subprocess`` fork a multithreaded JAX
-  process, which JAX warns of. The TPU compiler recurses over a program's
-  fusions: on 2026-12-04, T5-large's 48 layers at d_model 64 (libtpu
-  0.0.42.1) overflowed a thread's default 8 MiB (``SIGSEGV STACK
-  OVERFLOW`` in ``FusedSpatialMajorConvolution``) and compiled with
-  ``ulimit -s unlimited``."""
-  _, hard = resource.getrlimit(resource.RLIMIT_STACK)
-  resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
+# The compile's interpreter starts as this one-liner, which raises its stack
+# limit to the ceiling and execs the compile (so the limit is inherited by
+# it alone: this process's is untouched, and ``subprocess`` need not fork
+# for a ``preexec_fn``). Where the ceiling is unlimited glibc gives each
+# thread 32 MiB. The TPU compiler recurses over a program's fusions: on
+# 2026-12-04, T5-large's 48 layers at d_model 64 (libtpu 0.0.42.1)
+# overflowed a thread's default 8 MiB (``SIGSEGV STACK OVERFLOW`` in
+# ``FusedSpatialMajorConvolution``) and compiled with ``ulimit -s
+# unlimited``.
+LARGEST_STACK = ("import os, resource, sys; "
+                 "_, hard = resource.getrlimit(resource.RLIMIT_STACK); "
+                 "resource.setrlimit(resource.RLIMIT_STACK, (hard, hard)); "
+                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def compile_in_child(args, macros: dict, model_flops,
@@ -233,10 +233,11 @@ def compile_in_child(args, macros: dict, model_flops,
   a process of its own: a compiler crash (libtpu can die of a signal) is
   one line, a ``--search`` row, not the end of the command, and the
   compile's host memory is freed when it ends; it runs with the largest
-  stack the host allows (:func:`_unlimited_stack`). Its report, or
+  stack the host allows (``LARGEST_STACK``). Its report, or
   :class:`~jaxfid.commands.bench_search.CompileFailed`; ``echo`` passes its
   stderr on (its notes and summary line) when it succeeds."""
-  argv = [sys.executable, "-m", "jaxfid", "bench", "compile", "--in-process",
+  argv = [sys.executable, "-c", LARGEST_STACK,
+          "-m", "jaxfid", "bench", "compile", "--in-process",
           "--topology", args.topology, "--slices", str(args.slices),
           "--program", args.program,
           *(f"--gin_file={f}" for f in args.gin_file),
@@ -245,7 +246,6 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
-  _unlimited_stack()
   child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
     if echo:
