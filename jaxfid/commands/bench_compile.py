@@ -37,7 +37,7 @@ from typing import Any
 import gin
 import jax
 
-from jaxfid.commands import bench_search, gin_flags
+from jaxfid.commands import bench_search, gin_flags, search_log
 from jaxfid.core import topologies
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
@@ -65,6 +65,10 @@ def add_arguments(p) -> None:
   p.add_argument("--search", action="store_true",
                  help="try remat, mesh splits, accumulation and scanned "
                  "layers; print what fits and the best as --gin. flags")
+  p.add_argument("--search-log", default=None, metavar="FILE",
+                 help="--search: append each finished compile's report to "
+                 "FILE and take those already there, so that a stopped "
+                 "search resumes where it was")
   p.add_argument("--jobs", type=int, default=1,
                  help="--search: compile up to N configurations at once "
                  "(each a process needing one compile's host memory)")
@@ -100,6 +104,14 @@ class Run:
       if isinstance(method, type) and hasattr(method, "compile_bindings"):
         out.update(method.compile_bindings(gin_flags.macro_value))
       return out
+    finally:
+      gin.clear_config()
+
+  def config_text(self, macros: dict) -> str:
+    """The gin configuration as parsed, included files and all."""
+    self._parse(macros)
+    try:
+      return gin.config_str()
     finally:
       gin.clear_config()
 
@@ -264,6 +276,8 @@ def compile_in_child(args, macros: dict, model_flops,
 def run(args) -> int:
   if args.jobs < 1:
     raise InputError("--jobs", "must be at least 1")
+  if args.search_log and not args.search:
+    raise InputError("--search-log", "is the log of a --search; add --search")
   target = aot.Target.of(topologies.parse(args.topology, args.slices))
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
                 tuple(args.gin_search_path))
@@ -271,12 +285,22 @@ def run(args) -> int:
   gin_run.check(base)
   with _compile_only():
     if args.search:
+      def compile_fn(macros, flops=None):
+        return compile_in_child(args, {**base, **macros}, flops)
+      log = None
+      if args.search_log:
+        log = search_log.SearchLog(args.search_log, {
+            "topology": args.topology, "slices": args.slices,
+            "program": args.program, "gin": gin_run.config_text(base),
+            **search_log.versions()})
+        compile_fn = log.cached(compile_fn)
       result = bench_search.search(
-          lambda macros, flops=None: compile_in_child(
-              args, {**base, **macros}, flops),
+          compile_fn,
           lambda: (train_model_flops(gin_run, base)
                    if args.program == "train" else None),
           gin_run.build(base), target, args.program, jobs=args.jobs)
+      if log:
+        log.say_reused()
     elif args.in_process:
       result = compile_once(gin_run, base, args.program, target,
                             args.model_flops)
