@@ -346,7 +346,7 @@ def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
 def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   """The child compiles with the stack limit raised to its ceiling (the
   TPU compiler's recursion overflowed 8 MiB thread stacks on a 48-layer
-  program: bench_compile.LARGEST_STACK), and this process's stays as it
+  program: bench_compile.CHILD_START), and this process's stays as it
   was."""
   soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
   low = 4 << 20 if hard == resource.RLIM_INFINITY else min(hard, 4 << 20)
@@ -371,6 +371,44 @@ def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   finally:
     resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
   assert got == [hard, hard]
+
+
+def _running(pid: int) -> bool:
+  """The process exists and is not a zombie waiting to be reaped."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return not any(line.startswith("State:") and "Z" in line for line in f)
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.skipif(sys.platform != "linux",
+                    reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_compile_process_dies_with_its_parent(tmp_path):
+  """A search killed on its own (``kill -9``) takes its compile with it
+  instead of leaving it running (bench_compile.CHILD_START)."""
+  pid_file = tmp_path / "child.pid"
+  sleeper = (f"import os, time; open({str(pid_file)!r}, 'w')"
+             ".write(str(os.getpid())); time.sleep(120)")
+  parent = subprocess.Popen([sys.executable, "-c", (
+      "import os, subprocess, sys\n"
+      "from jaxfid.commands import bench_compile\n"
+      "subprocess.run([sys.executable, '-c', bench_compile.CHILD_START, "
+      f"str(os.getpid()), '-c', {sleeper!r}])\n")])
+  try:
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+      assert time.monotonic() < deadline and parent.poll() is None
+      time.sleep(0.1)
+    child = int(pid_file.read_text())
+    assert _running(child)
+  finally:
+    parent.kill()
+    parent.wait()
+  deadline = time.monotonic() + 10
+  while _running(child) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not _running(child)
 
 
 @pytest.mark.tpu

@@ -224,19 +224,31 @@ def summary(result: dict) -> str:
                  f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
 
 
-# The compile's interpreter starts as this one-liner, which raises its stack
-# limit to the ceiling and execs the compile (so the limit is inherited by
-# it alone: this process's is untouched, and ``subprocess`` need not fork
-# for a ``preexec_fn``). Where the ceiling is unlimited glibc gives each
-# thread 32 MiB. The TPU compiler recurses over a program's fusions: on
-# 2026-12-04, T5-large's 48 layers at d_model 64 (libtpu 0.0.42.1)
-# overflowed a thread's default 8 MiB (``SIGSEGV STACK OVERFLOW`` in
-# ``FusedSpatialMajorConvolution``) and compiled with ``ulimit -s
-# unlimited``.
-LARGEST_STACK = ("import os, resource, sys; "
-                 "_, hard = resource.getrlimit(resource.RLIMIT_STACK); "
-                 "resource.setrlimit(resource.RLIMIT_STACK, (hard, hard)); "
-                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+# The compile's interpreter starts as this small program, then execs the
+# compile (``sys.argv[1]`` is the parent's pid, the rest its command line):
+# * it raises its stack limit to the ceiling, for the compile alone (this
+#   process's is untouched, and ``subprocess`` need not fork for a
+#   ``preexec_fn``); where the ceiling is unlimited glibc gives each thread
+#   32 MiB. The TPU compiler recurses over a program's fusions: on
+#   2026-12-04, T5-large's 48 layers at d_model 64 (libtpu 0.0.42.1)
+#   overflowed a thread's default 8 MiB (``SIGSEGV STACK OVERFLOW`` in
+#   ``FusedSpatialMajorConvolution``) and compiled with ``ulimit -s
+#   unlimited``;
+# * on Linux it asks to be killed when its parent dies
+#   (``PR_SET_PDEATHSIG``, kept across the exec): a search killed on its
+#   own (``kill``, a scheduler) would otherwise leave its compile running,
+#   with its host memory, for up to half an hour.
+CHILD_START = """
+import os, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_STACK)
+resource.setrlimit(resource.RLIMIT_STACK, (hard, hard))
+if sys.platform == "linux":
+  import ctypes, signal
+  ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the parent died before that
+  sys.exit(1)
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
 
 def compile_in_child(args, macros: dict, model_flops,
@@ -245,10 +257,11 @@ def compile_in_child(args, macros: dict, model_flops,
   a process of its own: a compiler crash (libtpu can die of a signal) is
   one line, a ``--search`` row, not the end of the command, and the
   compile's host memory is freed when it ends; it runs with the largest
-  stack the host allows (``LARGEST_STACK``). Its report, or
+  stack the host allows, and dies with this process (``CHILD_START``).
+  Its report, or
   :class:`~jaxfid.commands.bench_search.CompileFailed`; ``echo`` passes its
   stderr on (its notes and summary line) when it succeeds."""
-  argv = [sys.executable, "-c", LARGEST_STACK,
+  argv = [sys.executable, "-c", CHILD_START, str(os.getpid()),
           "-m", "jaxfid", "bench", "compile", "--in-process",
           "--topology", args.topology, "--slices", str(args.slices),
           "--program", args.program,
