@@ -102,3 +102,19 @@ def test_a_stopped_search_resumes_compiling_only_what_it_had_not(tmp_path):
                             *_made_up_run(8, 4), "train")
   assert log.reused == 3 and stopped + rest == whole
   assert got == want
+
+
+def test_the_key_holds_jaxfids_source(tmp_path, monkeypatch):
+  """An edit to jaxfid's code changes what is compiled, not its version:
+  the digest of its source is part of every search's key."""
+  from jaxfid.commands import search_log
+  first = search_log.versions()
+  assert first["jaxfid_source"] == search_log.versions()["jaxfid_source"]
+  package = tmp_path / "jaxfid"
+  (package / "commands").mkdir(parents=True)
+  here = package / "commands" / "search_log.py"
+  here.write_text("# one\n")
+  monkeypatch.setattr(search_log, "__file__", str(here))
+  one = search_log._source_digest()
+  here.write_text("# two\n")
+  assert search_log._source_digest() != one

@@ -10,7 +10,8 @@ loses only the compiles under way.
 The key is all that decides a compile: the slice (``--topology``,
 ``--slices``), the program, the gin configuration as gin parsed it (with
 every included file: ``gin.config_str()``), the macros the search sets,
-and the versions of jaxfid, jax and libtpu. A compile that failed (a
+the versions of jax and libtpu, and jaxfid's version and source (any edit
+to a ``.py`` file of the package starts the log afresh). A compile that failed (a
 crashed or killed process, a configuration error) is not logged, so a
 rerun tries it again. Lines are appended whole and synced; a last line cut
 short by a crash is skipped.
@@ -21,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pathlib
 import sys
 import threading
 from typing import Callable
@@ -37,10 +39,22 @@ def _version(package: str) -> str | None:
     return None
 
 
+def _source_digest() -> str:
+  """sha256 of jaxfid's Python source: a change to the model, the step or
+  the shardings changes what is compiled without changing the version."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  digest = hashlib.sha256()
+  for path in sorted(root.rglob("*.py")):
+    digest.update(str(path.relative_to(root)).encode() + b"\0")
+    digest.update(path.read_bytes() + b"\0")
+  return digest.hexdigest()
+
+
 def versions() -> dict:
-  """The software that decides what the compiler writes."""
-  return {"jaxfid": _version("jaxfid"), "jax": jax.__version__,
-          "libtpu": _version("libtpu")}
+  """The software that decides what the compiler writes: jax, libtpu and
+  jaxfid (its version and its source)."""
+  return {"jaxfid": _version("jaxfid"), "jaxfid_source": _source_digest(),
+          "jax": jax.__version__, "libtpu": _version("libtpu")}
 
 
 class SearchLog:
