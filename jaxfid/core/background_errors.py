@@ -75,15 +75,27 @@ def is_abandoned_work(unraisable) -> bool:
 _DEFINED_AT = re.compile(r"defined at (\S+?):\d+>")
 
 
+# a TensorStore error as Python sees it: "RESOURCE_EXHAUSTED: Error
+# writing ...", an absl status code first
+_STATUS = re.compile(r"[A-Z]+(_[A-Z]+)*: ")
+_FUTURE = "Future exception was never retrieved"
+
+
 class _AbandonedTaskReports(logging.Filter):
   """Drops asyncio's reports of orbax/tensorstore tasks and futures that
-  nobody awaited (their caller had the first error already)."""
+  nobody awaited (their caller had the first error already). A bare
+  future that TensorStore failed names no coroutine and may carry no
+  traceback: its report is known by the error's absl status code."""
 
   def filter(self, record):
     exc = record.exc_info[1] if record.exc_info else None
     if exc is not None and _traceback_in_packages(exc.__traceback__):
       return False
-    found = _DEFINED_AT.search(record.getMessage())
+    message = record.getMessage()
+    if (exc is not None and message.startswith(_FUTURE)
+        and _STATUS.match(str(exc))):
+      return False
+    found = _DEFINED_AT.search(message)
     return not (found and _in_packages(found.group(1)))
 
 
