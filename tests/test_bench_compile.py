@@ -358,7 +358,7 @@ def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   spawn = subprocess.run
 
   def probe(argv, **kwargs):   # the child reports the limits it runs with
-    start = argv.index("-m")   # the interpreter and its one-liner, kept
+    start = argv.index("-m")   # the interpreter, CHILD_START and its pid
     return spawn(argv[:start] + [
         "-c", "import json, resource; "
         "print(json.dumps(resource.getrlimit(resource.RLIMIT_STACK)))"],

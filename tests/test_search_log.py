@@ -12,6 +12,7 @@ import pytest
 from jaxfid.commands import bench_search
 from jaxfid.commands.search_log import SearchLog
 from jaxfid.core.errors import InputError
+from test_bench_compile import _made_up_run
 
 SEARCH = {"topology": "v5e-4", "slices": 1, "program": "train",
           "gin": "BATCH_SIZE = 8", "jaxfid": "0", "jax": "0", "libtpu": "0"}
@@ -73,8 +74,6 @@ def test_a_log_that_cannot_be_written_is_one_line(tmp_path):
 def test_a_stopped_search_resumes_compiling_only_what_it_had_not(tmp_path):
   """The search stopped after its third compile (a Ctrl-C): rerun with the
   same log it compiles the rest and ends as an uninterrupted search."""
-  from test_bench_compile import _made_up_run  # noqa: E402
-
   def compiler(stop_after=None):
     done = []
 
