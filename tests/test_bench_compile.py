@@ -412,6 +412,30 @@ def test_the_compile_process_dies_with_its_parent(tmp_path):
 
 
 @pytest.mark.tpu
+def test_sigterm_stops_a_search_with_one_line(tmp_path):
+  """libtpu's failure-signal handler would answer SIGTERM with a stack dump;
+  a stopped search says one line and dies of SIGTERM."""
+  _needs_libtpu()
+  log = tmp_path / "search.jsonl"
+  search = subprocess.Popen(
+      [sys.executable, "-m", "jaxfid", "bench", "compile", "--topology",
+       "v5e:2x2", *TINY, "--search", f"--search-log={log}"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    header = search.stderr.readline()  # libtpu is loaded before it
+    assert header.startswith("REMAT"), header + search.stderr.read()
+    search.send_signal(signal.SIGTERM)
+    out, err = search.communicate(timeout=120)
+  finally:
+    search.kill()
+  assert search.returncode == -signal.SIGTERM
+  assert out == ""
+  lines = err.splitlines()
+  assert lines[-1] == ("jaxfid bench compile: stopped by SIGTERM; rerun "
+                       f"with --search-log {log} to go on")
+  assert all(line.startswith(("none ", "dots ", "full ")) for line in
+             lines[:-1]), err  # at most the rows finished before it
+@pytest.mark.tpu
 def test_a_compiler_crash_is_one_line(capsys, monkeypatch):
   """The compile runs in a process of its own: libtpu dying of a signal
   there is one line and exit status 1, not a crash of the command."""

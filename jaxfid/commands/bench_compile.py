@@ -286,12 +286,39 @@ def compile_in_child(args, macros: dict, model_flops,
       exit_code=2 if child.returncode == 2 else 1)
 
 
+@contextlib.contextmanager
+def _sigterm_is_one_line(search_log_path: str | None):
+  """Loading libtpu (for the topology) installs absl's failure-signal
+  handler, which answers SIGTERM with a stack dump. Meanwhile SIGTERM says
+  one line instead and then ends the process by SIGTERM, as the sender
+  expects; the compile processes die with it (``CHILD_START``) and the
+  reports already in ``--search-log`` stay there."""
+  def stop(signum, frame):
+    del signum, frame
+    hint = (f"; rerun with --search-log {search_log_path} to go on"
+            if search_log_path else "")
+    print(f"jaxfid bench compile: stopped by SIGTERM{hint}", file=sys.stderr,
+          flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 def run(args) -> int:
   if args.jobs < 1:
     raise InputError("--jobs", "must be at least 1")
   if args.search_log and not args.search:
     raise InputError("--search-log", "is the log of a --search; add --search")
   target = aot.Target.of(topologies.parse(args.topology, args.slices))
+  with _sigterm_is_one_line(args.search_log):
+    return _run(args, target)
+
+
+def _run(args, target: aot.Target) -> int:
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
                 tuple(args.gin_search_path))
   base = gin_run.placeholders()

@@ -1,20 +1,20 @@
-"""``jaxfid bench compile --search --search-log FILE``: a stopped search resumes.
+"""``jaxfid bench compile --search --search-log FILE``: a search resumes.
 
 At paper sizes a ``--search`` is ten-odd compiles of 5 to 25 minutes each
 on a CPU host. With ``--search-log FILE`` each finished compile's report is
 appended to FILE as one JSON line under its key, and a rerun of the same
 search with the same FILE takes the reports found there instead of
-compiling again: a search stopped by Ctrl-C, a crash or the host's memory
-loses only the compiles under way.
+compiling again: a search stopped by Ctrl-C, SIGTERM, a crash or the
+host's memory loses only the compiles under way.
 
 The key is all that decides a compile: the slice (``--topology``,
 ``--slices``), the program, the gin configuration as gin parsed it (with
 every included file: ``gin.config_str()``), the macros the search sets,
-the versions of jax and libtpu, and jaxfid's version and source (any edit
-to a ``.py`` file of the package starts the log afresh). A compile that failed (a
-crashed or killed process, a configuration error) is not logged, so a
-rerun tries it again. Lines are appended whole and synced; a last line cut
-short by a crash is skipped.
+the versions of jax and libtpu, and jaxfid's version and source (any
+edit to a ``.py`` file of the package starts the log afresh). A compile
+that failed (a crashed or killed process, a configuration error) is not
+logged, so a rerun tries it again. Lines are appended whole and synced;
+a last line cut short by a crash is skipped.
 """
 from __future__ import annotations
 
