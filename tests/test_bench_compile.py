@@ -435,6 +435,8 @@ def test_sigterm_stops_a_search_with_one_line(tmp_path):
                        f"with --search-log {log} to go on")
   assert all(line.startswith(("none ", "dots ", "full ")) for line in
              lines[:-1]), err  # at most the rows finished before it
+
+
 @pytest.mark.tpu
 def test_a_compiler_crash_is_one_line(capsys, monkeypatch):
   """The compile runs in a process of its own: libtpu dying of a signal

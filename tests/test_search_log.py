@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from jaxfid.commands import bench_search
+from jaxfid.commands import bench_search, search_log
 from jaxfid.commands.search_log import SearchLog
 from jaxfid.core.errors import InputError
 from test_bench_compile import _made_up_run
@@ -106,7 +106,6 @@ def test_a_stopped_search_resumes_compiling_only_what_it_had_not(tmp_path):
 def test_the_key_holds_jaxfids_source(tmp_path, monkeypatch):
   """An edit to jaxfid's code changes what is compiled, not its version:
   the digest of its source is part of every search's key."""
-  from jaxfid.commands import search_log
   first = search_log.versions()
   assert first["jaxfid_source"] == search_log.versions()["jaxfid_source"]
   package = tmp_path / "jaxfid"

@@ -30,6 +30,7 @@ from typing import Callable
 import jax
 
 from jaxfid.core.errors import InputError
+from jaxfid.core.textio import json_records
 
 
 def _version(package: str) -> str | None:
@@ -78,12 +79,9 @@ class SearchLog:
           f.write("\n")
     except OSError as e:
       raise InputError("--search-log", f"{path}: {e.strerror}") from None
-    for line in text.splitlines():
-      try:
-        entry = json.loads(line)
-        self.reports[entry["key"]] = entry["report"]
-      except (ValueError, KeyError, TypeError):
-        continue  # cut short, or not this format: compiled again
+    for entry in json_records(text.splitlines()):
+      if isinstance(entry.get("key"), str) and "report" in entry:
+        self.reports[entry["key"]] = entry["report"]  # else: compiled again
 
   def key(self, macros: dict) -> str:
     whole = {**self._search, "macros": macros}

@@ -128,6 +128,21 @@ def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False,
     yield lineno, value
 
 
+def json_records(lines) -> list[dict]:
+  """The JSON objects of an append-only log's lines (metrics.jsonl, a
+  ``--search-log``): a line cut short by a crash, or not an object, is
+  skipped, not an error."""
+  records = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(record, dict):
+      records.append(record)
+  return records
+
+
 def starts_json_array(path: str | os.PathLike) -> bool:
   """True when the file's first non-blank byte opens a JSON array."""
   with open_binary(path) as f:

@@ -22,6 +22,7 @@ from jaxfid.core.tensorboard import SummaryWriter
 from jaxfid.core import paths
 from jaxfid.core.files import atomic_write
 from jaxfid.core.storage import storage_errors
+from jaxfid.core.textio import json_records
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,25 +35,12 @@ def _clean(value):
   return value
 
 
-def _parse(lines) -> list[dict]:
-  """Records of JSON lines; a line cut by a crash is skipped."""
-  records = []
-  for line in lines:
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError:
-      continue
-    if isinstance(record, dict):
-      records.append(record)
-  return records
-
-
 def read_records(model_dir: str) -> list[dict]:
   """The records of ``MODEL_DIR/metrics.jsonl`` in order ([] if absent)."""
   path = paths.join(model_dir, METRICS_FILE)
   if not paths.exists(path):
     return []
-  return _parse(paths.read_text(path).splitlines())
+  return json_records(paths.read_text(path).splitlines())
 
 
 class MetricsLog:
