@@ -12,6 +12,8 @@ what that is. This module imports those plug-in modules only:
 * index types of :func:`jaxfid.retrieval.search.open_index`: ``"bm25"``
   (shared, built in), ``"dense"`` (the T5 dual encoder), ``"reatt"``
   (ReAtt's token index);
+* ``jaxfid bench`` modes (:data:`jaxfid.commands.bench.MODES`): the
+  shared ``compile`` (:mod:`jaxfid.aot`) and the methods' own;
 * MODEL_DIR loaders of :func:`jaxfid.checkpoints.load.load_checkpoint`, by
   the run config's ``"method"``: ``"fid"`` (built in), ``"dual_encoder"``,
   ``"reatt"``, ``"refusion"``, ``"atlas"``.
@@ -29,6 +31,7 @@ import jaxfid.dual_encoder.plugin  # noqa: F401
 import jaxfid.reatt.plugin  # noqa: F401
 import jaxfid.refusion.plugin  # noqa: F401
 import jaxfid.atlas.plugin  # noqa: F401
+import jaxfid.aot.plugin  # noqa: F401 (jaxfid bench compile)
 import jaxfid.retrieval.bm25.index  # noqa: F401 (index type "bm25", built in)
 from jaxfid.checkpoints.load import METHOD_LOADERS, load_checkpoint, load_t5
 from jaxfid.retrieval.search import INDEX_TYPES, open_index

@@ -17,11 +17,9 @@ import gin
 import pytest
 
 from jaxfid import cli
-from jaxfid.commands import bench_compile, bench_search
-from jaxfid.core import topologies
+from jaxfid.aot import command, programs, search, topologies
 from jaxfid.core.errors import InputError
 from jaxfid.fid import bench as fid_bench
-from jaxfid.training import aot
 
 # gin/fid/tiny.gin at 1+1 layers and a 128-token vocabulary: seconds to
 # compile, and parameters that dominate the arguments (the FSDP check)
@@ -75,7 +73,7 @@ def _consistent(r: dict, chips: int = 4) -> None:
       r["bytes_accessed_per_chip"] * trips / chip.hbm_bytes_per_s))
   assert r["examples_per_sec_at_roofline"] == pytest.approx(
       r["batch_size"] / r["roofline_step_s"])
-  assert set(r["collectives"]) == set(aot.COLLECTIVES)
+  assert set(r["collectives"]) == set(programs.COLLECTIVES)
   assert r["flops_per_chip"] > 0 and r["model_flops_per_chip"] > 0
   assert r["compile_s"] > 0
 
@@ -101,11 +99,11 @@ def test_accelerator_type_names_map_to_slices():
 
 
 def test_search_splits_the_chips():
-  assert bench_search.splits(16) == ["data=16", "fsdp=16", "fsdp=8,model=2",
+  assert search.splits(16) == ["data=16", "fsdp=16", "fsdp=8,model=2",
                                      "fsdp=4,model=4"]
-  assert bench_search.splits(2) == ["data=2", "fsdp=2"]
-  assert bench_search._flag("REMAT", "dots") == "--gin.REMAT=\"'dots'\""
-  assert bench_search._flag("SCAN_LAYERS", True) == "--gin.SCAN_LAYERS=True"
+  assert search.splits(2) == ["data=2", "fsdp=2"]
+  assert search._flag("REMAT", "dots") == "--gin.REMAT=\"'dots'\""
+  assert search._flag("SCAN_LAYERS", True) == "--gin.SCAN_LAYERS=True"
 
 
 def _made_up_run(batch: int, chips: int):
@@ -136,7 +134,7 @@ def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
     with lock:
       running[0] -= 1
     if macros["MESH"] == "fsdp=2,model=2":
-      raise bench_search.CompileFailed("the compile was killed by SIGSEGV")
+      raise search.CompileFailed("the compile was killed by SIGSEGV")
     need = {"none": 30.0, "dots": 12.0, "full": 8.0}[macros["REMAT"]]
     need -= 1.0 if macros["MESH"].startswith("fsdp") else 0.0
     step = {"none": 1.0, "dots": 1.1, "full": 1.3}[macros["REMAT"]]
@@ -145,7 +143,7 @@ def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
             "roofline_step_s": step + (0.01 if macros["SCAN_LAYERS"] else 0),
             "examples_per_sec_at_roofline": 8 / step}
 
-  r = bench_search.search(compile_fn, lambda: [1.0], *_made_up_run(8, 4),
+  r = search.search(compile_fn, lambda: [1.0], *_made_up_run(8, 4),
                           "train", jobs=2)
   assert most[0] == 2
   tried = {(row["MESH"], row["REMAT"]) for row in r["search"]}
@@ -180,7 +178,7 @@ def test_search_starts_later_splits_at_the_lightest_remat_found():
     return {"fits": need[key] <= 16.0, "per_chip_gb": need[key],
             "roofline_step_s": step, "examples_per_sec_at_roofline": 8 / step}
 
-  r = bench_search.search(compile_fn, lambda: [1.0], *_made_up_run(16, 8),
+  r = search.search(compile_fn, lambda: [1.0], *_made_up_run(16, 8),
                           "train")
   assert order[:-1] == [
       ("data=8", "none"), ("data=8", "dots"), ("data=8", "full"),
@@ -192,17 +190,17 @@ def test_search_starts_later_splits_at_the_lightest_remat_found():
 
 
 def test_out_of_memory_messages_are_parsed():
-  used = aot.out_of_memory(RuntimeError(
+  used = programs.out_of_memory(RuntimeError(
       "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
       "memory in memory space hbm. Used 24.10G of 15.75G hbm. Exceeded hbm "
       "capacity by 8.35G.\n\nTotal hbm usage >= 24.35G:"))
   assert used.required_bytes == int(24.10 * 2 ** 30)
   assert not used.temporaries_only
-  temps = aot.out_of_memory(RuntimeError(
+  temps = programs.out_of_memory(RuntimeError(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
       "required for HLO temporaries (16.00G) exceeds available HBM (15.75G)."))
   assert temps.required_bytes == 16 * 2 ** 30 and temps.temporaries_only
-  assert aot.out_of_memory(RuntimeError("INVALID_ARGUMENT: bad")) is None
+  assert programs.out_of_memory(RuntimeError("INVALID_ARGUMENT: bad")) is None
 
 
 def test_hlo_collectives_are_counted_once_each():
@@ -225,7 +223,7 @@ ENTRY %main.1 (p: bf16[8,4]) -> bf16[2,4] {
   %fusion.1 = (bf16[2,4]) fusion(%p), kind=kCustom, calls=%all-reduce-scatter.3
   %ar2 = f32[] all-reduce(f32[] %m), to_apply=%add
   """
-  assert aot.count_collectives(hlo) == {
+  assert programs.count_collectives(hlo) == {
       "all-gather": 2, "reduce-scatter": 2, "all-reduce": 2, "all-to-all": 0,
       "collective-permute": 1}
 
@@ -274,7 +272,7 @@ def test_shipped_fid_files_build_their_shapes_without_data(gin_file, capsys):
   """What bench compile builds from a training gin file without MODEL_DIR
   or TRAIN_DATA: the paper's batch (two-phase: its larger passage count);
   TARGET_MAXLENGTH None compiles the decoding bound's targets, said once."""
-  run = bench_compile.Run((gin_file,), (), ())
+  run = command.Run((gin_file,), (), ())
   base = run.placeholders()
   assert set(base) == {"MODEL_DIR", "TRAIN_DATA"}
   run.check(base)
@@ -295,16 +293,16 @@ def test_model_flops_are_the_models_without_recomputation():
   do; decoding's are the forward pass over its tokens."""
   for extra in (("REMAT='full'", "ACCUMULATION_STEPS=2"),
                 ("SCAN_LAYERS=True", "config.T5Config.num_layers=3")):
-    run = bench_compile.Run(("gin/fid/tiny.gin",), (
+    run = command.Run(("gin/fid/tiny.gin",), (
         "BATCH_SIZE=4", "N_CONTEXT=3", "TEXT_MAXLENGTH=16",
         "ANSWER_MAXLENGTH=5", *extra), ())
     base = run.placeholders()
     built = run.build(base)
     shape = fid_bench.Shape(4, 3, 16, 5)
     forward = fid_bench.forward_flops(built.task.model_config, shape)
-    assert bench_compile.train_model_flops(run, base) == [3 * forward]
+    assert command.train_model_flops(run, base) == [3 * forward]
     fn, batch = built.task.decode_program(built.settings, 4)
-    assert aot.program_flops(fn, built.task.model.abstract_params(),
+    assert programs.program_flops(fn, built.task.model.abstract_params(),
                              batch) == fid_bench.forward_flops(
                                  built.task.model_config, shape,
                                  decoded_tokens=5)
@@ -314,9 +312,9 @@ def test_a_loops_bytes_count_as_often_as_its_flops():
   """The compiler's cost analysis counts a loop's body once (four
   microbatches: one); the roofline's bytes are scaled by the ratio of the
   program's FLOPs to the compiler's, never below 1."""
-  assert aot.loop_trips(91.3e12, 4 * 91.3e12) == pytest.approx(4)
-  assert aot.loop_trips(78.8e12, 62.5e12) == 1.0   # no loop: elementwise ops
-  assert aot.loop_trips(0.0, 5.0) == 1.0
+  assert programs.loop_trips(91.3e12, 4 * 91.3e12) == pytest.approx(4)
+  assert programs.loop_trips(78.8e12, 62.5e12) == 1.0   # no loop: elementwise ops
+  assert programs.loop_trips(0.0, 5.0) == 1.0
 
 
 def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
@@ -331,22 +329,22 @@ def test_a_search_compile_that_crashes_is_its_row(monkeypatch):
     seen.append(argv)
     return subprocess.CompletedProcess(argv, -signal.SIGSEGV, "", "")
   monkeypatch.setattr(subprocess, "run", crashed)
-  with pytest.raises(bench_search.CompileFailed, match="killed by SIGSEGV"):
-    bench_compile.compile_in_child(args, {"REMAT": "full"}, [1.0])
+  with pytest.raises(search.CompileFailed, match="killed by SIGSEGV"):
+    command.compile_in_child(args, {"REMAT": "full"}, [1.0])
   assert seen[0][-3:] == ["--gin.BATCH_SIZE=8", "--gin.REMAT='full'",
                           "--model-flops=[1.0]"]
   monkeypatch.setattr(subprocess, "run", lambda argv, **_: (
       subprocess.CompletedProcess(argv, 2, "", "note\njaxfid bench: error: "
                                   "MESH: cannot lay out\n")))
-  with pytest.raises(bench_search.CompileFailed) as e:
-    bench_compile.compile_in_child(args, {}, None)
+  with pytest.raises(search.CompileFailed) as e:
+    command.compile_in_child(args, {}, None)
   assert e.value.message == "MESH: cannot lay out"
 
 
 def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   """The child compiles with the stack limit raised to its ceiling (the
   TPU compiler's recursion overflowed 8 MiB thread stacks on a 48-layer
-  program: bench_compile.CHILD_START), and this process's stays as it
+  program: command.CHILD_START), and this process's stays as it
   was."""
   soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
   low = 4 << 20 if hard == resource.RLIM_INFINITY else min(hard, 4 << 20)
@@ -366,7 +364,7 @@ def test_the_compile_process_gets_the_largest_stack_allowed(monkeypatch):
   monkeypatch.setattr(subprocess, "run", probe)
   resource.setrlimit(resource.RLIMIT_STACK, (low, hard))  # `ulimit -s 4096`
   try:
-    got = bench_compile.compile_in_child(args, {}, None)
+    got = command.compile_in_child(args, {}, None)
     assert resource.getrlimit(resource.RLIMIT_STACK) == (low, hard)
   finally:
     resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
@@ -386,14 +384,14 @@ def _running(pid: int) -> bool:
                     reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_compile_process_dies_with_its_parent(tmp_path):
   """A search killed on its own (``kill -9``) takes its compile with it
-  instead of leaving it running (bench_compile.CHILD_START)."""
+  instead of leaving it running (command.CHILD_START)."""
   pid_file = tmp_path / "child.pid"
   sleeper = (f"import os, time; open({str(pid_file)!r}, 'w')"
              ".write(str(os.getpid())); time.sleep(120)")
   parent = subprocess.Popen([sys.executable, "-c", (
       "import os, subprocess, sys\n"
-      "from jaxfid.commands import bench_compile\n"
-      "subprocess.run([sys.executable, '-c', bench_compile.CHILD_START, "
+      "from jaxfid.aot import command\n"
+      "subprocess.run([sys.executable, '-c', command.CHILD_START, "
       f"str(os.getpid()), '-c', {sleeper!r}])\n")])
   try:
     deadline = time.monotonic() + 60
@@ -417,18 +415,18 @@ def test_sigterm_stops_a_search_with_one_line(tmp_path):
   a stopped search says one line and dies of SIGTERM."""
   _needs_libtpu()
   log = tmp_path / "search.jsonl"
-  search = subprocess.Popen(
+  proc = subprocess.Popen(
       [sys.executable, "-m", "jaxfid", "bench", "compile", "--topology",
        "v5e:2x2", *TINY, "--search", f"--search-log={log}"],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
-    header = search.stderr.readline()  # libtpu is loaded before it
-    assert header.startswith("REMAT"), header + search.stderr.read()
-    search.send_signal(signal.SIGTERM)
-    out, err = search.communicate(timeout=120)
+    header = proc.stderr.readline()  # libtpu is loaded before it
+    assert header.startswith("REMAT"), header + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
   finally:
-    search.kill()
-  assert search.returncode == -signal.SIGTERM
+    proc.kill()
+  assert proc.returncode == -signal.SIGTERM
   assert out == ""
   lines = err.splitlines()
   assert lines[-1] == ("jaxfid bench compile: stopped by SIGTERM; rerun "

@@ -35,6 +35,7 @@ NEW_METHODS = "jaxfid.reatt"
 LAYERS = (
     "jaxfid  jaxfid.__main__  jaxfid.cli  jaxfid.methods",
     "jaxfid.*.plugin  jaxfid.*.commands",
+    "jaxfid.aot",
     "jaxfid.commands",
     "tasks",
     "jaxfid.reatt  |  jaxfid.refusion",

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from jaxfid.commands import bench_search, search_log
-from jaxfid.commands.search_log import SearchLog
+from jaxfid.aot import search, search_log
+from jaxfid.aot.search_log import SearchLog
 from jaxfid.core.errors import InputError
 from test_bench_compile import _made_up_run
 
@@ -24,7 +24,7 @@ def _counting():
   def compile_fn(macros, flops=None):
     calls.append(dict(macros))
     if macros.get("REMAT") == "crash":
-      raise bench_search.CompileFailed("the compile was killed by SIGKILL")
+      raise search.CompileFailed("the compile was killed by SIGKILL")
     return {"fits": True, "per_chip_gb": len(calls), "flops": flops}
   return compile_fn, calls
 
@@ -50,14 +50,14 @@ def test_a_failed_compile_is_not_logged_and_a_cut_line_is_skipped(tmp_path):
   path = tmp_path / "search.jsonl"
   fn, calls = _counting()
   cached = SearchLog(str(path), SEARCH).cached(fn)
-  with pytest.raises(bench_search.CompileFailed):
+  with pytest.raises(search.CompileFailed):
     cached({"REMAT": "crash"})
   cached({"REMAT": "none"})
   assert len(path.read_text().splitlines()) == 1
   with open(path, "a") as f:   # a crash while writing a line
     f.write('{"key": "abc", "rep')
   log = SearchLog(str(path), SEARCH)
-  with pytest.raises(bench_search.CompileFailed):
+  with pytest.raises(search.CompileFailed):
     log.cached(fn)({"REMAT": "crash"})        # tried again
   log.cached(fn)({"REMAT": "dots"})
   lines = path.read_text().splitlines()
@@ -88,16 +88,16 @@ def test_a_stopped_search_resumes_compiling_only_what_it_had_not(tmp_path):
     return compile_fn, done
 
   whole_fn, whole = compiler()
-  want = bench_search.search(whole_fn, lambda: [1.0], *_made_up_run(8, 4),
+  want = search.search(whole_fn, lambda: [1.0], *_made_up_run(8, 4),
                              "train")
   path = str(tmp_path / "search.jsonl")
   stopped_fn, stopped = compiler(stop_after=3)
   with pytest.raises(KeyboardInterrupt):
-    bench_search.search(SearchLog(path, SEARCH).cached(stopped_fn),
+    search.search(SearchLog(path, SEARCH).cached(stopped_fn),
                         lambda: [1.0], *_made_up_run(8, 4), "train")
   rest_fn, rest = compiler()
   log = SearchLog(path, SEARCH)
-  got = bench_search.search(log.cached(rest_fn), lambda: [1.0],
+  got = search.search(log.cached(rest_fn), lambda: [1.0],
                             *_made_up_run(8, 4), "train")
   assert log.reused == 3 and stopped + rest == whole
   assert got == want
@@ -109,8 +109,8 @@ def test_the_key_holds_jaxfids_source(tmp_path, monkeypatch):
   first = search_log.versions()
   assert first["jaxfid_source"] == search_log.versions()["jaxfid_source"]
   package = tmp_path / "jaxfid"
-  (package / "commands").mkdir(parents=True)
-  here = package / "commands" / "search_log.py"
+  (package / "aot").mkdir(parents=True)
+  here = package / "aot" / "search_log.py"
   here.write_text("# one\n")
   monkeypatch.setattr(search_log, "__file__", str(here))
   one = search_log._source_digest()

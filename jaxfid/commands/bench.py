@@ -1,8 +1,8 @@
 """``jaxfid bench MODE``: benchmarks, one registered mode each.
 
-The shared layer offers ``compile`` (:mod:`jaxfid.commands.bench_compile`:
-any method's train or decode program compiled for a TPU slice); a method's
-plug-in registers its own modes (FiD: ``train``, ``decode``, ``memory``,
+``compile`` (any method's train or decode program compiled for a TPU slice)
+is registered by :mod:`jaxfid.aot.plugin`; a method's plug-in registers its
+own modes (FiD: ``train``, ``decode``, ``memory``,
 :mod:`jaxfid.fid.commands.bench`) with :func:`register_mode`. Each mode is
 a subcommand with its own flags and the gin flags of ``jaxfid train``; its
 gin reads are registered under its gin command name (``"bench"`` for
@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from jaxfid.commands import bench_compile, gin_flags
+from jaxfid.commands import gin_flags
 from jaxfid.commands.registry import Command
 from jaxfid.core.gin_checks import Reads
 from jaxfid.core.registry import Registry
@@ -49,11 +49,6 @@ MODES: Registry[Mode] = Registry(
 
 def register_mode(mode: Mode) -> Mode:
   return MODES.register(mode.name, mode)
-
-
-register_mode(Mode("compile", bench_compile.HELP, bench_compile.add_arguments,
-                   bench_compile.run, "bench compile", bench_compile.READS,
-                   order=40))
 
 
 def add_parser(subparsers) -> None:

@@ -8,7 +8,7 @@ a peak TFLOP/s that is measured (a large matmul in the activation dtype) or
 given, peak device memory, and the device.
 
 A run's memory is the compiler's: ``jaxfid bench compile`` compiles the
-train step for a TPU slice from shapes alone (:mod:`jaxfid.training.aot`).
+train step for a TPU slice from shapes alone (:mod:`jaxfid.aot.programs`).
 """
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def train(*, task: Task, settings: Settings,
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """A prepared task's run laid out on devices: what :func:`train` steps
-  and ``jaxfid bench compile`` compiles (:mod:`jaxfid.training.aot`)."""
+  and ``jaxfid bench compile`` compiles (:mod:`jaxfid.aot.programs`)."""
   mesh: Any                     # jax.sharding.Mesh
   placement: state_lib.Placement
   phases: list                  # [Phase, ...]

@@ -11,7 +11,7 @@ one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
 mfu, peak_memory_gb, device, model and shape.
 
 A run's memory, before it is sent to a pod, is what the TPU compiler says:
-``jaxfid bench compile`` (the shared mode; :mod:`jaxfid.training.aot`).
+``jaxfid bench compile`` (the shared mode; :mod:`jaxfid.aot.programs`).
 """
 from __future__ import annotations
 

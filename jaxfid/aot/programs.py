@@ -7,7 +7,7 @@ with ``prepare_shapes`` (no data, no checkpoint), laid out by the loop's own
 logical-axis rules, each phase's train state and shardings) and each phase's
 step is jitted by :func:`~jaxfid.training.loop.jit_step`, lowered with
 abstract arguments and compiled by the TPU compiler
-(:mod:`jaxfid.core.topologies` gives the devices). ``--program decode``
+(:mod:`jaxfid.aot.topologies` gives the devices). ``--program decode``
 compiles the task's prediction program at the evaluation batch size, the
 parameters placed as in training and the batch over the data axes.
 
@@ -61,7 +61,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxfid.core import topologies
+from jaxfid.aot import topologies
 from jaxfid.core.errors import InputError
 from jaxfid.training import loop
 from jaxfid.training import state as state_lib

@@ -9,12 +9,12 @@ Takes ``jaxfid train``'s gin files and bindings (any method: the task comes
 from ``METHOD``) and compiles, with the TPU compiler and from shapes alone,
 the train step the trainer would run (``--program train``, every phase) or
 the task's prediction program at ``EVAL_BATCH_SIZE`` (``decode``); see
-:mod:`jaxfid.training.aot` for what is compiled and what each field means.
+:mod:`jaxfid.aot.programs` for what is compiled and what each field means.
 No data or checkpoint is read and nothing is written: ``MODEL_DIR`` may be
 unset, and data paths may name files that do not exist here (a method's
 task binds placeholders where its configs need a path:
 ``Task.compile_bindings``). The last line on stdout is one JSON object;
-``--search`` (:mod:`jaxfid.commands.bench_search`) tries remat, mesh
+``--search`` (:mod:`jaxfid.aot.search`) tries remat, mesh
 splits, accumulation and scanned layers and prints the best as flags.
 
 Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host); a missing one,
@@ -37,11 +37,11 @@ from typing import Any
 import gin
 import jax
 
-from jaxfid.commands import bench_search, gin_flags, search_log
-from jaxfid.core import topologies
+from jaxfid.aot import programs, search, search_log, topologies
+from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
-from jaxfid.training import aot, launch
+from jaxfid.training import launch
 from jaxfid.training.settings import OptimizerSettings, Settings
 
 HELP = ("compile a run's train step or decoding for a TPU slice (no TPU "
@@ -164,7 +164,7 @@ class Built:
   scan_layers: bool
 
 
-def compile_once(run: Run, macros: dict, program: str, target: aot.Target,
+def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
                  model_flops: list[float] | None = None) -> dict:
   """The report of one configuration (``macros`` over the run's gin).
 
@@ -175,11 +175,11 @@ def compile_once(run: Run, macros: dict, program: str, target: aot.Target,
   built = run.build(macros)
   with launch.prng_context(built.hardware_rng):
     if program == "decode":
-      return aot.compile_decode(built.task, built.settings, built.optimizer,
+      return programs.compile_decode(built.task, built.settings, built.optimizer,
                                 target, built.eval_batch_size)
     if model_flops is None:
       model_flops = train_model_flops(run, macros)
-    return aot.compile_train(built.task, built.settings, built.optimizer,
+    return programs.compile_train(built.task, built.settings, built.optimizer,
                              target, model_flops)
 
 
@@ -188,7 +188,7 @@ def train_model_flops(run: Run, macros: dict) -> list[float]:
   step traced with ``REMAT='none'`` (the model's own FLOPs)."""
   built = run.build({**macros, "REMAT": "none"})
   with launch.prng_context(built.hardware_rng):
-    return aot.train_flops(built.task, built.settings, built.optimizer)
+    return programs.train_flops(built.task, built.settings, built.optimizer)
 
 
 @contextlib.contextmanager
@@ -259,7 +259,7 @@ def compile_in_child(args, macros: dict, model_flops,
   compile's host memory is freed when it ends; it runs with the largest
   stack the host allows, and dies with this process (``CHILD_START``).
   Its report, or
-  :class:`~jaxfid.commands.bench_search.CompileFailed`; ``echo`` passes its
+  :class:`~jaxfid.aot.search.CompileFailed`; ``echo`` passes its
   stderr on (its notes and summary line) when it succeeds."""
   argv = [sys.executable, "-c", CHILD_START, str(os.getpid()),
           "-m", "jaxfid", "bench", "compile", "--in-process",
@@ -277,11 +277,11 @@ def compile_in_child(args, macros: dict, model_flops,
       sys.stderr.write(child.stderr)
     return json.loads(child.stdout.strip().splitlines()[-1])
   if child.returncode < 0:
-    raise bench_search.CompileFailed(
+    raise search.CompileFailed(
         f"the compile was killed by {signal.Signals(-child.returncode).name}"
         " (a compiler crash, or the host's memory)")
   lines = child.stderr.strip().splitlines() or [f"exit {child.returncode}"]
-  raise bench_search.CompileFailed(
+  raise search.CompileFailed(
       lines[-1].removeprefix("jaxfid bench: error: "),
       exit_code=2 if child.returncode == 2 else 1)
 
@@ -313,12 +313,12 @@ def run(args) -> int:
     raise InputError("--jobs", "must be at least 1")
   if args.search_log and not args.search:
     raise InputError("--search-log", "is the log of a --search; add --search")
-  target = aot.Target.of(topologies.parse(args.topology, args.slices))
+  target = programs.Target.of(topologies.parse(args.topology, args.slices))
   with _sigterm_is_one_line(args.search_log):
     return _run(args, target)
 
 
-def _run(args, target: aot.Target) -> int:
+def _run(args, target: programs.Target) -> int:
   gin_run = Run(tuple(args.gin_file), tuple(args.gin_bindings),
                 tuple(args.gin_search_path))
   base = gin_run.placeholders()
@@ -334,7 +334,7 @@ def _run(args, target: aot.Target) -> int:
             "program": args.program, "gin": gin_run.config_text(base),
             **search_log.versions()})
         compile_fn = log.cached(compile_fn)
-      result = bench_search.search(
+      result = search.search(
           compile_fn,
           lambda: (train_model_flops(gin_run, base)
                    if args.program == "train" else None),
@@ -348,7 +348,7 @@ def _run(args, target: aot.Target) -> int:
     else:
       try:
         result = compile_in_child(args, {}, args.model_flops, echo=True)
-      except bench_search.CompileFailed as e:
+      except search.CompileFailed as e:
         print(f"jaxfid bench: error: {e.message}", file=sys.stderr)
         return e.exit_code
   print(json.dumps(result))
