@@ -210,4 +210,4 @@ def test_cli_index_reatt_then_retrieve(setup, tmp_path, capsys):
   assert main(["index", "reatt", "--checkpoint", str(tmp_path / "fid"),
                "--corpus", str(setup["dir"] / "corpus.jsonl"), "--output",
                str(tmp_path / "x")]) == 2
-  assert "not a ReAtt model" in capsys.readouterr().err
+  assert "not a 'reatt' MODEL_DIR" in capsys.readouterr().err

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.model import READER, AtlasModel
@@ -57,15 +56,8 @@ def load_atlas(path: str, *, dtype: str | None = None, which: str = "auto"
   if not is_atlas_dir(path):
     raise InputError(path, "not an Atlas MODEL_DIR")
   model = model_from_run_config(checkpointing.read_run_config(path), dtype)
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-      model.abstract_params())
-  try:
-    params, _, _ = checkpointing.restore_params(path, target, which)
-  except FileNotFoundError as e:
-    raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  return model, params
+  return model, checkpointing.restore_model(path, model.abstract_params(),
+                                            which)
 
 
 def load_atlas_reader(path: str, *, dtype: str | None = None,

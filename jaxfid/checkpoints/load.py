@@ -65,19 +65,12 @@ def load_encoder_decoder(path: str, *, dtype: str | None = None,
                          which: str = "auto"
                          ) -> tuple[EncoderDecoderModel, dict, str | None]:
   """A MODEL_DIR as the plain T5 of its run config's ``"model"`` (FiD's)."""
-  run = checkpointing.read_run_config(path)
+  run = checkpointing.read_method_config(path)
   config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
   if dtype:
     config = config.replace(dtype=dtype)
   model = EncoderDecoderModel(config)
-  try:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-        model.abstract_params())
-    params, _, _ = checkpointing.restore_params(path, target, which)
-  except FileNotFoundError as e:
-    raise InputError(path, str(e).split(": ", 1)[-1]) from None
+  params = checkpointing.restore_model(path, model.abstract_params(), which)
   return model, params, model_dir_vocabulary(path)
 
 

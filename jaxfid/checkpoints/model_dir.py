@@ -203,8 +203,8 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
 
   'auto' takes the best-EM checkpoint when there is one, else the latest.
   ``target``: abstract params (``ShapeDtypeStruct`` leaves, with shardings or
-  not). Returns (params, step, which one was used). An unreadable checkpoint
-  is an InputError naming its directory and step. With several processes a
+  not). Returns (params, step, which one was used). No checkpoint is an
+  InputError naming the MODEL_DIR, an unreadable one its directory and step. With several processes a
   leaf without a sharding goes to this process's first device (the sharding
   file names the devices of the process that saved it).
   """
@@ -241,7 +241,22 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
     finally:
       mgr.close()
     return params, step, os.path.basename(directory)
-  raise FileNotFoundError(f"{model_dir}: no checkpoint found")
+  raise InputError(model_dir, "no checkpoint found")
+
+
+def restore_model(model_dir: str, abstract_params: Any, which: str = "auto"
+                  ) -> Any:
+  """A model's parameters from a MODEL_DIR, on this process's first device.
+
+  ``abstract_params``: the model's ``abstract_params()``. No checkpoint, or
+  an unreadable one, is an InputError naming the directory.
+  """
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+      abstract_params)
+  params, _, _ = restore_params(model_dir, target, which)
+  return params
 
 
 def write_run_config(model_dir: str, fields: dict) -> None:
@@ -253,3 +268,20 @@ def write_run_config(model_dir: str, fields: dict) -> None:
 def read_run_config(model_dir: str) -> dict:
   """The parsed ``MODEL_DIR/jaxfid_config.json``."""
   return json.loads(paths.read_text(paths.join(model_dir, CONFIG_FILE)))
+
+
+def read_method_config(model_dir: str, method: str | None = None) -> dict:
+  """``MODEL_DIR/jaxfid_config.json``, checked: an InputError when the
+  directory has none, when it is not JSON, or (given ``method``) when another
+  method wrote it."""
+  config_file = paths.join(model_dir, CONFIG_FILE)
+  if not paths.exists(config_file):
+    raise InputError(model_dir, f"not a jaxfid MODEL_DIR (no {CONFIG_FILE})")
+  try:
+    run = json.loads(paths.read_text(config_file))
+  except json.JSONDecodeError as e:
+    raise InputError(config_file, f"bad JSON: {e.msg}", where=e.lineno) from None
+  if method is not None and run.get("method", "fid") != method:
+    raise InputError(config_file, f"not a {method!r} MODEL_DIR (its method "
+                     f"is {run.get('method', 'fid')!r})")
+  return run

@@ -31,7 +31,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -225,15 +224,8 @@ def _restore_dual_encoder(path: str, run: dict, which: str):
   config = T5Config.from_dict(run["model"])
   settings = DualEncoderConfig.from_dict(run.get(METHOD, {}))
   encoder = DualEncoder(config, settings)
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-      encoder.abstract_params())
-  try:
-    params, _, _ = checkpointing.restore_params(path, target, which)
-  except FileNotFoundError as e:
-    raise InputError(path, str(e).split(": ", 1)[-1]) from None
-  return encoder, params
+  return encoder, checkpointing.restore_model(path, encoder.abstract_params(),
+                                              which)
 
 
 def dual_encoder_run_config(encoder: DualEncoder, **extra) -> dict:

@@ -28,18 +28,15 @@ def load_refusion(model_dir: str, which: str = "latest"
   The structure is the one the search wrote (:func:`jaxfid.refusion.search.
   read_structure`); runs without a search keep their configured scheme.
   """
-  run = checkpointing.read_run_config(model_dir)
-  if run.get("method") != METHOD:
-    raise ValueError(f"{model_dir} is not a ReFusion run")
+  run = checkpointing.read_method_config(model_dir, METHOD)
   fusion = FusionConfig.from_dict(run["fusion"])
   record = read_structure(model_dir)
   if record is not None:
     fusion = FusionConfig.from_dict({**fusion.to_dict(), "search": False,
                                      "structure": list(record["structure"])})
   model = ReFusionModel(T5Config.from_dict(run["model"]), fusion)
-  params, _, _ = checkpointing.restore_params(
-      model_dir, model.abstract_params(), which=which)
-  return model, params
+  return model, checkpointing.restore_model(model_dir, model.abstract_params(),
+                                           which)
 
 
 METHOD_LOADERS.register(METHOD, load_encoder_decoder)

@@ -75,10 +75,7 @@ class ReFusionCheckpointEvaluator:
                        "modules search the database inside the model; "
                        "`jaxfid eval` does not rebuild that (the run's own "
                        "test line in metrics.jsonl is its score)")
-    try:
-      self.model, self.params = load_refusion(checkpoint, which="latest")
-    except FileNotFoundError as e:
-      raise InputError(checkpoint, str(e).split(": ", 1)[-1]) from None
+    self.model, self.params = load_refusion(checkpoint, which="latest")
     self.step = checkpoint_step(checkpoint, "latest")
     self.tokenizer = load_tokenizer(checkpoint)
     self.max_length = int(run["max_length"])
