@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.dual_encoder.step import merge_microbatches, split_microbatches
+from jaxfid.training.microbatches import merge_microbatches, split_microbatches
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask

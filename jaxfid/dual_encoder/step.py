@@ -8,21 +8,16 @@ The batch is sharded over the mesh's data axes; the similarity matrix is
 global, so the negatives come from every device.
 
 With ``accumulation_steps = A > 1`` the negatives still span the whole batch
-(GradCache, Gao et al. 2021): pass 1 embeds the questions and passages in A
-microbatches without gradients; the loss and its gradient with respect to
-the B + B*(1+H) embeddings are computed over the whole batch; pass 2 runs
-each microbatch's encoder again, with the same dropout keys, and
-back-propagates that microbatch's cached embedding gradient (``jax.vjp``),
-summing parameter gradients. Loss and gradient equal the A = 1 step's (up to
-float rounding; exactly the same function when dropout is off), while
-activation memory is that of one microbatch.
+(GradCache, :mod:`jaxfid.training.microbatches`): the B + B*(1+H)
+embeddings are computed in A microbatches without gradients, the loss and
+its gradient with respect to them over the whole batch, and each
+microbatch's encoder again to back-propagate its share. Loss and gradient
+equal the A = 1 step's (up to float rounding), while activation memory is
+that of one microbatch.
 
 The distillation objective (:mod:`jaxfid.dual_encoder.distill_loss`) runs
 through the same step: any loss of the batch's embeddings (``loss_fn(q, p,
 batch)``) gets the same exact accumulation.
-
-Microbatch ``i`` holds rows ``i, i + A, i + 2A, ...`` of the batch (and of the
-passages), so that every microbatch stays spread over all data devices.
 """
 from __future__ import annotations
 
@@ -33,6 +28,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxfid.dual_encoder.model import DualEncoder
+from jaxfid.training import microbatches
+from jaxfid.training.microbatches import split_batch
 from jaxfid.training.step import apply_gradients
 
 Array = jax.Array
@@ -93,64 +90,31 @@ def contrastive_loss(encoder: DualEncoder, params: dict, batch: dict,
   return loss_fn(q, p, batch)
 
 
-def split_microbatches(x: Array, n: int) -> Array:
-  """[N, ...] -> [n, N/n, ...]: microbatch i holds rows i, i+n, i+2n, ..."""
-  if x.shape[0] % n:
-    raise ValueError(f"{x.shape[0]} rows do not split into {n} microbatches")
-  x = x.reshape(x.shape[0] // n, n, *x.shape[1:])            # [N/n, n, ...]
-  return jnp.swapaxes(x, 0, 1)                               # [n, N/n, ...]
-
-
-def merge_microbatches(x: Array) -> Array:
-  """The inverse of :func:`split_microbatches`: [n, N/n, ...] -> [N, ...]."""
-  x = jnp.swapaxes(x, 0, 1)                                  # [N/n, n, ...]
-  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])    # [N, ...]
-
-
 def grad_cache(encoder: DualEncoder, params: dict, batch: dict,
                dropout_rng: Array | None, temperature: float,
                accumulation_steps: int, loss_fn: EmbeddingLoss | None = None
                ) -> tuple[Array, dict, dict]:
-  """(loss, metrics, grads) over the whole batch in microbatches (GradCache)."""
+  """(loss, metrics, grads) over the whole batch in microbatches
+  (:func:`jaxfid.training.microbatches.grad_cache` of the embeddings)."""
   loss_fn = loss_fn or in_batch(temperature)
   n = accumulation_steps
   rq, rp = _tower_keys(dropout_rng)
   key = lambda k, i: None if k is None else jax.random.fold_in(k, i)
-  queries = split_microbatches(batch["query_tokens"], n)      # [A, B/A, Lq]
-  passages = split_microbatches(batch["passage_tokens"], n)   # [A, P/A, Lp]
+  micro = split_batch({"q": batch["query_tokens"],             # [A, B/A, Lq]
+                       "p": batch["passage_tokens"]}, n)       # [A, P/A, Lp]
 
-  def embed_pair(p, i, q_tokens, p_tokens):
-    return (encoder.embed(p, q_tokens, tower="query", dropout_rng=key(rq, i)),
-            encoder.embed(p, p_tokens, tower="passage",
-                          dropout_rng=key(rp, i)))
+  def encode(w, i, mb):
+    q = encoder.embed(w, mb["q"], tower="query", dropout_rng=key(rq, i))
+    p = encoder.embed(w, mb["p"], tower="passage", dropout_rng=key(rp, i))
+    return jnp.zeros((), jnp.float32), (q, p), None
 
-  # Pass 1: every embedding, no gradients kept.
-  def forward(_, xs):
-    i, q_tokens, p_tokens = xs
-    return None, embed_pair(params, i, q_tokens, p_tokens)
+  def couple(_, reps, aux):
+    del aux
+    q, p = reps                                                # [B, D], [P, D]
+    return loss_fn(q, p, batch)
 
-  steps = jnp.arange(n)
-  _, (q_micro, p_micro) = jax.lax.scan(forward, None,
-                                       (steps, queries, passages))
-  q = jax.lax.stop_gradient(merge_microbatches(q_micro))     # [B, D]
-  p = jax.lax.stop_gradient(merge_microbatches(p_micro))     # [P, D]
-
-  # The loss over the whole batch, and its gradient wrt the embeddings.
-  (loss, metrics), (dq, dp) = jax.value_and_grad(
-      lambda q, p: loss_fn(q, p, batch),
-      argnums=(0, 1), has_aux=True)(q, p)
-  dq = split_microbatches(dq, n)                             # [A, B/A, D]
-  dp = split_microbatches(dp, n)                             # [A, P/A, D]
-
-  # Pass 2: each microbatch again, back-propagating its cached gradient.
-  def backward(acc, xs):
-    i, q_tokens, p_tokens, dq_i, dp_i = xs
-    _, vjp = jax.vjp(lambda w: embed_pair(w, i, q_tokens, p_tokens), params)
-    (grads,) = vjp((dq_i, dp_i))
-    return jax.tree.map(jnp.add, acc, grads), None
-
-  grads, _ = jax.lax.scan(backward, jax.tree.map(jnp.zeros_like, params),
-                          (steps, queries, passages, dq, dp))
+  _, loss, metrics, _, grads = microbatches.grad_cache(
+      encode, couple, params, micro, n)
   return loss, metrics, grads
 
 

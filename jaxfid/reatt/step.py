@@ -10,8 +10,9 @@ microbatch's loss on its own) would shrink the negatives to the
 microbatch's: ``(B/A - 1) * P`` random documents instead of ``(B - 1) * P``.
 The loss couples questions only through the retrieval scores and the KL
 term (the QA loss and P_tgt are per question), so the step keeps every
-negative with the two-pass GradCache scheme (Gao et al. 2021; the original
-code's ``--accumulation_for_ibn``):
+negative with the two-pass GradCache scheme
+(:func:`jaxfid.training.microbatches.grad_cache`; the original code's
+``--accumulation_for_ibn``):
 
 1. *pass 1*, without gradients: each microbatch's whole forward
    (:meth:`ReAttModel.forward`), keeping its layer-``B+1`` question queries
@@ -26,8 +27,8 @@ code's ``--accumulation_for_ibn``):
 
 Loss and gradient equal the A = 1 step's (up to float rounding; the same
 function when dropout is off; tested), at the cost of one more forward pass.
-Microbatch ``i`` holds questions ``i, i + A, i + 2A, ...`` (as the dual
-encoder's GradCache), so every microbatch stays spread over the data axes.
+Microbatch ``i`` holds questions ``i, i + A, i + 2A, ...``
+(:func:`~jaxfid.training.microbatches.split_microbatches`).
 
 Memory: pass 1 keeps, for the whole global batch, every document token's
 key at layer ``B+1`` for every head, ``B*P*L*H*E`` values, and their
@@ -47,9 +48,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfid.dual_encoder.step import merge_microbatches, split_microbatches
 from jaxfid.reatt.model import PARAMS_KEY, ReAttModel
 from jaxfid.t5.model import cross_entropy
+from jaxfid.training import microbatches
+from jaxfid.training.microbatches import (merge_microbatches, split_batch,
+                                          split_microbatches)
 from jaxfid.training.step import apply_gradients, target_tokens
 
 Array = jax.Array
@@ -87,59 +90,36 @@ def grad_cache(model: ReAttModel, params: dict, batch: dict,
   """
   n = accumulation_steps
   per = batch["encoder_input_tokens"].shape[1]
-  micro = jax.tree.map(lambda x: split_microbatches(x, n), batch)  # [A, b, ...]
-  steps = jnp.arange(n)
 
   def key(i):
     return None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
 
-  def forward(w, i, mb):
+  def encode(w, i, mb):
     enc, logits, target = model.forward(w, mb, key(i))
     qa, count, acc = cross_entropy(logits, mb["decoder_target_tokens"],
                                    normalizer)
-    return (qa, enc.queries, enc.keys), (enc.query_mask, enc.key_mask,
+    return qa, (enc.queries, enc.keys), (enc.query_mask, enc.key_mask,
                                          target, count, acc)
 
-  # Pass 1: every question's queries, every document's keys, P_tgt.
-  def pass_one(_, xs):
-    i, mb = xs
-    (_, q, k), (qm, km, target, _, _) = forward(params, i, mb)
-    return None, (q, qm, k, km, target)
+  # The KL term of the whole batch: every question against every document.
+  def couple(w, reps, aux):
+    q, k = reps                                 # [B, Q, H, E], [B*P, L, H, E]
+    qm, km, target, _, _ = aux
+    return model.retrieval_loss(
+        {PARAMS_KEY: w[PARAMS_KEY]}, q, merge_microbatches(qm), k,
+        _merge_rows(km, per), merge_microbatches(target),
+        batch.get("kl_weight"))
 
-  _, (q, qm, k, km, target) = jax.lax.scan(pass_one, None, (steps, micro))
-  q, qm, target = (merge_microbatches(x) for x in (q, qm, target))
-  k, km = _merge_rows(k, per), _merge_rows(km, per)   # [B*P, L, H, E], [B*P, L]
-
-  # The KL term of the whole batch and its gradient w.r.t. the cached
-  # queries, keys and the head weights.
-  def kl(head, q, k):
-    return model.retrieval_loss({PARAMS_KEY: head}, q, qm, k, km, target,
-                                batch.get("kl_weight"))
-
-  (kl_term, kl_metrics), (d_head, dq, dk) = jax.value_and_grad(
-      kl, argnums=(0, 1, 2), has_aux=True)(params[PARAMS_KEY], q, k)
-  dq = split_microbatches(dq, n)                     # [A, b, Q, H, E]
-  dk = _split_rows(dk, n, per)                       # [A, b*P, L, H, E]
-
-  # Pass 2: each microbatch again; back-propagate (1, dq_i, dk_i).
-  def pass_two(carry, xs):
-    grads, qa_sum, count_sum, correct_sum = carry
-    i, mb, dq_i, dk_i = xs
-    (qa, _, _), vjp, (_, _, _, count, acc) = jax.vjp(
-        lambda w: forward(w, i, mb), params, has_aux=True)
-    (g,) = vjp((jnp.ones_like(qa), dq_i, dk_i))
-    return (jax.tree.map(jnp.add, grads, g), qa_sum + qa, count_sum + count,
-            correct_sum + acc * count), None
-
-  zero = jnp.zeros((), jnp.float32)
-  init = (jax.tree.map(jnp.zeros_like, params), zero, zero, zero)
-  (grads, qa_loss, count, correct), _ = jax.lax.scan(
-      pass_two, init, (steps, micro, dq, dk))
-  grads = {**grads, PARAMS_KEY: jax.tree.map(jnp.add, grads[PARAMS_KEY],
-                                             d_head)}
+  qa, kl_term, kl_metrics, aux, grads = microbatches.grad_cache(
+      encode, couple, params, split_batch(batch, n), n,
+      merge=lambda r: (merge_microbatches(r[0]), _merge_rows(r[1], per)),
+      split=lambda d: (split_microbatches(d[0], n),     # [A, b, Q, H, E]
+                       _split_rows(d[1], n, per)))      # [A, b*P, L, H, E]
+  count, acc = aux[3], aux[4]                           # [A], [A]
+  qa_loss, total = jnp.sum(qa), jnp.sum(count)
   loss = qa_loss + kl_term
-  metrics = {"loss": loss, "qa_loss": qa_loss, "num_target_tokens": count,
-             "token_accuracy": correct / jnp.maximum(count, 1.0),
+  metrics = {"loss": loss, "qa_loss": qa_loss, "num_target_tokens": total,
+             "token_accuracy": jnp.sum(acc * count) / jnp.maximum(total, 1.0),
              **kl_metrics}
   return loss, metrics, grads
 

@@ -4,7 +4,8 @@
 the mean cross-entropy per target token over the *whole* global batch: with
 ``accumulation_steps = A`` the batch is cut into A microbatches whose losses
 are token sums divided by the whole batch's token count, so the accumulated
-gradient equals the full-batch gradient exactly.
+gradient equals the full-batch gradient exactly. Microbatch ``i`` holds rows
+``i, i + A, i + 2A, ...`` (:mod:`jaxfid.training.microbatches`).
 
 Dropout randomness is ``fold_in(key(seed), step)``: a resumed run draws the
 same masks as an uninterrupted one. A non-finite loss or gradient leaves
@@ -18,16 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxfid.training.microbatches import split_batch
+
 LossFn = Callable[..., tuple[jax.Array, dict]]
-
-
-def _split_microbatches(batch: dict, n: int) -> dict:
-  def cut(x):
-    b = x.shape[0]
-    if b % n:
-      raise ValueError(f"batch of {b} does not split into {n} microbatches")
-    return x.reshape(n, b // n, *x.shape[1:])  # [A, B/A, ...]
-  return jax.tree.map(cut, batch)
 
 
 # Metrics that add up over microbatches (EncoderDecoderModel.loss's count).
@@ -67,7 +61,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     if accumulation_steps == 1:
       loss, metrics, grads = grads_of(params, batch, rng, norm)
     else:
-      micro = _split_microbatches(batch, accumulation_steps)
+      micro = split_batch(batch, accumulation_steps)  # [A, B/A, ...]
 
       def body(carry, xs):
         i, mb = xs

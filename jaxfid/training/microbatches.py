@@ -1,0 +1,102 @@
+"""Microbatches: the one split of a global batch, and GradCache over it.
+
+Microbatch ``i`` of ``A`` holds rows ``i, i + A, i + 2A, ...``: a global batch
+sharded over the data axes stays spread over all of them in every
+microbatch (a contiguous cut would put each microbatch on ``1/A`` of the
+devices).
+
+:func:`grad_cache` is the two-pass gradient cache (Gao et al. 2021) for a
+loss that couples the rows of the whole batch (in-batch negatives): pass 1
+runs each microbatch's forward without gradients and keeps its
+representations; the coupling loss and its gradient with respect to those
+representations are computed over the whole batch; pass 2 runs each
+microbatch again (the same dropout keys) and back-propagates its cached
+gradient. Loss and gradient equal the one-pass step's (up to float
+rounding), with the activation memory of one microbatch and one more
+forward pass. The dual encoder (embeddings) and ReAtt (retrieval queries
+and keys) train through it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def split_microbatches(x: Array, n: int) -> Array:
+  """[N, ...] -> [n, N/n, ...]: microbatch i holds rows i, i+n, i+2n, ..."""
+  if x.shape[0] % n:
+    raise ValueError(f"{x.shape[0]} rows do not split into {n} microbatches")
+  x = x.reshape(x.shape[0] // n, n, *x.shape[1:])            # [N/n, n, ...]
+  return jnp.swapaxes(x, 0, 1)                               # [n, N/n, ...]
+
+
+def merge_microbatches(x: Array) -> Array:
+  """The inverse of :func:`split_microbatches`: [n, N/n, ...] -> [N, ...]."""
+  x = jnp.swapaxes(x, 0, 1)                                  # [N/n, n, ...]
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])    # [N, ...]
+
+
+def split_batch(batch: Any, n: int) -> Any:
+  """Every leaf of a batch pytree split by :func:`split_microbatches`."""
+  return jax.tree.map(lambda x: split_microbatches(x, n), batch)
+
+
+# encode(params, i, microbatch) -> (local, reps, aux)
+Encode = Callable[[Any, Array, Any], tuple[Array, Any, Any]]
+# couple(params, reps [whole batch], aux [A, ...]) -> (loss, metrics)
+Couple = Callable[[Any, Any, Any], tuple[Array, dict]]
+
+
+def grad_cache(encode: Encode, couple: Couple, params: Any, micro: Any,
+               n: int, *, merge: Callable[[Any], Any] | None = None,
+               split: Callable[[Any], Any] | None = None
+               ) -> tuple[Array, Array, dict, Any, Any]:
+  """The gradient of ``sum_i local_i + couple(reps of every microbatch)``.
+
+  Args:
+    encode: ``(params, i, microbatch) -> (local, reps, aux)``: microbatch
+      ``i``'s own scalar loss term ``local`` (zero for none), the
+      representations ``reps`` whose gradient is cached, and outputs
+      ``aux`` that take no gradient; it draws its dropout keys from ``i``,
+      so both passes see the same masks.
+    couple: ``(params, reps, aux) -> (loss, metrics)``: the loss of the
+      whole batch's representations (``merge``d) and of every microbatch's
+      ``aux`` (stacked ``[A, ...]``); differentiated with respect to
+      ``params`` and ``reps``.
+    micro: the batch split into ``n`` microbatches (``[A, ...]`` leaves).
+    merge / split: ``reps`` of stacked microbatches to the whole batch's
+      and back (default: :func:`merge_microbatches` /
+      :func:`split_microbatches` on every leaf).
+
+  Returns:
+    ``(locals [A], coupled loss, its metrics, aux [A, ...], grads)``.
+  """
+  merge = merge or (lambda t: jax.tree.map(merge_microbatches, t))
+  split = split or (lambda t: jax.tree.map(
+      lambda x: split_microbatches(x, n), t))
+  steps = jnp.arange(n)
+
+  # Pass 1: every microbatch's representations, no gradients kept.
+  def forward(_, xs):
+    i, mb = xs
+    return None, encode(params, i, mb)
+
+  _, (local, reps, aux) = jax.lax.scan(forward, None, (steps, micro))
+  (loss, metrics), (d_params, d_reps) = jax.value_and_grad(
+      lambda w, r: couple(w, r, aux), argnums=(0, 1), has_aux=True)(
+          params, merge(reps))
+  d_reps = split(d_reps)
+
+  # Pass 2: each microbatch again, back-propagating (1, its cached gradient).
+  def backward(grads, xs):
+    i, mb, d_reps_i = xs
+    (local_i, _), vjp = jax.vjp(lambda w: encode(w, i, mb)[:2], params)
+    (g,) = vjp((jnp.ones_like(local_i), d_reps_i))
+    return jax.tree.map(jnp.add, grads, g), None
+
+  grads, _ = jax.lax.scan(backward, d_params, (steps, micro, d_reps))
+  return local, loss, metrics, aux, grads
