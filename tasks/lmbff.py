@@ -60,6 +60,7 @@ import tensorflow as tf
 
 from jaxfid.core.errors import InputError
 from jaxfid.evaluation import classification as class_metrics
+from jaxfid.evaluation.task_kinds import NOT_OF_KIND, TaskKind, register_task_kind
 from jaxfid.refusion import lmbff
 from jaxfid.core.tokenization import Tokenizer
 from tasks.vocabulary import seqio_vocabulary
@@ -306,3 +307,7 @@ def register_tasks() -> list[str]:
 
 
 register_tasks()
+register_task_kind(TaskKind(
+    "classification",
+    lambda name: task_spec(name) if name in TASK_SPECS else NOT_OF_KIND,
+    lambda evaluator: seqio.EncDecFeatureConverter(pack=False)))

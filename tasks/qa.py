@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import functools
 
+import gin
 import seqio
 
+from jaxfid.evaluation.task_kinds import NOT_OF_KIND, TaskKind, register_task_kind
 from tasks import metrics, preprocessors, sources
+from tasks.feature_converter import FidFeatureConverter
 from tasks.vocabulary import seqio_vocabulary
 
 # FiD-file tasks: name -> dataset (its subdirectory of the data directory)
@@ -109,4 +112,14 @@ def register_tasks() -> list[str]:
   return list(TASK_NAMES)
 
 
+def _converter(evaluator) -> FidFeatureConverter:
+  """The checkpoint's passage format reaches the tasks' preprocessing and
+  the converter (``evaluator.passage_eos``)."""
+  passage_eos = evaluator.passage_eos
+  gin.bind_parameter("tasks.config.fid_passage_eos.passage_eos", passage_eos)
+  return FidFeatureConverter(passage_eos=passage_eos)
+
+
 register_tasks()
+register_task_kind(TaskKind(
+    "qa", lambda name: None if name in FID_TASKS else NOT_OF_KIND, _converter))

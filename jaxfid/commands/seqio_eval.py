@@ -21,7 +21,8 @@ configured by its run). A method evaluator gets seqio-free NumPy batches of
 the feature converter's model features (``EVAL_BATCH_SIZE`` rows, the last
 batch padded by repeating its first row) and answers
 
-* ``kind``: ``"qa"`` or ``"classification"`` (the tasks it can evaluate);
+* ``kinds``: the task kinds it evaluates (:mod:`jaxfid.evaluation.
+  task_kinds`: ``"qa"``, ``"classification"``);
 * ``step``: the step of the loaded parameters (``metrics.jsonl``'s
   ``step``);
 * ``sequence_length(task_spec)``: seqio's task feature lengths;
@@ -51,6 +52,7 @@ from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.commands import eval_outputs, seqio_tasks
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
+from jaxfid.evaluation.task_kinds import TASK_KINDS, TaskKind, kind_of
 
 # run config "method" -> the method's evaluator class (registered by the
 # method's plug-in module)
@@ -81,11 +83,11 @@ def configured(cls):
     return cls
 
 
-def eval_tasks(name: str, split: str) -> list[tuple[str, str, Any]]:
-  """``[(task name, kind, LM-BFF spec or None), ...]`` of mixture or task
-  ``name``; every task must be a jaxfid QA or prompt task with ``split``."""
+def eval_tasks(name: str, split: str) -> list[tuple[str, TaskKind, Any]]:
+  """``[(task name, kind, its spec), ...]`` of mixture or task ``name``;
+  every task must be of a registered kind (:mod:`jaxfid.evaluation.
+  task_kinds`) and have ``split``."""
   import seqio  # pylint: disable=g-import-not-at-top
-  from tasks import lmbff, qa  # pylint: disable=g-import-not-at-top
   where = "MIXTURE_OR_TASK_NAME"
   try:
     provider = seqio.get_mixture_or_task(name)
@@ -94,14 +96,11 @@ def eval_tasks(name: str, split: str) -> list[tuple[str, str, Any]]:
                      "registered") from None
   out = []
   for task in seqio.get_subtasks(provider):
-    spec = lmbff.task_spec(task.name)
-    if task.name in qa.FID_TASKS:
-      kind = "qa"
-    elif spec is not None:
-      kind = "classification"
-    else:
-      raise InputError(where, f"task {task.name!r} is neither a FiD QA task "
-                       "nor an LM-BFF/GLUE prompt task")
+    found = kind_of(task.name)
+    if found is None:
+      raise InputError(where, f"task {task.name!r} is of no kind jaxfid eval "
+                       f"evaluates ({', '.join(TASK_KINDS.names())})")
+    kind, spec = found
     if split not in task.splits:
       raise InputError("EVAL_SPLIT", f"task {task.name!r} has no {split!r} "
                        f"split (it has {', '.join(task.splits)})")
@@ -211,23 +210,21 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
 
   seqio_tasks.import_tasks()
   import seqio  # pylint: disable=g-import-not-at-top
-  from tasks.feature_converter import FidFeatureConverter  # pylint: disable=g-import-not-at-top
 
   found = eval_tasks(mixture_or_task_name, split)
+  kinds = {kind.name: kind for _, kind, _ in found}
   for name, kind, _ in found:
-    if kind != evaluator_cls.kind:
+    if kind.name not in evaluator_cls.kinds:
       raise InputError("MIXTURE_OR_TASK_NAME", f"a {method} checkpoint "
-                       f"evaluates {evaluator_cls.kind} tasks; {name!r} is a "
-                       f"{kind} task")
+                       f"evaluates {' or '.join(evaluator_cls.kinds)} tasks; "
+                       f"{name!r} is a {kind.name} task")
+  if len(kinds) > 1:
+    raise InputError("MIXTURE_OR_TASK_NAME", "a mixture of "
+                     f"{' and '.join(sorted(kinds))} tasks: evaluate each kind "
+                     "on its own")
   specs = {name: spec for name, _, spec in found}
   evaluator = configured(evaluator_cls)(os.fspath(checkpoint_path), run)
-  if evaluator_cls.kind == "qa":
-    # the checkpoint's passage format reaches the tasks' preprocessing
-    passage_eos = evaluator.passage_eos
-    gin.bind_parameter("tasks.config.fid_passage_eos.passage_eos", passage_eos)
-    converter = FidFeatureConverter(passage_eos=passage_eos)
-  else:
-    converter = seqio.EncDecFeatureConverter(pack=False)
+  converter = next(iter(kinds.values())).converter(evaluator)
 
   def logger(output_dir):
     return eval_outputs.EvalOutputs(output_dir, split=split)

@@ -101,7 +101,7 @@ class FidCheckpointEvaluator:
     num_beams, alpha: beam search (1: greedy) and its length penalty.
     dtype: activation dtype override.
   """
-  kind = "qa"
+  kinds = ("qa",)
 
   def __init__(self, checkpoint: str, run_config: dict | None = None, *,
                n_context: int | None = None,

@@ -55,7 +55,7 @@ class ReFusionCheckpointEvaluator:
       database directory, as in training).
     progress: show retrieval progress.
   """
-  kind = "classification"
+  kinds = ("classification",)
 
   def __init__(self, checkpoint: str, run_config: dict | None = None, *,
                neighbour_cache: str | None = None, progress: bool = False):
