@@ -1,6 +1,6 @@
 """Atlas on FiD-KD's synthetic world: does the in-loop retriever's recall rise?
 
-Writes the world of :mod:`jaxfid.fid.distill_world` (its defaults: 1,800
+Writes the world of ``distill_world.py`` (its defaults: 1,800
 training and 96 dev questions, 1,896 passages; a question paraphrases its
 relation, so BM25 ties the entity's six passages), then builds what Atlas
 starts from, a reader that reads and a retriever that matches words but
@@ -70,7 +70,7 @@ from jaxfid.cli import main as cli_main  # noqa: E402
 from jaxfid.core.tokenization import encode_padded, load_tokenizer  # noqa: E402
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder  # noqa: E402
 from jaxfid.dual_encoder.model import passage_text  # noqa: E402
-from jaxfid.fid import distill_world  # noqa: E402
+import distill_world  # noqa: E402
 from jaxfid.fid import inputs as fid_inputs  # noqa: E402
 from jaxfid.fid.examples import FidExample  # noqa: E402
 from jaxfid.retrieval.bm25.index import build_bm25_index  # noqa: E402

@@ -1,6 +1,6 @@
 """FiD-KD on a world BM25 cannot rank: recall per round, against a control.
 
-Writes the world of :mod:`jaxfid.fid.distill_world` (300 training and 64
+Writes the world of ``distill_world.py`` (300 training and 64
 dev entities, six relations each: 1,800 training and 384 dev questions, a
 corpus of 2,184 passages; questions paraphrase their passage, so BM25 ties
 the entity's six passages) and runs ``jaxfid distill iterate`` on it with
@@ -52,7 +52,7 @@ import jax  # noqa: E402,F401
 
 from jaxfid.cli import main as cli_main  # noqa: E402
 from jaxfid.dual_encoder.index import build_dense_index  # noqa: E402
-from jaxfid.fid import distill_world  # noqa: E402
+import distill_world  # noqa: E402
 from jaxfid.retrieval import evaluate  # noqa: E402
 from jaxfid.retrieval.search import retrieve_to_file  # noqa: E402
 

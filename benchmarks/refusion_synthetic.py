@@ -56,7 +56,7 @@ import cpu_host  # noqa: E402
 import jax  # noqa: E402,F401
 
 from jaxfid.cli import main as cli_main  # noqa: E402
-from jaxfid.refusion import synthetic as syn  # noqa: E402
+import refusion_world as syn  # noqa: E402
 
 FUSION = ["FUSION_MODULES='key,value'"]
 RERANKER = FUSION + ["SEARCH=False", "FUSION_SCHEME='reranker'"]

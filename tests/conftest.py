@@ -15,6 +15,7 @@ runs ``-m "not slow"``, ``make test-all`` both tiers.
 """
 import os
 import shutil
+import sys
 import tempfile
 
 # The suite's time is mostly XLA:CPU compiling tiny programs: LLVM's -O0
@@ -43,6 +44,12 @@ if CACHE_VAR not in os.environ:
   # Set before pytest-xdist starts its workers, which inherit it.
   _made_cache = tempfile.mkdtemp(prefix="jaxfid-test-xla-")
   os.environ[CACHE_VAR] = _made_cache
+
+# The synthetic worlds the benchmarks and some tests share
+# (benchmarks/distill_world.py, benchmarks/refusion_world.py) are imported
+# by name.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "benchmarks"))
 
 import jax  # noqa: E402
 

@@ -1,7 +1,7 @@
 """FiD-KD raises answer recall where BM25 cannot rank the evidence, and
 raises it again in the next round.
 
-On the world of :mod:`jaxfid.fid.distill_world` (questions paraphrase their
+On the world of ``benchmarks/distill_world.py`` (questions paraphrase their
 passage: BM25 ties each entity's six passages, recall@1 one in six),
 ``benchmarks/distill_synthetic.py`` runs ``jaxfid distill iterate`` for two
 rounds with ``--top-k 3`` and tiny models trained from scratch (seeds
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from jaxfid.fid import distill_world
+import distill_world
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
 from subprocess_env import default_xla_env
 

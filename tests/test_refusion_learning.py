@@ -1,6 +1,6 @@
 """ReFusion learns what only the retrieved neighbours know.
 
-The synthetic task of :mod:`jaxfid.refusion.synthetic`: 16+16 training
+The synthetic task of ``benchmarks/refusion_world.py``: 16+16 training
 items with made-up names and 200 test items never seen in training, whose
 labels can only be read from the database's sentences about them (found by
 the database's own random encoder: precision at k=4 ~0.99). Four real CLI
@@ -33,7 +33,7 @@ import pytest
 
 from jaxfid.cli import main
 from jaxfid.refusion import lmbff
-from jaxfid.refusion import synthetic as syn
+import refusion_world as syn
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEED = 0
