@@ -144,7 +144,7 @@ def test_search_ranks_what_fits_and_runs_splits_side_by_side(capsys):
             "examples_per_sec_at_roofline": 8 / step}
 
   r = search.search(compile_fn, lambda: [1.0], *_made_up_run(8, 4),
-                          "train", jobs=2)
+                    "train", jobs=2)
   assert most[0] == 2
   tried = {(row["MESH"], row["REMAT"]) for row in r["search"]}
   # the third split starts at the lightest remat found so far (dots)
@@ -179,7 +179,7 @@ def test_search_starts_later_splits_at_the_lightest_remat_found():
             "roofline_step_s": step, "examples_per_sec_at_roofline": 8 / step}
 
   r = search.search(compile_fn, lambda: [1.0], *_made_up_run(16, 8),
-                          "train")
+                    "train")
   assert order[:-1] == [
       ("data=8", "none"), ("data=8", "dots"), ("data=8", "full"),
       ("fsdp=8", "full"), ("fsdp=8", "dots"), ("fsdp=8", "none"),  # lighter

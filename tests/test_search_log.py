@@ -89,16 +89,16 @@ def test_a_stopped_search_resumes_compiling_only_what_it_had_not(tmp_path):
 
   whole_fn, whole = compiler()
   want = search.search(whole_fn, lambda: [1.0], *_made_up_run(8, 4),
-                             "train")
+                       "train")
   path = str(tmp_path / "search.jsonl")
   stopped_fn, stopped = compiler(stop_after=3)
   with pytest.raises(KeyboardInterrupt):
     search.search(SearchLog(path, SEARCH).cached(stopped_fn),
-                        lambda: [1.0], *_made_up_run(8, 4), "train")
+                  lambda: [1.0], *_made_up_run(8, 4), "train")
   rest_fn, rest = compiler()
   log = SearchLog(path, SEARCH)
   got = search.search(log.cached(rest_fn), lambda: [1.0],
-                            *_made_up_run(8, 4), "train")
+                      *_made_up_run(8, 4), "train")
   assert log.reused == 3 and stopped + rest == whole
   assert got == want
 
