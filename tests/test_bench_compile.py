@@ -412,7 +412,8 @@ def test_the_compile_process_dies_with_its_parent(tmp_path):
 @pytest.mark.tpu
 def test_sigterm_stops_a_search_with_one_line(tmp_path):
   """libtpu's failure-signal handler would answer SIGTERM with a stack dump;
-  a stopped search says one line and dies of SIGTERM."""
+  a stopped search says one line and dies of SIGTERM. Each wait is bounded
+  and a failure shows what the process printed."""
   _needs_libtpu()
   log = tmp_path / "search.jsonl"
   proc = subprocess.Popen(
@@ -422,7 +423,16 @@ def test_sigterm_stops_a_search_with_one_line(tmp_path):
   try:
     # The table's header is printed once the handler is in place (libtpu,
     # whose own handler it replaces, is loaded before it).
-    header = proc.stderr.readline()
+    first: list[str] = []
+    reader = threading.Thread(
+        target=lambda: first.append(proc.stderr.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout=600)
+    if not first:
+      proc.kill()
+      pytest.fail("no table header within 600 s; stderr:\n"
+                  + proc.communicate()[1])
+    header = first[0]
     assert header.startswith("REMAT"), header + proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
     try:
