@@ -203,6 +203,16 @@ def test_installed_versions_are_in_range():
           req, installed)
 
 
+def test_the_demo_install_runs_what_the_demo_prints():
+  """`make demo` runs the venv's jaxfid and installs the serve extra, so
+  the `jaxfid serve` command the demo prints last runs in that venv."""
+  with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+    makefile = f.read()
+  assert "$(PIP) install -c $(LOCK) -e '.[serve]'" in makefile
+  assert "\t$(VENV)/bin/jaxfid demo\n" in makefile
+  assert _requirements("serve")  # the extra exists in setup.py
+
+
 def test_environment_matches_the_lock():
   """Under `make test` (JAXFID_LOCK set) every locked package is installed
   at exactly the lock's version, and nothing outside the lock is."""

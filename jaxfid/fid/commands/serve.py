@@ -12,7 +12,8 @@ and compiles the reader's programs for every batch bucket and beam size in
 the background (``/healthz`` answers 503 meanwhile); then it prints one line
 with the URL on stdout. SIGTERM or Ctrl-C stops accepting connections,
 finishes the requests in flight and exits 0. Bad flags, a missing index or
-checkpoint: exit 2 with one line, as every command.
+checkpoint, the serve extra not installed: exit 2 with one line (that
+extra's pip command), as every command.
 
 A request may ask for fewer passages than ``--n-context`` (they are padded
 to it, as ``jaxfid predict`` pads an example with fewer passages) and for
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 
+from jaxfid.commands import shell
 from jaxfid.commands.registry import Command
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
@@ -39,6 +41,8 @@ from jaxfid.fid.serving.service import QaService
 from jaxfid.retrieval.search import open_index
 
 LOG = logging.getLogger("jaxfid.serve")
+# The serve extra (setup.py): without it, one line says how to install it.
+SERVE_STACK = ("uvicorn", "starlette")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +182,7 @@ class _Loader:
 
 
 def run(args) -> int:
+  shell.require_extra("serve", SERVE_STACK, "jaxfid serve")
   config = ServeConfig(
       checkpoint=args.checkpoint, index=args.index, host=args.host,
       port=args.port, n_context=args.n_context,
