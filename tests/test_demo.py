@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ STEPS = 200  # a window of seconds for SIGTERM to land in training on a loaded m
 def _command(out):
   return [sys.executable, "-m", "jaxfid.cli", "demo", "--output", str(out),
           "--steps", str(STEPS), "--batch-size", "8", "--train-entities", "20",
-          "--test-questions", "40"]
+          "--dev-questions", "40", "--test-questions", "40"]
 
 
 def _env(tmp_path):
@@ -84,7 +85,8 @@ def test_a_signal_in_training_stops_the_demo_and_it_resumes_in_process(
   from jaxfid.cli import main
   out = tmp_path / "demo"
   argv = ["demo", "--output", str(out), "--steps", "4", "--batch-size", "8",
-          "--train-entities", "20", "--test-questions", "40"]
+          "--train-entities", "20", "--dev-questions", "40",
+          "--test-questions", "40"]
   real_save = model_dir_lib.RunCheckpoints.save
   saves = []
 
@@ -114,16 +116,63 @@ def test_a_signal_in_training_stops_the_demo_and_it_resumes_in_process(
   summary = json.loads(stdout.strip().splitlines()[-1])
   assert summary["steps"] == 4 and summary["test_questions"] == 40
   assert os.path.exists(out / "test_predictions.jsonl")
-  # it ends with the command that serves what it trained
-  prefix, _, command = err.strip().splitlines()[-1].partition(": ")
-  assert prefix == "look at it (API and page)"
-  words = shlex.split(command)
-  assert words[:2] == ["jaxfid", "serve"]
-  served = build_parser().parse_args(words[1:])
+  assert summary["dev_questions"] == 40 and summary["checkpoint_step"] in (
+      2, 4)
+  # the checkpoint is chosen on dev: its evaluations read dev questions only
+  evaluated = _evaluated_ids(out / "model")
+  assert evaluated and all(i.startswith("q-dev") for i in evaluated)
+  with open(out / "data" / "test.json") as f:
+    test_ids = {ex["id"] for ex in json.load(f)}
+  with open(out / "data" / "dev.json") as f:
+    dev = json.load(f)
+  assert not test_ids & {ex["id"] for ex in dev}
+  assert not {_entity(ex) for ex in dev} & {
+      _entity(ex) for ex in json.load(open(out / "data" / "test.json"))}
+  # it ends with the commands that answer with and serve what it trained,
+  # each naming an executable that exists from here
+  *_, predict_line, serve_line = err.strip().splitlines()
+  for line, prefix in [(predict_line, "try"),
+                       (serve_line, "look at it (API and page)")]:
+    head, _, command = line.partition(": ")
+    assert head == prefix, line
+    words = shlex.split(command)
+    _assert_runs_jaxfid(words)
+  words = shlex.split(serve_line.partition(": ")[2])
+  served = build_parser().parse_args(words[words.index("serve"):])
   assert (served.checkpoint, served.index) == (str(out / "model"),
                                                str(out / "data" / "bm25"))
   assert (served.n_context, served.text_maxlength,
           served.decode_maxlength) == (4, 40, 6)
+  words = shlex.split(predict_line.partition(": ")[2])
+  predicted = build_parser().parse_args(words[words.index("predict"):])
+  assert (predicted.checkpoint, predicted.data) == (
+      str(out / "model"), str(out / "data" / "test.json"))
+
+
+def _entity(example) -> str:
+  return example["question"].rsplit(" of ", 1)[1]
+
+
+def _evaluated_ids(model_dir) -> set:
+  ids = set()
+  for root, _, files in os.walk(model_dir / "eval"):
+    for name in files:
+      if name.endswith(".jsonl"):
+        with open(os.path.join(root, name)) as f:
+          ids |= {json.loads(l)["id"] for l in f if l.strip()}
+  return ids
+
+
+def _assert_runs_jaxfid(words) -> None:
+  """``words`` start with a jaxfid that runs from the current directory:
+  ``jaxfid`` on the PATH, a path to an executable, or ``python -m jaxfid``."""
+  if words[0] == "jaxfid":
+    assert shutil.which("jaxfid"), "jaxfid is not on the PATH"
+  elif words[1:3] == ["-m", "jaxfid"]:
+    assert os.access(words[0], os.X_OK), words
+  else:
+    assert os.path.basename(words[0]) == "jaxfid", words
+    assert os.path.isfile(words[0]) and os.access(words[0], os.X_OK), words
 
 
 def test_remaining_time_from_the_second_training_record(tmp_path):

@@ -75,10 +75,15 @@ def make_world(names: list[str], rng: np.random.Generator, id_prefix: str
 
 
 def make_demo_data(num_train_entities: int = 400, num_test_entities: int = 40,
-                   seed: int = 0) -> dict:
-  """Train and test worlds over disjoint entities.
+                   seed: int = 0, num_dev_entities: int = 0) -> dict:
+  """Train, test and dev worlds over disjoint entities.
 
-  Returns ``{'train_docs', 'train_questions', 'test_docs', 'test_questions'}``.
+  The dev entities (held out like the test ones) pick the checkpoint; the
+  test entities only measure it. They are drawn after the train and test
+  worlds, so those are the same for any ``num_dev_entities``.
+
+  Returns ``{'train_docs', 'train_questions', 'test_docs', 'test_questions',
+  'dev_docs', 'dev_questions'}``.
   """
   rng = np.random.default_rng(seed)
   train_names = entity_names(num_train_entities, rng)
@@ -87,5 +92,10 @@ def make_demo_data(num_train_entities: int = 400, num_test_entities: int = 40,
   test_docs, test_q = make_world(test_names, rng, "test")
   rng.shuffle(train_q)
   rng.shuffle(test_q)
+  dev_names = entity_names(num_dev_entities, rng,
+                           exclude=set(train_names) | set(test_names))
+  dev_docs, dev_q = make_world(dev_names, rng, "dev")
+  rng.shuffle(dev_q)
   return {"train_docs": train_docs, "train_questions": train_q,
-          "test_docs": test_docs, "test_questions": test_q}
+          "test_docs": test_docs, "test_questions": test_q,
+          "dev_docs": dev_docs, "dev_questions": dev_q}

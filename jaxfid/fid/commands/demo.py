@@ -1,22 +1,25 @@
 """``jaxfid demo``: a complete small FiD experiment on CPU, from nothing.
 
 1. Generate the demo world (``jaxfid.fid.demo_world``): made-up entities, one
-   short document per (entity, relation), questions about relations; test
-   entities never occur in training.
+   short document per (entity, relation), questions about relations; dev
+   and test entities never occur in training, nor in each other.
 2. Index every document with BM25 and retrieve N_CONTEXT passages per
    question (the same code as ``jaxfid index bm25`` / ``jaxfid retrieve``),
    written as FiD JSON.
-3. Train a tiny FiD from scratch (``gin/fid/tiny.gin``).
-4. Answer the held-out questions with the saved checkpoint (as ``jaxfid
-   predict`` does) and report EM, with the retrieval recall beside it; the
-   last line is the ``jaxfid serve`` command that serves the checkpoint and
-   the index (API and page).
+3. Train a tiny FiD from scratch (``gin/fid/tiny.gin``), evaluating on the
+   dev questions (``EVAL_DATA``) and keeping the best checkpoint by dev EM.
+4. Answer the test questions with that checkpoint (as ``jaxfid predict``
+   does) and report their EM, with the retrieval recall beside it; the last
+   lines are the ``jaxfid predict`` and ``jaxfid serve`` commands of the
+   checkpoint and the index, runnable as printed from the current directory
+   (:mod:`jaxfid.commands.shell`).
 
 Everything lands in ``--output`` (default ``demo_out``); the checkpoint there
 is a MODEL_DIR that ``jaxfid predict --checkpoint demo_out/model`` uses.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -28,12 +31,13 @@ import time
 import gin
 
 from jaxfid.checkpoints.load import load_checkpoint
-from jaxfid.commands import gin_flags, gin_specs
+from jaxfid.commands import gin_flags, gin_specs, shell
 from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import demo_world as synthetic
 from jaxfid.fid import predict as predict_lib
+from jaxfid.fid.commands.serve import SERVE_STACK
 from jaxfid.fid.examples import read_fid_examples
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.search import retrieve_to_file
@@ -105,16 +109,30 @@ class RemainingTime:
 
 
 def add_parser(subparsers) -> None:
-  p = subparsers.add_parser("demo", help="train and evaluate a tiny FiD on "
-                            "generated data with BM25 retrieval (CPU, minutes)")
-  p.add_argument("--output", default="demo_out")
-  p.add_argument("--steps", type=int, default=1000)
-  p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--n-context", type=int, default=4)
-  p.add_argument("--learning-rate", type=float, default=2e-3)
-  p.add_argument("--train-entities", type=int, default=400)
-  p.add_argument("--test-questions", type=int, default=200)
-  p.add_argument("--seed", type=int, default=0)
+  p = subparsers.add_parser(
+      "demo", help="train and evaluate a tiny FiD on generated data with "
+      "BM25 retrieval (CPU, minutes)",
+      description="Generates made-up entities and questions about them, "
+      "retrieves passages with BM25, trains a tiny FiD from scratch, picks "
+      "its checkpoint by dev EM and reports test EM (docs/demo.md).",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--output", default="demo_out", help="directory for the "
+                 "data, the checkpoints (OUTPUT/model) and the predictions")
+  p.add_argument("--steps", type=int, default=1000, help="training steps")
+  p.add_argument("--batch-size", type=int, default=32,
+                 help="training questions per step")
+  p.add_argument("--n-context", type=int, default=4,
+                 help="passages retrieved and read per question")
+  p.add_argument("--learning-rate", type=float, default=2e-3,
+                 help="peak learning rate")
+  p.add_argument("--train-entities", type=int, default=400,
+                 help="made-up entities to train on (8 questions each)")
+  p.add_argument("--dev-questions", type=int, default=200,
+                 help="held-out questions that pick the checkpoint")
+  p.add_argument("--test-questions", type=int, default=200,
+                 help="held-out questions the EM is reported on")
+  p.add_argument("--seed", type=int, default=0,
+                 help="seed of the data and the initialisation")
   p.set_defaults(func=run)
 
 
@@ -133,23 +151,34 @@ def _write_questions(path: str, questions) -> None:
                           "answers": q["answers"]}) + "\n")
 
 
+def _entities(questions: int) -> int:
+  """Held-out entities enough for ``questions`` (8 relations each)."""
+  return max(questions // 4, 10)
+
+
 def prepare_data(output: str, *, n_context: int, train_entities: int,
-                 test_questions: int, seed: int) -> dict:
+                 test_questions: int, seed: int,
+                 dev_questions: int = 200) -> dict:
   """Generate, index and retrieve; returns file paths and retrieval recall."""
-  world = synthetic.make_demo_data(num_train_entities=train_entities,
-                                   num_test_entities=max(test_questions // 4, 10),
-                                   seed=seed)
+  world = synthetic.make_demo_data(
+      num_train_entities=train_entities,
+      num_test_entities=_entities(test_questions), seed=seed,
+      num_dev_entities=_entities(dev_questions))
   data = os.path.join(output, "data")
   os.makedirs(data, exist_ok=True)
+  splits = ("train", "dev", "test")
   paths = {name: os.path.join(data, name) for name in (
-      "corpus.tsv", "train_questions.jsonl", "test_questions.jsonl",
-      "bm25", "train.json", "test.json")}
-  _write_corpus(paths["corpus.tsv"], world["train_docs"] + world["test_docs"])
+      "corpus.tsv", "bm25", *(f"{s}_questions.jsonl" for s in splits),
+      *(f"{s}.json" for s in splits))}
+  _write_corpus(paths["corpus.tsv"], world["train_docs"] + world["test_docs"]
+                + world["dev_docs"])
   _write_questions(paths["train_questions.jsonl"], world["train_questions"])
+  _write_questions(paths["dev_questions.jsonl"],
+                   world["dev_questions"][:dev_questions])
   _write_questions(paths["test_questions.jsonl"],
                    world["test_questions"][:test_questions])
   build_bm25_index(paths["corpus.tsv"], paths["bm25"], progress=False)
-  for split in ("train", "test"):
+  for split in splits:
     retrieve_to_file(paths["bm25"], paths[f"{split}_questions.jsonl"],
                      n_context, paths[f"{split}.json"], progress=False)
   with open(paths["test.json"]) as f:
@@ -157,17 +186,36 @@ def prepare_data(output: str, *, n_context: int, train_entities: int,
   recall = sum(any(c.get("has_answer") for c in ex["ctxs"]) for ex in test)
   return {"paths": paths, "test_recall": recall / max(len(test), 1),
           "train_questions": len(world["train_questions"]),
+          "dev_questions": min(dev_questions, len(world["dev_questions"])),
           "test_questions": len(test), "documents": len(world["train_docs"]) +
-          len(world["test_docs"])}
+          len(world["test_docs"]) + len(world["dev_docs"])}
 
 
 def serve_command(model_dir: str, index: str, *, n_context: int,
                   text_maxlength: int, decode_maxlength: int) -> str:
   """The ``jaxfid serve`` command of the demo's checkpoint and index (its
   last line: what a newcomer runs to look at what was trained)."""
-  return (f"jaxfid serve --checkpoint {shlex.quote(model_dir)} --index "
+  return (f"{shell.jaxfid_command()} serve --checkpoint {shlex.quote(model_dir)} --index "
           f"{shlex.quote(index)} --n-context {n_context} --text-maxlength "
           f"{text_maxlength} --decode-maxlength {decode_maxlength}")
+
+
+def predict_command(model_dir: str, data: str, *, n_context: int,
+                    text_maxlength: int, answer_maxlength: int) -> str:
+  """The ``jaxfid predict`` command that answers ``data`` with the demo's
+  checkpoint into ``pred.jsonl``."""
+  return (f"{shell.jaxfid_command()} predict --checkpoint "
+          f"{shlex.quote(model_dir)} --data {shlex.quote(data)} --n-context "
+          f"{n_context} --text-maxlength {text_maxlength} --decode-maxlength "
+          f"{answer_maxlength} --output pred.jsonl")
+
+
+def best_checkpoint(model_dir: str) -> dict:
+  """``{'step', 'value'}`` of the best-dev-EM checkpoint the trainer kept
+  (what :func:`load_checkpoint` loads)."""
+  with open(os.path.join(model_dir, "best", "best_metric.json"),
+            encoding="utf-8") as f:
+    return json.load(f)
 
 
 # The flags that set a macro of the demo's run (named in its errors).
@@ -183,7 +231,8 @@ def gin_bindings(args, model_dir: str, data: str, text_maxlength: int,
   return [
       f"MODEL_DIR = {model_dir!r}",
       f"TRAIN_DATA = {os.path.join(data, 'train.json')!r}",
-      f"EVAL_DATA = {os.path.join(data, 'test.json')!r}",
+      # the checkpoint is chosen on dev; test only measures it
+      f"EVAL_DATA = {os.path.join(data, 'dev.json')!r}",
       f"TRAIN_STEPS = {args.steps!r}",
       f"BATCH_SIZE = {args.batch_size!r}", f"N_CONTEXT = {args.n_context!r}",
       f"TEXT_MAXLENGTH = {text_maxlength}",
@@ -218,14 +267,17 @@ def run(args) -> int:
         file=sys.stderr)
   info = prepare_data(out, n_context=args.n_context,
                       train_entities=args.train_entities,
-                      test_questions=args.test_questions, seed=args.seed)
+                      test_questions=args.test_questions, seed=args.seed,
+                      dev_questions=args.dev_questions)
   paths = info["paths"]
   print(f"      {info['documents']} documents, {info['train_questions']} "
-        f"training questions; BM25 top-{args.n_context} holds the answer for "
+        f"training, {info['dev_questions']} dev and {info['test_questions']} "
+        f"test questions; BM25 top-{args.n_context} holds the answer for "
         f"{100 * info['test_recall']:.1f}% of test questions", file=sys.stderr)
 
-  print(f"[2/3] training a tiny FiD from scratch for {args.steps} steps "
-        f"(checkpoints in {model_dir})", file=sys.stderr)
+  print(f"[2/3] training a tiny FiD from scratch for {args.steps} steps, "
+        f"keeping the checkpoint of the best dev EM (in {model_dir})",
+        file=sys.stderr)
   gin_flags.parse_gin(["gin/fid/tiny.gin"], bindings)
   estimate = RemainingTime(os.path.join(model_dir, "metrics.jsonl"),
                            total_steps=args.steps, batch_size=args.batch_size)
@@ -244,9 +296,11 @@ def run(args) -> int:
           "command again to resume", file=sys.stderr)
     return 130 if name == "SIGINT" else INTERRUPTED_EXIT
 
-  print("[3/3] answering the held-out questions with the best checkpoint",
+  chosen = best_checkpoint(model_dir)
+  print(f"[3/3] answering the test questions with the checkpoint of step "
+        f"{chosen['step']} (best dev EM: {100 * chosen['value']:.1f})",
         file=sys.stderr)
-  model, params, spiece = load_checkpoint(model_dir)
+  model, params, spiece = load_checkpoint(model_dir, which="best")
   tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece else None)
   examples = read_fid_examples(paths["test.json"])
   preds = predict_lib.generate(model, params, tokenizer, examples,
@@ -258,6 +312,9 @@ def run(args) -> int:
   predict_lib.write_predictions(pred_path, examples, preds, scores)
   summary = {"test_em": round(scores["em"], 4), "test_f1": round(scores["f1"], 4),
              "test_questions": len(examples),
+             "dev_em": round(chosen["value"], 4),
+             "dev_questions": info["dev_questions"],
+             "checkpoint_step": chosen["step"],
              "bm25_recall_at_n_context": round(info["test_recall"], 4),
              "steps": args.steps, "minutes": round((time.time() - t0) / 60, 1),
              "train_minutes": round(t_train / 60, 1), "model_dir": model_dir,
@@ -266,10 +323,16 @@ def run(args) -> int:
         f"{100 * scores['em']:.1f} (BM25 recall@{args.n_context} "
         f"{100 * info['test_recall']:.1f}); {summary['minutes']} min",
         file=sys.stderr)
-  print(f"try: jaxfid predict --checkpoint {model_dir} --data {paths['test.json']}"
-        f" --n-context {args.n_context} --text-maxlength {text_maxlength}"
-        f" --answer-maxlength {answer_maxlength} --output pred.jsonl",
+  print("try: " + predict_command(model_dir, paths["test.json"],
+                                  n_context=args.n_context,
+                                  text_maxlength=text_maxlength,
+                                  answer_maxlength=answer_maxlength),
         file=sys.stderr)
+  try:
+    shell.require_extra("serve", SERVE_STACK, "jaxfid serve")
+  except InputError as e:  # pip install -e .: the command that adds it
+    print(f"to serve it, first: {shell.install_command('serve')} "
+          f"({e.path} is not installed)", file=sys.stderr)
   print("look at it (API and page): "
         + serve_command(model_dir, paths["bm25"], n_context=args.n_context,
                         text_maxlength=text_maxlength,
