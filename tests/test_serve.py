@@ -220,6 +220,17 @@ def test_bad_requests_leave_it_serving(server):
   assert server.proc.poll() is None
 
 
+def test_a_question_with_no_passage_retrieved_is_not_answered(server):
+  status, got = _post(server.url + "v1/answer",
+                      {"question": "who wrote xylophonic quuxes?"})
+  assert status == 200 and got["answer"] is None and got["passages"] == []
+  assert got["notice"].startswith("no passage was retrieved")
+  status, got = _post(server.url + "v1/answer:batch", {"questions": [
+      "who wrote xylophonic quuxes?", _question(2)]})
+  assert status == 200
+  assert [a["answer"] is None for a in got["answers"]] == [True, False]
+
+
 def test_the_page_shows_the_answer_and_the_passages(server, tmp_path):
   chromium = shutil.which("chromium") or shutil.which("chromium-browser")
   if chromium is None:

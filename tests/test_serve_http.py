@@ -6,6 +6,7 @@ The routes are called as ASGI (no socket, no uvicorn) over a stand-in
 service; tests/test_serve.py runs the real server on a trained checkpoint.
 """
 import asyncio
+import concurrent.futures
 import json
 import logging
 
@@ -17,7 +18,9 @@ from jaxfid.fid.examples import FidExample
 from jaxfid.fid.serving.batcher import Batcher, Read, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
 from jaxfid.fid.serving.service import (MAX_QUESTION_CHARS, AnswerRequest,
-                                        RequestError, parse_request)
+                                        QaService, RequestError,
+                                        parse_request)
+from jaxfid.retrieval.store.corpus import Passage
 
 pytest.importorskip("starlette")
 
@@ -277,3 +280,49 @@ def test_close_reads_what_is_queued():
   batcher.close()  # does not wait the 10 s for more questions
   assert [f.result(timeout=0).answer for f in futures] == ["Q0", "Q1"]
   assert seen == [(["q0", "q1"], 1)]
+
+
+class _Searcher:
+  """Finds one passage for a question about Zorvane, none for any other."""
+  store = [Passage("d0", "Zorvane", "Zorvane's pet is a cat.")]
+
+  def search(self, questions, k):
+    return [[(0, 3.5)] if "Zorvane" in q else [] for q in questions]
+
+
+class _Batcher:
+  """Reads a question as "cat", recording what it was given."""
+  beam_sizes = (1,)
+
+  def __init__(self):
+    self.read = []
+
+  def submit(self, example, beam_size):
+    self.read.append(example.question)
+    future = concurrent.futures.Future()
+    future.set_result(Read("cat", [1.0] * len(example.ctxs), 1, 1))
+    return future
+
+
+def test_a_question_with_no_passage_retrieved_gets_no_answer():
+  batcher = _Batcher()
+  service = QaService(_Searcher(), batcher, n_context=2, beam_size=1)
+  questions = ("who wrote Hamlet?", "what is the pet of Zorvane?")
+  try:
+    unread, read = asyncio.run(service.answer(AnswerRequest(questions, 2, 1)))
+  finally:
+    service.close()
+  assert batcher.read == [questions[1]]  # the reader never saw the first
+  assert unread["answer"] is None and unread["passages"] == []
+  assert "no passage was retrieved" in unread["notice"]
+  assert read["answer"] == "cat" and read["notice"] is None
+  assert [p["id"] for p in read["passages"]] == ["d0"]
+  # over HTTP: 200, the same body
+  service = QaService(_Searcher(), batcher, n_context=2, beam_size=1)
+  state = ServerState(Metrics(bucket_sizes(4)), service)
+  try:
+    status, body, _ = _call(build_app(state), "POST", "/v1/answer",
+                            json.dumps({"question": questions[0]}).encode())
+  finally:
+    service.close()
+  assert status == 200 and body["answer"] is None and body["notice"]

@@ -32,6 +32,10 @@ MAX_QUESTION_CHARS = 2000
 MAX_BATCH_QUESTIONS = 256
 ANSWER_FIELDS = ("question", "n_context", "beam_size")
 BATCH_FIELDS = ("questions", "n_context", "beam_size")
+# A question the index found no passage for is not read: a reader given only
+# padding would still answer, with nothing to back the answer.
+NO_PASSAGES = ("no passage was retrieved for this question (none of its "
+               "terms is in the index), so the reader did not answer")
 
 
 class RequestError(Exception):
@@ -184,8 +188,11 @@ class QaService:
     examples = await loop.run_in_executor(
         self._retrieval, self.retrieve, request.questions, request.n_context)
     retrieved = time.perf_counter()
-    futures = [self.batcher.submit(e, request.beam_size) for e in examples]
-    reads = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    read = [e for e in examples if e.ctxs]
+    futures = [self.batcher.submit(e, request.beam_size) for e in read]
+    results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    answered = iter(results)  # in the order of `read`
+    reads = [next(answered) if e.ctxs else None for e in examples]
     done = time.perf_counter()
     timings = {"retrieve": _ms(retrieved - start),
                "read": _ms(done - retrieved), "total": _ms(done - start)}
@@ -195,12 +202,19 @@ class QaService:
     self._retrieval.shutdown(wait=True)
 
 
-def response(example: FidExample, read: Read,
+def response(example: FidExample, read: Read | None,
              timings: dict[str, float]) -> dict[str, Any]:
   """One question's answer: the passages the reader read (in its input
-  order, the retrieval ranking) with both scores, and the timings."""
+  order, the retrieval ranking) with both scores, and the timings; with no
+  passage retrieved (``read`` None), ``"answer": null`` and a ``"notice"``
+  saying why (else ``"notice": null``)."""
+  if read is None:
+    return {"question": example.question, "answer": None, "passages": [],
+            "notice": NO_PASSAGES, "batch_size": 0,
+            "timings_ms": dict(timings)}
   passages = sorted_passages(example)[:len(read.reader_scores)]
   return {"question": example.question, "answer": read.answer,
+          "notice": None,
           "passages": [{"rank": k + 1, "id": p.id, "title": p.title,
                         "text": p.text, "retrieval_score": p.score,
                         "reader_score": s}

@@ -1,5 +1,6 @@
 // jaxfid serve's page: ask POST /v1/answer and show the answer and the
-// passages, best reader score first, each with a bar of its reader score,
+// passages, best reader score first (or the notice of a question with no
+// passage retrieved), each with a bar of its reader score,
 // its retrieval rank and score, and the answer highlighted where it occurs.
 // /?q=... asks on load (a shareable link).
 "use strict";
@@ -33,7 +34,13 @@ function highlighted(text, answer) {
 }
 
 function show(result) {
-  $("answer").textContent = result.answer || "(no answer)";
+  // "answer": null when no passage was retrieved: the notice says so.
+  const answered = result.answer !== null;
+  $("answer").hidden = !answered;
+  $("answer").textContent = answered ? result.answer || "(an empty answer)" : "";
+  $("notice").hidden = answered;
+  $("notice").textContent = answered ? "" : result.notice;
+  $("passages-heading").hidden = result.passages.length === 0;
   const t = result.timings_ms;
   $("timings").textContent = `retrieval ${t.retrieve.toFixed(1)} ms, reading ${t.read.toFixed(1)} ms, ` +
       `total ${t.total.toFixed(1)} ms (a batch of ${result.batch_size})`;
