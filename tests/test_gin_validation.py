@@ -114,6 +114,12 @@ def _train(tmp_path, method, *extra, model_dir=True):
     (["--gin.fid_eval.FidCheckpointEvaluator.num_beams=2"],
      ["`jaxfid train` never calls fid_eval.FidCheckpointEvaluator"]),
     (["--gin.BATCH_SIZE=eight"], ["--gin.BATCH_SIZE=eight:"]),
+    # a string without gin's quotes (the shell took its own): say to quote
+    (["--gin.EVAL_DATA=runs/x"],
+     ["--gin.EVAL_DATA=runs/x: runs/x is not a gin value; a string needs "
+      "gin's quotes inside the shell's: --gin.EVAL_DATA=\"'runs/x'\""]),
+    (["--gin.EVAL_DATA=it's"], ["it's is not a gin value; a string needs "
+                                "gin's quotes inside the shell's"]),
 ])
 def test_fid_train_refuses_bad_gin(tmp_path, capsys, extra, needles):
   _fails(capsys, _train(tmp_path, FID, *extra), *needles)

@@ -12,6 +12,7 @@ wrong: the result, :class:`ParsedGin`, is what
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import inspect
@@ -109,12 +110,31 @@ def _binding_key(text: str) -> Binding | None:
   # bracket
   except (SyntaxError, ValueError, tokenize.TokenError) as e:
     raise InputError(f"--gin.{' '.join(text.split())}",
-                     f"gin: {_one_line(e)}") from None
+                     _unquoted(text) or f"gin: {_one_line(e)}") from None
   if len(statements) != 1 or not isinstance(
       statements[0], config_parser.BindingStatement):
     return None
   scope, selector, param, _, _ = statements[0]
   return Binding(text, scope, selector, param)
+
+
+def _unquoted(text: str) -> str | None:
+  """What to do about ``NAME=VALUE`` whose VALUE is bare text gin cannot
+  read (``MODEL_DIR=runs/x``: a string without its quotes), else None."""
+  name, sep, value = text.partition("=")
+  name, value = name.strip(), value.strip()
+  if not sep or not name or not value or value[0] in "'\"@%[({":
+    return None
+  try:
+    ast.literal_eval(value)
+    return None  # a literal: the problem is elsewhere
+  except (ValueError, SyntaxError):
+    pass
+  if any(c in value for c in "'\"$`\\!"):
+    return (f"{value} is not a gin value; a string needs gin's quotes "
+            "inside the shell's")
+  return (f"{value} is not a gin value; a string needs gin's quotes inside "
+          f"the shell's: --gin.{name}=\"'{value}'\"")
 
 
 def macro_names() -> set[str]:
@@ -178,7 +198,8 @@ def parse_gin(gin_files: list[str], bindings: list[str],
         hint = "" if not binding or binding.is_macro else _parameter_hint(
             binding)
         flag = binding.flag if binding else f"--gin.{' '.join(text.split())}"
-        raise InputError(flag, f"gin: {_one_line(e)}{hint}") from None
+        raise InputError(flag, _unquoted(text)
+                         or f"gin: {_one_line(e)}{hint}") from None
       if binding:
         parsed.append(binding)
   finally:
