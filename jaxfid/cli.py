@@ -23,6 +23,7 @@ that process's exit status.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 
@@ -47,14 +48,68 @@ for _command in SHARED_COMMANDS:
 MODEL_COMMANDS = registry.model_commands()
 
 
+# The help of every command that takes gin bindings ends with this.
+GIN_EPILOG = ("Every gin macro is also a flag, --gin.NAME=VALUE, checked "
+              "before any work; a string value takes gin's quotes inside the "
+              "shell's: --gin.MODEL_DIR=\"'runs/x'\". The macros, their "
+              "defaults and checks: docs/configuration.md.")
+
+
+def _parsers(parser: argparse.ArgumentParser):
+  """``parser`` and every subcommand's parser under it."""
+  yield parser
+  for action in parser._actions:  # pylint: disable=protected-access
+    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+      for child in dict.fromkeys(action.choices.values()):  # aliases once
+        yield from _parsers(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxfid",
-      description="Retrieval-augmented T5 (FiD, ReAtt, ReFusion) in JAX.")
+      description="Retrieval-augmented T5 in JAX: FiD (with FiDO and FiD-KD), "
+      "Atlas, ReAtt, ReFusion, and the BM25 and dense retrieval they read "
+      "from. `jaxfid demo` runs a small FiD experiment end to end on CPU.")
   sub = parser.add_subparsers(dest="command", required=True)
   for command in registry.commands():
     command.add_parser(sub)
+  for each in _parsers(parser):
+    if each.get_default("accepts_gin_bindings") and each.epilog is None:
+      each.epilog = GIN_EPILOG
   return parser
+
+
+def mistyped_option(parser: argparse.ArgumentParser,
+                    argv: list[str]) -> str | None:
+  """``jaxfid CMD: error: unrecognized argument --x (did you mean --y?)``
+  for the first option of ``argv`` that its command does not know but has
+  one close to; None when there is none (argparse then says the rest).
+
+  Gin bindings (``--gin.NAME=VALUE``, ``--reader.NAME=VALUE``) are not
+  options; a unique prefix of an option is one (argparse's abbreviations).
+  """
+  names, words = ["jaxfid"], list(argv)
+  while words:  # down the subcommand words: `jaxfid index bm25 ...`
+    subparsers = [a for a in parser._actions  # pylint: disable=protected-access
+                  if isinstance(a, argparse._SubParsersAction)]  # pylint: disable=protected-access
+    if not subparsers or words[0] not in subparsers[0].choices:
+      break
+    names.append(words[0])
+    parser = subparsers[0].choices[words.pop(0)]
+  known = [o for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
+  for word in words:
+    if word == "--":
+      break
+    name = word.split("=", 1)[0]
+    if not name.startswith("--") or "." in name or name in known:
+      continue
+    if parser.allow_abbrev and any(o.startswith(name) for o in known):
+      continue
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+      return (f"{' '.join(names)}: error: unrecognized argument {name} "
+              f"(did you mean {close[0]}?)")
+  return None
 
 
 def main(argv=None) -> int:
@@ -65,6 +120,10 @@ def main(argv=None) -> int:
   # work that reports its end with tracebacks; the command says the error
   background_errors.install()
   parser = build_parser()
+  typo = mistyped_option(parser, sys.argv[1:] if argv is None else argv)
+  if typo is not None:
+    print(typo, file=sys.stderr)
+    return 2
   args, unknown = parser.parse_known_args(argv)
   if getattr(args, "accepts_gin_bindings", False):
     args.gin_bindings, unknown = split_gin_bindings(unknown)

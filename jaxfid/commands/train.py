@@ -17,7 +17,8 @@ from jaxfid.training import launch
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
-      "train", help="train a model from gin files (FiD, ReAtt, ReFusion)",
+      "train", help="train a model from gin files (FiD, Atlas, ReAtt, "
+      "ReFusion, dual encoders)",
       description="Train from gin files; rerunning the same command resumes "
                   "from the latest checkpoint in MODEL_DIR.")
   gin_flags.add_gin_arguments(p)
