@@ -14,6 +14,7 @@ at once with one line, SIGABRT as JAX ends it).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -22,10 +23,13 @@ import sys
 import threading
 import time
 
+import jax
+import numpy as np
 import pytest
 
 import fault_tools
 import multihost
+from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.cli import main
 from jaxfid.core import peer_watch
 from test_faults_training import (_args, _largest_file, _steps,  # noqa: F401
@@ -195,3 +199,27 @@ def test_the_peer_watch_stops_only_for_a_peer_gone_without_bye(monkeypatch):
   peer(b"token 3\n", b"by")  # killed
   assert stopped == [("train", "process 3 of this multi-host run is gone "
                                "(killed, crashed or its host lost)")]
+
+
+def test_loading_a_checkpoint_in_python_logs_no_orbax_warnings(tmp_path,
+                                                               caplog):
+  """orbax's two WARNING:absl lines of a read-only manager (read only,
+  save_interval_steps) are not logged; the filter does not outlive it."""
+  params = {"w": np.arange(4, dtype=np.float32)}
+  ckpts = checkpointing.RunCheckpoints(str(tmp_path / "run"))
+  ckpts.save(1, {"params": params}, force=True)
+  ckpts.maybe_save_best(1, params, 0.5)
+  ckpts.close()
+  caplog.set_level(logging.WARNING, logger="absl")
+  cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), params)
+  for which in ("best", "latest"):
+    got, step, _ = checkpointing.restore_params(str(tmp_path / "run"), target,
+                                            which)
+    assert step == 1 and np.array_equal(got["w"], params["w"])
+  assert [r.getMessage() for r in caplog.records
+          if r.levelno >= logging.WARNING] == []
+  assert not logging.getLogger("absl").filters
+  logging.getLogger("absl").warning("Given directory is read only=%s", "x")
+  assert len(caplog.records) == 1  # only while a manager opens

@@ -16,6 +16,7 @@ checkpoint written under one mesh restores under another.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -33,15 +34,31 @@ CONFIG_FILE = "jaxfid_config.json"
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the names of orbax's temporaries
 
 
+# What orbax logs (absl WARNING) each time a read-only manager opens: a
+# reader of a checkpoint was not asking to write it.
+_READ_ONLY_NOTICE = "Given directory is read only=%s"
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  return record.msg != _READ_ONLY_NOTICE
+
+
 def _manager(directory: str, max_to_keep: int | None,
              read_only: bool = False) -> ocp.CheckpointManager:
   # cleanup_tmp_directories: a checkpoint a killed run left half-written
   # (orbax's temporary directory) is removed when the next run starts.
+  # save_interval_steps=0 for reading: what orbax sets (and logs) itself.
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
       cleanup_tmp_directories=not read_only,
+      save_interval_steps=0 if read_only else 1,
       enable_async_checkpointing=False)
-  return ocp.CheckpointManager(paths.as_path(directory), options=options)
+  absl_log = logging.getLogger("absl")
+  absl_log.addFilter(_not_read_only_notice)
+  try:
+    return ocp.CheckpointManager(paths.as_path(directory), options=options)
+  finally:
+    absl_log.removeFilter(_not_read_only_notice)
 
 
 def abstract_like(tree: Any) -> Any:
