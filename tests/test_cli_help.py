@@ -1,7 +1,12 @@
-"""The command line's help and its messages for mistyped flags."""
+"""The command line's help, its messages for mistyped flags, and its
+progress bars on a log file."""
+import io
+
 import pytest
+from tqdm import tqdm
 
 from jaxfid.cli import build_parser, main, mistyped_option
+from jaxfid.core import console
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -58,3 +63,28 @@ def test_top_level_help_names_every_method(capsys):
   text = _help(capsys)
   for method in ("FiD", "Atlas", "ReAtt", "ReFusion"):
     assert method in text
+
+
+def test_an_inner_bar_writes_no_cursor_codes_to_a_file(tmp_path):
+  """An evaluation's bar inside training's, both on a log file: no ESC[A
+  (tqdm's nesting moves the cursor up); on a terminal tqdm nests."""
+  with open(tmp_path / "log", "w") as log:
+    outer = tqdm(total=2, file=log)
+    outer.update(1)
+    for _ in console.inner_bar(range(3), file=log, leave=False):
+      pass
+    outer.update(1)
+    outer.close()
+  text = (tmp_path / "log").read_text()
+  assert "2/2" in text and "\x1b[A" not in text
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  screen = Terminal()
+  outer = tqdm(total=2, file=screen)
+  for _ in console.inner_bar(range(3), file=screen, leave=False):
+    pass
+  outer.close()
+  assert "\x1b[A" in screen.getvalue()  # nested below the outer bar

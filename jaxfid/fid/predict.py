@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
+from jaxfid.core.console import inner_bar
 from jaxfid.core.files import atomic_write
 from jaxfid.evaluation import qa as evaluation
 from jaxfid.fid import batches as pipeline
@@ -69,9 +68,8 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
                                   text_maxlength=text_maxlength,
                                   passage_eos=passage_eos)
   total = (len(examples) + batch_size - 1) // batch_size
-  for _, real, batch in tqdm(batches, total=total, desc="predict",
-                             disable=not progress, file=sys.stderr,
-                             leave=False):
+  for _, real, batch in inner_bar(batches, total=total, desc="predict",
+                                 disable=not progress, leave=False):
     out.extend(decode_rows(tokenizer, predict_fn(params, put_batch(batch)),
                            real))
   return out
