@@ -128,7 +128,7 @@ def _commands(page: pathlib.Path) -> list[tuple[str, list[str]]]:
       words = shlex.split(line) if line else []
       while words and re.match(r"[A-Z_]+=", words[0]):
         words.pop(0)
-      if words[:1] == ["jaxfid"]:
+      if words[:1] in (["jaxfid"], [".venv/bin/jaxfid"]):  # (after make)
         args = [w.replace("[", "").replace("]", "") for w in words[1:]]
         found.append((line, [a for a in args if a and a != "..."]))
   return found
