@@ -11,7 +11,7 @@ import pytest
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.checkpoints.load import load_t5
 from jaxfid.fid import predict
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.fid.examples import FidExample
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -34,14 +34,13 @@ def test_the_python_snippet_runs_as_written(page, checkpoint):
   snippet, = _snippets(page)
   assert '"demo_out/model"' in snippet  # what `make demo` leaves
   code = snippet.replace('"demo_out/model"', repr(str(checkpoint)))
-  out = io.StringIO()
+  out, names = io.StringIO(), {}
   with contextlib.redirect_stdout(out):
-    exec(compile(code, page, "exec"), {})  # pylint: disable=exec-used
+    exec(compile(code, page, "exec"), names)  # pylint: disable=exec-used
   printed = out.getvalue().splitlines()[0]
   loaded = load_t5(checkpoint)
-  question = FidExample("what is the pet of Zorvane?", ctxs=(
-      Passage("Zorvane", "Zorvane's pet is cat."),
-      Passage("Zorvane", "Zorvane's job is pilot.")))
+  question = names["question"]
+  assert isinstance(question, FidExample) and len(question.ctxs) == 2
   expected, = predict.generate(loaded.model, loaded.params, loaded.tokenizer,
                                [question], n_context=2, text_maxlength=40,
                                answer_maxlength=6, batch_size=1,
