@@ -250,7 +250,11 @@ def test_the_page_shows_the_answer_and_the_passages(server, tmp_path):
   best = max(expected["passages"], key=lambda p: p["reader_score"])
   assert f"retrieval rank {best['rank']}" in items[0]  # by reader score
   assert f"<mark>{answer}</mark>" in dom
-  assert 'class="bar"' in items[0] and 'style="width: 100%;"' in items[0]
+  # the bar is the reader's weight on an absolute scale (scores sum to 1)
+  width = re.search(r'class="bar"[^>]*><span style="width: ([\d.]+)%;"',
+                    items[0])
+  assert width, items[0]
+  assert abs(float(width.group(1)) - 100 * best["reader_score"]) < 0.051
   shot = tmp_path / "page.png"  # kept in pytest's tmp directory
   subprocess.run(flags + [f"--screenshot={shot}", page], capture_output=True,
                  timeout=120, check=True)

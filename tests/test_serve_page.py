@@ -36,6 +36,8 @@ const out = {};
 for (const id of ["answer", "notice", "passages-heading"])
   out[id] = {hidden: nodes[id].hidden, text: nodes[id].textContent};
 out.passages = nodes["passages"].children.length;
+out.bars = nodes["passages"].children.map(
+    (li) => li.children[0].children[0].children[0].style.width);
 console.log(JSON.stringify(out));
 """
 
@@ -79,3 +81,15 @@ def test_the_page_has_the_elements_the_script_fills():
   html = page.read("index.html")[0].decode()
   for name in ("answer", "notice", "passages-heading", "passages"):
     assert f'id="{name}"' in html
+
+
+@pytest.mark.skipif(NODE is None, reason="no node")
+def test_the_bars_are_the_reader_weights_on_an_absolute_scale():
+  weights = [0.23, 0.27, 0.24, 0.26]  # near-uniform: four near-equal bars
+  passages = [{"rank": k + 1, "id": f"d{k}", "title": "t", "text": "x",
+               "retrieval_score": 1.0, "reader_score": w}
+              for k, w in enumerate(weights)]
+  shown = _show({"question": "q", "answer": "x", "notice": None,
+                 "passages": passages, "batch_size": 1,
+                 "timings_ms": TIMINGS})
+  assert shown["bars"] == ["27.0%", "26.0%", "24.0%", "23.0%"]  # by weight

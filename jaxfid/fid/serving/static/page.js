@@ -1,6 +1,7 @@
 // jaxfid serve's page: ask POST /v1/answer and show the answer and the
 // passages, best reader score first (or the notice of a question with no
-// passage retrieved), each with a bar of its reader score,
+// passage retrieved), each with a bar of its reader score (its share of
+// the reader's attention, on an absolute scale),
 // its retrieval rank and score, and the answer highlighted where it occurs.
 // /?q=... asks on load (a shareable link).
 "use strict";
@@ -45,7 +46,6 @@ function show(result) {
   $("timings").textContent = `retrieval ${t.retrieve.toFixed(1)} ms, reading ${t.read.toFixed(1)} ms, ` +
       `total ${t.total.toFixed(1)} ms (a batch of ${result.batch_size})`;
   const passages = result.passages.slice().sort((a, b) => b.reader_score - a.reader_score);
-  const top = Math.max(...passages.map((p) => p.reader_score), 1e-12);
   const list = $("passages");
   list.replaceChildren();
   for (const p of passages) {
@@ -53,7 +53,9 @@ function show(result) {
     const meta = element("div", "meta");
     const bar = element("div", "bar");
     const fill = element("span");
-    fill.style.width = `${(100 * Math.max(p.reader_score, 0) / top).toFixed(1)}%`;
+    // On an absolute scale: the share of the reader's attention (the scores
+    // sum to 1), so near-uniform weights look near-uniform.
+    fill.style.width = `${(100 * Math.min(Math.max(p.reader_score, 0), 1)).toFixed(1)}%`;
     bar.append(fill);
     bar.title = `reader score ${p.reader_score}`;
     meta.append(bar, element("span", "reader", `reader ${p.reader_score.toFixed(3)}`),
