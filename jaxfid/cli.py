@@ -55,13 +55,20 @@ GIN_EPILOG = ("Every gin macro is also a flag, --gin.NAME=VALUE, checked "
               "defaults and checks: docs/configuration.md.")
 
 
+def _subcommands(parser: argparse.ArgumentParser
+                 ) -> dict[str, argparse.ArgumentParser]:
+  """The parsers of ``parser``'s subcommands by name ({} for a command)."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+      return dict(action.choices)
+  return {}
+
+
 def _parsers(parser: argparse.ArgumentParser):
   """``parser`` and every subcommand's parser under it."""
   yield parser
-  for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
-      for child in dict.fromkeys(action.choices.values()):  # aliases once
-        yield from _parsers(child)
+  for child in dict.fromkeys(_subcommands(parser).values()):  # aliases once
+    yield from _parsers(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,14 +96,11 @@ def mistyped_option(parser: argparse.ArgumentParser,
   options; a unique prefix of an option is one (argparse's abbreviations).
   """
   names, words = ["jaxfid"], list(argv)
-  while words:  # down the subcommand words: `jaxfid index bm25 ...`
-    subparsers = [a for a in parser._actions  # pylint: disable=protected-access
-                  if isinstance(a, argparse._SubParsersAction)]  # pylint: disable=protected-access
-    if not subparsers or words[0] not in subparsers[0].choices:
-      break
+  while words and words[0] in _subcommands(parser):  # `jaxfid index bm25`
     names.append(words[0])
-    parser = subparsers[0].choices[words.pop(0)]
-  known = [o for o in parser._option_string_actions if o.startswith("--")]  # pylint: disable=protected-access
+    parser = _subcommands(parser)[words.pop(0)]
+  known = [o for action in parser._actions  # pylint: disable=protected-access
+           for o in action.option_strings if o.startswith("--")]
   for word in words:
     if word == "--":
       break
