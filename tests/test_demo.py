@@ -14,6 +14,7 @@ import time
 import pytest
 
 from jaxfid.cli import build_parser
+from jaxfid.commands import shell
 from jaxfid.fid.commands import demo
 from subprocess_env import default_xla_env
 
@@ -147,6 +148,20 @@ def test_a_signal_in_training_stops_the_demo_and_it_resumes_in_process(
   predicted = build_parser().parse_args(words[words.index("predict"):])
   assert (predicted.checkpoint, predicted.data) == (
       str(out / "model"), str(out / "data" / "test.json"))
+
+
+def test_without_the_serve_extra_the_demo_prints_its_install_first(
+    monkeypatch):
+  monkeypatch.setitem(sys.modules, "starlette", None)  # import fails
+  lines = demo.next_steps("m", "test.json", "bm25", n_context=4,
+                          text_maxlength=40, answer_maxlength=6)
+  assert [l.split(":")[0] for l in lines] == [
+      "try", "to serve it, first", "look at it (API and page)"]
+  assert shell.install_command("serve") in lines[1]
+  assert "(starlette is not installed)" in lines[1]
+  monkeypatch.undo()  # installed: no install line
+  assert len(demo.next_steps("m", "t", "i", n_context=4, text_maxlength=40,
+                             answer_maxlength=6)) == 2
 
 
 def _entity(example) -> str:

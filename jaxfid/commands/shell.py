@@ -17,8 +17,7 @@ import sys
 
 from jaxfid.core.errors import InputError
 
-# jaxfid's source checkout (setup.py beside the package), or None for an
-# installed wheel.
+# The directory above the package: a source checkout when setup.py is there.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHECKOUT = os.path.dirname(_PACKAGE_DIR)
 

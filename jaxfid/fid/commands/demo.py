@@ -210,6 +210,25 @@ def predict_command(model_dir: str, data: str, *, n_context: int,
           f"{answer_maxlength} --output pred.jsonl")
 
 
+def next_steps(model_dir: str, data: str, index: str, *, n_context: int,
+               text_maxlength: int, answer_maxlength: int) -> list[str]:
+  """The demo's last lines: the predict and serve commands of what it made
+  (the serve one last), preceded by the serve extra's pip command when it
+  is not installed (``pip install -e .``), so that each runs as printed."""
+  lines = ["try: " + predict_command(model_dir, data, n_context=n_context,
+                                     text_maxlength=text_maxlength,
+                                     answer_maxlength=answer_maxlength)]
+  try:
+    shell.require_extra("serve", SERVE_STACK, "jaxfid serve")
+  except InputError as e:
+    lines.append(f"to serve it, first: {shell.install_command('serve')} "
+                 f"({e.path} is not installed)")
+  lines.append("look at it (API and page): " + serve_command(
+      model_dir, index, n_context=n_context, text_maxlength=text_maxlength,
+      decode_maxlength=answer_maxlength))
+  return lines
+
+
 def best_checkpoint(model_dir: str) -> dict:
   """``{'step', 'value'}`` of the best-dev-EM checkpoint the trainer kept
   (what :func:`load_checkpoint` loads)."""
@@ -323,20 +342,11 @@ def run(args) -> int:
         f"{100 * scores['em']:.1f} (BM25 recall@{args.n_context} "
         f"{100 * info['test_recall']:.1f}); {summary['minutes']} min",
         file=sys.stderr)
-  print("try: " + predict_command(model_dir, paths["test.json"],
-                                  n_context=args.n_context,
-                                  text_maxlength=text_maxlength,
-                                  answer_maxlength=answer_maxlength),
-        file=sys.stderr)
-  try:
-    shell.require_extra("serve", SERVE_STACK, "jaxfid serve")
-  except InputError as e:  # pip install -e .: the command that adds it
-    print(f"to serve it, first: {shell.install_command('serve')} "
-          f"({e.path} is not installed)", file=sys.stderr)
-  print("look at it (API and page): "
-        + serve_command(model_dir, paths["bm25"], n_context=args.n_context,
+  for line in next_steps(model_dir, paths["test.json"], paths["bm25"],
+                        n_context=args.n_context,
                         text_maxlength=text_maxlength,
-                        decode_maxlength=answer_maxlength), file=sys.stderr)
+                        answer_maxlength=answer_maxlength):
+    print(line, file=sys.stderr)
   print(json.dumps(summary))
   return 0
 
