@@ -109,7 +109,7 @@ def mistyped_option(parser: argparse.ArgumentParser,
       continue
     if parser.allow_abbrev and any(o.startswith(name) for o in known):
       continue
-    close = difflib.get_close_matches(name, known, n=1)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
       return (f"{' '.join(names)}: error: unrecognized argument {name} "
               f"(did you mean {close[0]}?)")

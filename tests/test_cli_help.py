@@ -28,6 +28,7 @@ def test_a_mistyped_flag_gets_did_you_mean(argv, line, capsys):
     ["demo", "--step", "5"],  # a unique prefix: argparse's abbreviation
     ["train", "--gin.TRAIN_STEPZ=5"],  # a gin binding (gin says the rest)
     ["predict", "--zzzzzz"],  # nothing close: argparse's own message
+    ["demo", "--clusters", "3"],  # far from --steps (0.71): no suggestion
     ["predict", "--", "--ncontext"],
 ])
 def test_what_is_not_a_typo(argv):
