@@ -1,23 +1,15 @@
 """ReFusion's example arrays and deterministic batches.
 
-Few-shot sets are tiny (16 examples per class), so each split is tokenized
-once into numpy arrays:
+Each split is tokenized once into numpy arrays:
 
-  encoder_input_tokens   int32 [N, L]        the rendered template, EOS (not
-                                             under 'original_t5'), 0-padded
+  encoder_input_tokens   int32 [N, L]        the prompt (+ EOS), 0-padded
   decoder_target_tokens  int32 [N, T]        the gold label word + EOS
   labels                 int32 [N]           class index
-  neighbour_rows         int64 [N, S, K]     database rows of the neighbours
-                                             (fusion runs; -1 = none); the
-                                             task swaps them for their
-                                             vectors [B, S, K, R] per batch
+  neighbour_rows         int64 [N, S, K]     neighbour rows (-1 = none)
 
-Training batches are a pure function of (seed, step): the example stream is
-an endless chain of per-epoch permutations
-(:func:`jaxfid.training.sampling.stream_indices`), and step s takes stream
-positions ``[s*B, (s+1)*B)``, so a resumed run sees exactly the batches an
-uninterrupted one would. Each process makes only its own contiguous rows of
-the global batch.
+Training batches are a pure function of (seed, step) over per-epoch
+permutations, so a resumed run sees the batches an uninterrupted one would;
+each process makes only its own rows of the global batch.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """ReFusion ``MODEL_DIR``s: :func:`load_refusion`, and their loader registration.
 
-:func:`load_refusion` loads a trained ReFusion run as the ReFusion model
-(the backbone with its fusion modules; a searched run's modules fixed to the
-structure the search wrote, read by :func:`jaxfid.refusion.search.
-read_structure`) and its parameters. As a plain T5
-(:func:`jaxfid.checkpoints.load.load_checkpoint`, e.g. to initialise
-another run) a ReFusion MODEL_DIR loads as its backbone, the run config's
-``"model"``: importing this module registers that loader for ``"method":
-"refusion"``.
+:func:`load_refusion` loads the model with its fusion modules (fixed to the
+searched structure) and parameters; :func:`jaxfid.checkpoints.load.
+load_checkpoint` loads a ReFusion MODEL_DIR as its T5 backbone.
 """
 from __future__ import annotations
 

@@ -1,26 +1,12 @@
 """A ReFusion MODEL_DIR as the model of a ``jaxfid eval``: rank classification.
 
-``jaxfid eval`` (:mod:`jaxfid.commands.seqio_eval`) runs ``seqio.Evaluator``
-on an LM-BFF or GLUE prompt task (``tasks.lmbff``) and asks the checkpoint's
-method for its model functions; for ReFusion that is a
-:class:`ReFusionCheckpointEvaluator`, which classifies as ReFusion's trainer
-does, never by generation: every label word of the task is scored by its
-log-likelihood (:meth:`ReFusionModel.label_scores`) with the run's fused
-neighbours, and the prediction is the best class's label word (its ids, so
-the task's own postprocessor and metric turn it into accuracy / F1 / MCC).
-
-Everything the run needs comes from its ``jaxfid_config.json``: the model
-and its fusion (with the searched structure, :func:`load_refusion`),
-``max_length``, the retrieval database (``retrieval_db``), ``top_k`` and
-the retrieval mode. As in training, each example's sentences (``text_a``,
-``text_b``) retrieve their neighbours once per task (cached beside the
-database), and their stored vectors are gathered per batch; ``'hidden'``
-runs search on-line with the encoder's pooled states; the concatenation
-baseline appends the neighbour sentences to the prompt. It knows no seqio:
-:meth:`prepare` gets the task's examples as dicts of NumPy values and
-:meth:`predict` / :meth:`score` fixed-size batches of model features
-(``encoder_input_tokens`` [B, L], ``decoder_target_tokens`` [B, T]) with
-the examples' indices.
+:class:`ReFusionCheckpointEvaluator` scores every label word by
+log-likelihood with the run's fused neighbours and predicts the best one's
+ids. Everything comes from the run's ``jaxfid_config.json``; neighbours are
+retrieved once per task as in training. It knows no seqio: :meth:`prepare`
+gets examples as dicts of NumPy values, :meth:`predict` / :meth:`score`
+fixed-size batches (``encoder_input_tokens`` [B, L],
+``decoder_target_tokens`` [B, T]) with the examples' indices.
 """
 from __future__ import annotations
 
@@ -46,15 +32,7 @@ def _text(value) -> str:
 
 
 class ReFusionCheckpointEvaluator:
-  """Rank classification with a trained ReFusion run (its last checkpoint).
-
-  Args:
-    checkpoint: the ReFusion MODEL_DIR.
-    run_config: its ``jaxfid_config.json`` (read when None).
-    neighbour_cache: where cached neighbours are kept (default: in the
-      database directory, as in training).
-    progress: show retrieval progress.
-  """
+  """Rank classification with a trained ReFusion run (its last checkpoint)."""
   kinds = ("classification",)
 
   def __init__(self, checkpoint: str, run_config: dict | None = None, *,
@@ -114,11 +92,7 @@ class ReFusionCheckpointEvaluator:
               ) -> None:
     """Label words and (once per task) the neighbours of ``examples``.
 
-    Args:
-      examples: the task's examples in evaluation order, with ``text_a``,
-        ``text_b`` (retrieval queries) and ``inputs_pretokenized`` (the
-        prompt, for the concatenation baseline).
-      task_spec: the task's LM-BFF spec (label words, single or pair).
+    ``examples`` carry ``text_a``, ``text_b`` and ``inputs_pretokenized``.
     """
     trained = self.run.get("template")
     if trained is not None and trained != task_spec.template:

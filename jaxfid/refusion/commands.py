@@ -4,13 +4,8 @@
       --model-dir-root runs/sst2 [--seeds 13,21,42,87,100] \
       --gin_file=gin/refusion/tiny.gin [--gin.NAME=VALUE ...]
 
-trains and tests once per seed (``jaxfid train`` in a fresh process, MODEL_DIR
-``<model-dir-root>/16-<seed>``; finished seeds are not rerun), prints a table
-of the task's test metric per seed and ``mean (std)`` in percent, then one
-JSON line ``{"task", "seeds", "metric", "mean", "std", "per_seed"}`` (also
-written to ``<model-dir-root>/summary.json``). The logic is in
-:mod:`jaxfid.refusion.seeds`; :mod:`jaxfid.refusion.plugin` registers
-:data:`COMMAND`.
+prints the test metric per seed and ``mean (std)`` in percent, then one JSON
+line (also ``<model-dir-root>/summary.json``); see :mod:`jaxfid.refusion.seeds`.
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """A ReFusion run's few-shot data: splits, neighbours, arrays, batch vectors.
 
-:func:`encode_splits` turns the three LM-BFF splits of a task into the
-arrays of :mod:`jaxfid.refusion.batches`, after retrieving every input's
-neighbours once (cached beside the database, :mod:`jaxfid.refusion.neighbours`):
-
-* 'input' retrieval (the paper's): the neighbours of the input sentences;
-  the arrays keep only their database rows (``neighbour_rows`` [N, S, K]),
-  and :class:`NeighbourVectors` gathers each batch's stored vectors when the
-  batch is made (a 10k-example test set at k = 64, width 768 would
-  otherwise hold 2-4 GB);
-* 'hidden' retrieval: nothing offline; each batch searches the database with
-  the backbone's current mean-pooled encoder states;
-* the concatenation baseline: the neighbour sentences appended to the input
-  text (rows retrieved offline in either mode).
+'input' retrieval keeps only the neighbours' rows (``neighbour_rows``
+[N, S, K]) and :class:`NeighbourVectors` gathers a batch's vectors when it
+is made; 'hidden' retrieval searches per batch with the encoder states; the
+concatenation baseline appends the neighbour sentences to the input text.
 """
 from __future__ import annotations
 
@@ -43,11 +34,8 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
                   ) -> dict[str, dict[str, np.ndarray]]:
   """The arrays of every split (see the module docstring).
 
-  Args:
-    fused: the model has fusion modules (the arrays need neighbours).
-    hidden: no offline neighbours for fusion ('hidden' or 'layer' retrieval).
-    input_eos: the inputs end with EOS (not the original T5 script's:
-      :func:`jaxfid.refusion.template_sets.input_eos`).
+  ``fused``: the model has fusion modules; ``hidden``: no offline neighbours
+  ('hidden' or 'layer' retrieval); ``input_eos``: the inputs end with EOS.
   """
   count_tokens = lambda text: len(tokenizer.encode(text))
   offline = concat_neighbours or (fused and not hidden)

@@ -1,65 +1,31 @@
 """ReFusion's fusion modules: reranker, ordered mask and the adaptive integrator.
 
-Einsum letters: B batch, S query segments (1 for single sentences, 2 for
-sentence pairs: each sentence retrieves its own neighbours), K neighbours
-(top-k ranks), R retrieval-database width, O the wrapped projection's output
-width, L sequence length.
+Einsum letters: B batch, S query segments (1 per sentence), K neighbours,
+R retrieval-database width, O the wrapped projection's output width,
+L sequence length.
 
-Each wrapped projection computes its original output ``y = x @ kernel`` and
-adds, at the first position only, a fused neighbour representation (paper
-section 3; ``../shared/notes/methods.md``):
+Each wrapped projection computes ``y = x @ kernel`` and adds, at position 0
+only, a fused neighbour representation:
 
-* reranker: ``w = softmax(r)`` over the K ranks, ``f = (1/K) sum_i w_i h_i``;
-* ordered mask (nested dropout over ranks, per dimension): the keep
-  probabilities ``b = sigmoid(clip(beta))`` [K, R] define where each
-  dimension's chain stops, ``q_i = (1 - b_i) prod_{j<i} b_j`` (the last rank
-  takes the rest); training draws a stop ``c`` from ``log q`` with Gumbel
-  noise and keeps ``v_i = 1 - sum_{j<i} c_j`` = ``sum_{j>=i} c_j``;
-  ``f = (1/K) sum_i v_i * h_i``. Evaluation applies the mean of the masks
-  training draws, so that a module sees at test time the fused vector it was
-  trained on (``mask_sampler``):
+* reranker: ``f = (1/K) sum_i softmax(r)_i h_i``;
+* ordered mask (nested dropout over ranks): ``b = sigmoid(clip(beta))``
+  [K, R], stop probabilities ``q_i = (1 - b_i) prod_{j<i} b_j``, mask
+  ``v_i = sum_{j>=i} c_j`` for a Gumbel-sampled stop ``c``;
+  ``f = (1/K) sum_i v_i h_i``. ``mask_sampler``: ``'soft'`` (relaxed
+  Gumbel-softmax; evaluation: the mean of ``mask_eval_samples`` draws of a
+  fixed key), ``'straight_through'`` (hard forward, relaxed gradient;
+  evaluation: ``E[v_i] = prod_{j<i} b_j``) or ``'original'`` (the original
+  code's ``_get_ordered_mask`` formula, one mask per call);
+* adaptive integrator: ``y + sum_c softmax(alpha)_c delta_c`` over
+  {original (delta 0), reranker, ordered mask}, exactly ``y`` without
+  neighbours.
 
-  - ``'soft'`` (default; the paper's and the original's relaxed
-    ``GumbelSoftmax(log q, tau)``): at evaluation the relaxed sampler's own
-    mean over ``mask_eval_samples`` draws of a fixed key. (At tau = 5 the
-    relaxed masks are far flatter than the Bernoulli chain: at beta = 0 and
-    K = 16 they weigh 5.8 in all, its expectation ``prod_{j<i} b_j`` 2.0.)
-  - ``'straight_through'``: the forward pass uses the exact hard sample
-    (Gumbel-max: stop at rank i with probability q_i), gradients the relaxed
-    one; evaluation the exact expectation ``E[v_i] = prod_{j<i} b_j``;
-  - ``'original'``: the original code's ``_get_ordered_mask``
-    (``src/models/layers.py``) as written, not the paper's chain:
-    ``qz = cumprod(b) * (1 - b)`` (the product includes rank i), passed to
-    ``F.gumbel_softmax`` as logits (they are probabilities) over its default
-    last axis, the R dimensions, and ``v = flip(cumsum(c, ranks))``, so rank
-    i's row sums to exactly K - i whatever beta (masks near (K - i) / R);
-    one mask per module call, shared by the batch (the others draw one per
-    example). Evaluation: the mean of ``mask_eval_samples`` masks under a
-    fixed key (the original samples at test time too).
-* adaptive integrator: ``o = sum_c softmax(alpha)_c o_c`` over the candidates
-  {original, reranker, ordered mask}; since every candidate is ``y + delta_c``
-  (``delta_original = 0``) this is ``y + sum_c p_c delta_c``, which is exactly
-  ``y`` when there are no neighbours.
-
-Pair inputs average the fused vectors of their two segments (as the original
-code does). When the database width R differs from O (the original requires
-R = O), a learned projection ``[R, O]`` maps the fused vector; its input is
-the fused vector divided by its root mean square (``fused_norm='auto'``), so
-the projected vector starts at the scale of the projection outputs whatever
-the database's scale and k: added as stored, vectors at an encoder's own
-scale are ~20x smaller than the key and value outputs of a fresh T5 and a
-from-scratch model ignored them (benchmarks/RESULTS.md). ``'rms'``
-normalises without a projection too, ``'none'`` never (runs written before
-the option load with ``'none'``). Corrections to the original code: the
-Gumbel-softmax runs over the ranks (the original's runs over the embedding
-dimension) and evaluation is deterministic (the original's stays random);
-``mask_sampler='original'`` keeps the original's formula.
-
-Parameters added per wrapped projection (beside the original ``kernel``, so
-checkpoints of plain T5 load by name): ``fusion_rerank`` [K],
-``fusion_beta`` [K, R], ``fusion_alpha`` [3] (the architecture weights; the
-only ones the search's architecture step trains) and, if R != O,
-``fusion_proj`` [R, O].
+Pairs average their two segments' fused vectors. When R != O a learned
+``fusion_proj`` [R, O] maps the fused vector, divided first by its root mean
+square (``fused_norm='auto'``) so it starts at the projection outputs' scale.
+Parameters beside ``kernel`` (so plain T5 checkpoints load by name):
+``fusion_rerank`` [K], ``fusion_beta`` [K, R], ``fusion_alpha`` [3] (the
+architecture weights) and, if R != O, ``fusion_proj`` [R, O].
 """
 from __future__ import annotations
 
@@ -106,10 +72,7 @@ def _modules_problem(spec: str) -> str | None:
 class FusionConfig(Config):
   """What is fused where, and how; passed whole to the model.
 
-  gin binds it whole (``ReFusionTask.fusion = @FusionConfig()``, the macros
-  of ``gin/refusion/t5_base.gin``); ``top_k``, ``db_dim`` and ``search`` are
-  the run's (``TOP_K``, the retrieval database's width, ``SEARCH`` with
-  fusion modules), filled in by the task with :meth:`replace`.
+  ``top_k``, ``db_dim`` and ``search`` are filled in by the task from the run.
 
   Attributes:
     modules: ``FUSION_MODULES``, the wrapped projections (:func:`
@@ -123,18 +86,13 @@ class FusionConfig(Config):
       scheme — the discretised result of a search.
     mask_temperature: tau of the ordered mask's Gumbel-softmax.
     mask_clip: beta is clipped to [-clip, clip] before the sigmoid.
-    init: ``'zeros'`` (reranker, beta and architecture weights start at 0:
-      uniform reranker and integrator, b = 1/2) or ``'xavier'`` (the
-      original's ``xavier_uniform_`` of its [K, 1], [K, R] and [3, 1]
-      tensors).
+    init: ``'zeros'`` (reranker, beta and architecture weights start at 0)
+    or ``'xavier'`` (the original's ``xavier_uniform_``).
     mask_sampler: ``'soft'``, ``'straight_through'`` or ``'original'``
       (module docstring).
     mask_eval_samples: draws averaged for the ``'soft'`` evaluation mask.
     fused_norm: ``'auto'`` (divide the fused vector by its root mean square
       before a projection), ``'rms'`` (always) or ``'none'`` (never).
-
-  A run config's ``fusion`` holds these fields with ``targets`` (the parsed
-  modules, a list) in place of ``modules``.
   """
   modules: str = option("key,value", test=_modules_problem,
                         macro="FUSION_MODULES")
@@ -256,12 +214,9 @@ def sample_ordered_mask(beta: Array, rng: Array, batch: int, clip: float,
                         temperature: float, hard: bool = False) -> Array:
   """Nested-dropout masks float32 [B, K, R], one draw per example.
 
-  ``c = softmax((log q + g) / tau)`` over the K ranks with Gumbel noise g;
-  ``v_i = sum_{j>=i} c_j`` (= 1 - sum_{j<i} c_j), non-increasing in i. With
-  ``hard`` (straight-through) the forward value is the exact sample: ``c``
-  is the one-hot ``argmax(log q + g)`` (the Gumbel-max trick: rank i with
-  probability q_i), so ``v`` is a 0/1 mask with ``E[v_i] = prod_{j<i} b_j``,
-  while gradients flow through the relaxed ``c``.
+  ``v_i = sum_{j>=i} c_j`` for ``c = softmax((log q + g) / tau)`` over ranks;
+  with ``hard``, ``c`` is the one-hot Gumbel-max sample in the forward pass and
+  the relaxed one in the backward pass.
   """
   log_q = stop_log_probs(beta, clip)                               # [K, R]
   g = jax.random.gumbel(rng, (batch, *log_q.shape), jnp.float32)   # [B, K, R]
@@ -333,15 +288,10 @@ def ordered_mask_fuse(neighbours: Array, mask: Array) -> Array:
 class FusedProjection(nnx.Module):
   """A projection ``y = x @ kernel`` plus fused neighbours at position 0.
 
-  Replaces a :class:`jaxfid.t5.layers.Dense` (keeping its ``kernel``
-  parameter under the same name). ``extras`` is the dict built by
-  :meth:`jaxfid.refusion.model.ReFusionModel.make_extras`:
-  ``neighbours`` float [B, S, K, R] (zeros where missing), or ('layer'
-  retrieval) ``database`` [N, R] and ``database_bias`` [N], which this
-  module searches with the first position of its own input
-  (:func:`layer_neighbours`); optional ``rng`` (training: sampled ordered
-  masks; absent: the evaluation mask). Without extras it is the plain
-  projection.
+  Replaces a :class:`jaxfid.t5.layers.Dense`, keeping its ``kernel``. ``extras``
+  (:meth:`ReFusionModel.make_extras`): ``neighbours`` float [B, S, K, R], or
+  ('layer' retrieval) ``database`` [N, R] and ``database_bias`` [N]; optional
+  ``rng`` (absent: the evaluation mask). Without extras: the plain projection.
   """
 
   def __init__(self, base: layers.Dense, *, out_features: int,

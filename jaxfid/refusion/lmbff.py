@@ -1,61 +1,16 @@
 """ReFusion's few-shot classification tasks: LM-BFF files, prompts, label words.
 
-ReFusion (Wu et al., 2024) evaluates on the 15 sentence(-pair)
-classification tasks of LM-BFF (Gao et al., 2021), 16 examples per class,
-five sampling seeds (13, 21, 42, 87, 100), with LM-BFF's manual templates and
-label words (ReFusion's Appendix A, Table 5). jaxfid runs them with T5 as
-text-to-text: the encoder input is the task's template with the ``[MASK]``
-replaced by T5's first sentinel ``<extra_id_0>``, the decoder target is the
-label word, and evaluation ranks the label words by log-likelihood.
-
-Data layout (exactly LM-BFF's ``data/k-shot/<TASK>/16-<seed>/``, as written by
-its ``tools/generate_k_shot_data.py``): a directory holding the task's
-``train``, ``dev`` and ``test`` files under the names LM-BFF gives them --
-
-* ``sst-5``, ``mr``, ``cr``, ``mpqa``, ``subj``, ``trec``: ``{split}.csv``,
-  rows ``label,sentence``, no header, CSV quoting;
-* ``SST-2``: ``{split}.tsv`` with the header ``sentence<TAB>label``;
-* ``CoLA``: ``{split}.tsv``, no header, ``source, label, original_label,
-  sentence``;
-* ``MNLI``: ``train.tsv``, ``dev_matched.tsv``, ``test_matched.tsv``
-  (``mnli-mm``: the same train and dev, as LM-BFF's k-shot data has only the
-  matched dev set, and ``test_mismatched.tsv``); ``SNLI``: ``{split}.tsv``.
-  Both have GLUE headers; ``sentence1`` and ``sentence2`` are found by name
-  and the label is the last column (SNLI rows with five annotator labels have
-  more columns than the header);
-* ``QNLI`` (``question``, ``sentence``, ``label``), ``RTE`` (``sentence1``,
-  ``sentence2``, ``label``), ``MRPC`` (``Quality``, ``#1 String``, ``#2
-  String``; the header may start with a UTF-8 BOM), ``QQP`` (``question1``,
-  ``question2``, ``is_duplicate``): ``{split}.tsv``, columns found by header
-  name.
-
-TSV files are split on tabs with no quoting (GLUE's ``quotechar=None``);
-blank lines are skipped (pandas does so in LM-BFF for the CSV tasks). Text is
-kept as written except for stripping its ends. Rows whose sentence is blank
-are *kept*: LM-BFF's own CR data has them (``cr/16-13/train.csv`` line 3 and
-``cr/*/test.csv`` line 769 are ``label, ``), and LM-BFF classifies them from
-the template alone, so rejecting them would make CR unusable.
-
+The 15 LM-BFF tasks (Gao et al., 2021) as ReFusion evaluates them: the
+encoder input is the task's template with the mask replaced by T5's
+``<extra_id_0>``, the target is the label word, and evaluation ranks the label
+words by log-likelihood. ``data_dir`` is LM-BFF's
+``data/k-shot/<TASK>/16-<seed>/``, with the file names and columns LM-BFF
+gives each task (:data:`_LAYOUTS`); TSV files are split on tabs with no
+quoting. Rows with a blank sentence are kept (LM-BFF's CR data has them).
 Bad input raises :class:`~jaxfid.core.errors.InputError` naming the file and
-line: a missing file, a header without the needed columns, a row with the
-wrong number of columns, a label that is not one of the task's labels, bad
-CSV quoting, text that is not UTF-8, an unreadable file, or a file with no
-examples.
-
-Templates are the paper's Table 5 (``get_task(name, 'original')``: the
-original code's RoBERTa script's, which differ for CoLA and TREC;
-``'original_t5'``: its T5 script's instruction templates and label words);
-they follow LM-BFF's conventions: in the NLI templates ``x1`` loses its
-final punctuation character (LM-BFF's ``*sent-_0*``), in MRPC's and QQP's
-it keeps it (``*sent_0*``), and ``x2`` starts with a lower-case letter
-(``*+sentl_1*``). Rendered inputs have runs of whitespace
-collapsed to one space and no space at either end (T5's SentencePiece
-normaliser does the same, so the tokens are unchanged). Most templates put
-the mask at the end, so a prompt must never be cut at a token limit:
-:func:`render_fitted` drops words from the sentences instead.
-
-This module is pure Python (no TensorFlow, seqio or JAX): the seqio tasks
-(``tasks/lmbff.py``) and jaxfid's ReFusion trainer both build on it.
+line. Rendered prompts have whitespace runs collapsed to one space; a prompt
+is never cut at a token limit (:func:`render_text_fitted` drops words from
+the sentences instead). Pure Python: no TensorFlow, seqio or JAX.
 """
 from __future__ import annotations
 
@@ -86,14 +41,11 @@ class TaskSpec:
     name: canonical lower-case name (``'sst-2'``, ``'mnli-mm'``, ...).
     lmbff_dir: the task's directory in LM-BFF's ``k-shot`` tree.
     labels: the raw label values of the files, in class-index order.
-    label_words: the label word of each class (ReFusion's Table 5).
-    template: ``{x}`` (single sentence) or ``{x1}``/``{x2}`` (pairs) and
-      ``{mask}``.
+    label_words: the label word of each class.
+    template: ``{x}`` or ``{x1}``/``{x2}`` (pairs) and ``{mask}``.
     metric: ``'accuracy'``, ``'f1'`` (MRPC, QQP) or ``'mcc'`` (CoLA).
     pair: whether examples are sentence pairs.
-    keep_x1_punctuation: pairs: ``x1`` keeps its final punctuation
-      (LM-BFF's ``*sent_0*``: MRPC, QQP) instead of losing it
-      (``*sent-_0*``: the NLI tasks).
+    keep_x1_punctuation: pairs: ``x1`` keeps its final punctuation.
   """
   name: str
   lmbff_dir: str
@@ -168,13 +120,9 @@ def get_task(name: str, templates: str = "paper") -> TaskSpec:
   """The task called ``name`` (any case; ``_`` for ``-``; ``sst2``, ``mnli-m``).
 
   ``templates``: ``'paper'`` (ReFusion's Table 5), ``'original'`` (the
-  original code's LM-BFF templates: CoLA ``{x} This is {mask}.``, TREC
-  ``{mask}: {x}``; the other tasks are the same in both) or
-  ``'original_t5'`` (the original T5 script's instruction templates, without
-  a mask, and label words).
-
-  Raises:
-    InputError: no such task or template set.
+  original code's: differs for CoLA and TREC) or ``'original_t5'`` (the
+  original T5 script's instruction templates and label words).
+  Raises InputError for an unknown task or template set.
   """
   key = str(name).strip().lower().replace("_", "-")
   key = _ALIASES.get(key, key)
@@ -197,10 +145,8 @@ LAST = -1  # the label is the last column of the row
 class _Layout:
   """How a task's files are named and which columns hold what.
 
-  ``columns`` (text_a, text_b, label) are names in the header when
-  ``header`` is set, else 0-based positions; ``width`` is the column count
-  of a header-less file; ``LAST`` as label means the last column, and rows
-  may then be wider than the header.
+  ``columns`` (text_a, text_b, label) are header names when ``header`` is set,
+  else 0-based positions; ``LAST`` as label means the last column.
   """
   files: tuple[str, str, str]  # train, dev, test
   csv: bool
@@ -298,15 +244,9 @@ def _column_index(path, header: list[str], name, spec: TaskSpec,
 
 
 def read_split(spec: TaskSpec, data_dir, split: str) -> list[Example]:
-  """The examples of ``split`` of the task's files in ``data_dir``.
+  """The examples of ``split`` (train/dev/test) of the task's files in ``data_dir``.
 
-  Args:
-    spec: the task.
-    data_dir: a ``<lmbff_dir>/16-<seed>`` directory of LM-BFF's tree.
-    split: ``train``, ``dev`` or ``test``.
-
-  Raises:
-    InputError: a missing file or a bad header, row or label (with its line).
+  Raises InputError for a missing file or a bad header, row or label.
   """
   layout = _LAYOUTS[spec.name]
   path = split_path(spec, data_dir, split)
@@ -397,25 +337,11 @@ def render_input(spec: TaskSpec, example: Example,
 def render_text_fitted(spec: TaskSpec, text_a: str, text_b: str | None,
                        max_tokens: int, count_tokens: Callable[[str], int],
                        mask: str = SENTINEL) -> str:
-  """:func:`render_text`, with the sentences cut so that the prompt fits.
+  """:func:`render_text` with whole words dropped so the prompt fits ``max_tokens``.
 
-  Cutting the rendered prompt would lose the template and the mask, which
-  sit at its end in most templates; instead whole words are dropped from the
-  end of the sentences, longest first (every sentence is cut to at most ``L``
-  words, for the largest ``L`` that fits, found by bisection).
-
-  Args:
-    spec: the task.
-    text_a: the first sentence.
-    text_b: the second sentence (pair tasks).
-    max_tokens: the most tokens the prompt may have (leave room for EOS).
-    count_tokens: the number of tokens of a string (e.g.
-      ``len(tokenizer.encode(s))``).
-    mask: the mask string.
-
-  Raises:
-    ValueError: even the template without any words is longer than
-      ``max_tokens``.
+  Every sentence is cut to at most ``L`` words, for the largest ``L`` that fits
+  (bisection), so the template and mask survive. ``count_tokens`` counts a
+  string's tokens. Raises ValueError if the bare template does not fit.
   """
   rendered = render_text(spec, text_a, text_b, mask)
   if count_tokens(rendered) <= max_tokens:

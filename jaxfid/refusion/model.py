@@ -4,21 +4,12 @@ Einsum letters: B examples, C classes (label words), L input length, T
 label-word length (with EOS), S segments, K neighbours, R database width,
 D d_model, V vocabulary.
 
-The network is the plain jaxfid T5 with chosen projections wrapped by
-:class:`~jaxfid.refusion.fusion.FusedProjection`; everything else —
-parameter names, sharding, the loss — is :class:`~jaxfid.t5.model.EncoderDecoderModel`'s
-(with one passage per example). Batches add to EncoderDecoderModel's:
-
-  neighbours      float32 [B, S, K, R]  the neighbours' stored vectors (zeros
-                                        where missing); absent in 'layer'
-                                        retrieval, where the model holds the
-                                        database and each module searches it
-
-Classification is rank classification: every class's label word (tokens
-``[C, T]``) is scored by its log-likelihood under teacher forcing, the
-encoder running once per example; the prediction is the best-scoring class.
-:meth:`ReFusionModel.generate` decodes instead (the original T5 script's
-evaluation, :mod:`jaxfid.refusion.scoring`).
+The plain jaxfid T5 with chosen projections wrapped by
+:class:`~jaxfid.refusion.fusion.FusedProjection`; batches add
+``neighbours`` float32 [B, S, K, R] (absent in 'layer' retrieval). Rank
+classification scores every label word [C, T] by its log-likelihood, the
+encoder running once per example; :meth:`ReFusionModel.generate` decodes
+instead.
 """
 from __future__ import annotations
 

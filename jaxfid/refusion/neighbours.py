@@ -1,33 +1,11 @@
-"""ReFusion's retrieval module: every input's top-k neighbours, found once.
+"""ReFusion's retrieval: every input's top-k neighbours, found once.
 
-ReFusion (Wu et al. 2024) retrieves, for each classification input, the
-top-k sentences of a key-value store (a dense index built by ``jaxfid index
-dense --corpus SENTENCES``) and fuses their *stored* embeddings into the
-model's hidden states. As in the original (``FewShotDataset``), retrieval is
-offline: it happens once per dataset, and a sentence pair retrieves for each
-sentence separately (``S = 2`` segments; single sentences have ``S = 1``).
-
-:func:`retrieve_neighbours` returns a :class:`Neighbours` with, for N
-examples of S segments and K neighbours, the store rows ``[N, S, K]`` (-1
-where FAISS found fewer than K, e.g. K larger than the store), their scores,
-a mask, and the neighbours' stored vectors ``[N, S, K, d]``
-(:meth:`DenseSearcher.vectors`, never re-encoded). Identical segment texts
-are embedded and searched once.
-
-The rows and scores are cached in ``CACHE_DIR/neighbours-<key16>.npz``
-(written to a temporary file and renamed, so a cache file is whole or
-absent). The key is a SHA-256 of the database's identity (its ``meta.json``,
-its embedding manifest and the fingerprint of its passage store), the FAISS
-search options, ``top_k`` and the exact query texts, so a second call with the
-same inputs neither embeds nor searches, and any change to one of them misses
-the cache. Vectors are not cached: they are gathered from the database's
-memory-mapped embeddings on every call (cheap, and the cache stays small).
-The default cache directory is ``DB_DIR/neighbour_cache`` when the database
-directory is writable (rebuilding the database replaces the directory, and
-with it the cache).
-
-:func:`neighbour_texts` gives the neighbour sentences themselves, for the
-concatenation baseline (input followed by its retrieved sentences).
+Each segment (one per sentence) retrieves its top-k rows of a dense index
+offline; the model fuses their *stored* vectors. Rows and scores are cached
+in ``CACHE_DIR/neighbours-<key16>.npz`` (written atomically), keyed by a
+SHA-256 of the database's identity, the search options, ``top_k`` and the
+query texts; vectors are gathered from the memory-mapped embeddings on each
+call. Identical texts are embedded and searched once.
 """
 from __future__ import annotations
 
@@ -59,15 +37,13 @@ _FILE_OPTIONS = ("query_vectors",)
 
 @dataclasses.dataclass
 class Neighbours:
-  """The neighbours of N examples of S segments, K per segment.
+  """The neighbours of N examples of S segments, K per segment, best first.
 
   Attributes:
-    vectors: float32 [N, S, K, d]: the stored embeddings of the neighbours,
-      best first; zero where there is no neighbour.
+    vectors: float32 [N, S, K, d], zero where there is no neighbour.
     mask: bool [N, S, K]: True where a neighbour exists.
-    rows: int64 [N, S, K]: database rows, -1 where there is no neighbour.
-    scores: float32 [N, S, K]: retrieval scores (inner product, or minus the
-      squared L2 distance), 0 where there is no neighbour.
+    rows: int64 [N, S, K]: database rows, -1 where there is none.
+    scores: float32 [N, S, K]: retrieval scores, 0 where there is none.
   """
   vectors: np.ndarray | None
   mask: np.ndarray
@@ -203,28 +179,13 @@ def retrieve_neighbours(db_dir: str | os.PathLike,
                         with_vectors: bool = True) -> Neighbours:
   """The top ``top_k`` neighbours of every segment of every example.
 
-  Args:
-    db_dir: a dense index directory (``jaxfid index dense``).
-    queries: ``queries[i]`` is the list of segment texts of example i (one
-      for single sentences, two for pairs); every example has as many.
-    top_k: neighbours per segment (K).
-    cache_dir: where cached neighbours are kept (created when needed);
-      None: ``DB_DIR/neighbour_cache`` if writable, else no cache; False:
-      no cache.
-    batch_size: distinct texts embedded and searched per call.
-    progress: show a progress bar while searching.
-    search_options: options of :meth:`DenseSearcher.search` (FAISS
-      parameters such as ``nprobe``, ``query_vectors=FILE``, ...).
-    with_vectors: gather the stored vectors (False: ``vectors`` is None;
-      :func:`gather_vectors` fetches them later from ``rows``).
-
-  Returns:
-    :class:`Neighbours` with arrays of shape [N, S, K(, d)] (S = 0 when
-    there are no examples).
-
-  Raises:
-    InputError: ``top_k`` or ``batch_size`` not positive, examples with
-      differing numbers of segments, or ``db_dir`` not a dense index.
+  ``queries[i]`` holds example i's segment texts (all examples have as many).
+  ``cache_dir``: None means ``DB_DIR/neighbour_cache`` if writable, else no
+  cache; False means no cache. ``search_options`` go to
+  :meth:`DenseSearcher.search`. Without ``with_vectors``, ``vectors`` is None
+  (:func:`gather_vectors` fetches them from ``rows``). Raises InputError for
+  a non-positive ``top_k``/``batch_size``, ragged segments or a ``db_dir``
+  that is not a dense index.
   """
   if int(top_k) <= 0:
     raise InputError("top_k", f"must be positive, got {top_k}")
@@ -283,15 +244,9 @@ def gather_vectors(searcher, rows: np.ndarray) -> np.ndarray:
 
 def neighbour_texts(db_dir: str | os.PathLike,
                     rows: np.ndarray) -> list[list[str]]:
-  """Per example, the texts of its neighbours, best first, segment by segment.
+  """Per example, its neighbours' texts: segment 0's in rank order, then 1's, ...
 
-  Args:
-    db_dir: the database (any index directory with a passage store).
-    rows: int [N, S, K] (or [N, K]) database rows, -1 where none (skipped).
-
-  Returns:
-    N lists: segment 0's neighbour sentences in rank order, then segment
-    1's, ...
+  ``rows``: int [N, S, K] (or [N, K]); -1 entries are skipped.
   """
   read_meta(db_dir)  # a clear error for a directory that is no index
   store = PassageStore(db_dir)

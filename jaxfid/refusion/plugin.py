@@ -1,20 +1,8 @@
-"""What ReFusion offers, registered by name.
+"""What ReFusion offers, registered by name (imported by :mod:`jaxfid.methods`).
 
-:mod:`jaxfid.methods` imports this module (as it imports every method's
-``plugin``); nothing else needs to. ReFusion offers
-
-* its task, ``METHOD = @refusion_task.ReFusionTask()``
-  (``gin/refusion/*.gin``; gin imports :mod:`jaxfid.refusion.task` when it
-  reads the file);
-* its MODEL_DIR loader ``"refusion"`` (the backbone as a plain T5,
-  registered by :mod:`jaxfid.refusion.checkpoint`, which also holds
-  :func:`~jaxfid.refusion.checkpoint.load_refusion`);
-* its ``jaxfid eval`` evaluator ``"refusion"``
-  (:class:`~jaxfid.refusion.checkpoint_eval.ReFusionCheckpointEvaluator`:
-  rank classification of the LM-BFF / GLUE prompt tasks), with the gin
-  checks of its parameters;
-* its command ``jaxfid refusion seeds``, with its gin reads
-  (:mod:`jaxfid.refusion.commands`).
+Its task (``gin/refusion/*.gin``), its MODEL_DIR loader ``"refusion"``, its
+``jaxfid eval`` evaluator ``"refusion"`` with its gin checks, and the command
+``jaxfid refusion seeds``.
 """
 from __future__ import annotations
 

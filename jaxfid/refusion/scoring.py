@@ -1,23 +1,10 @@
 """Classification of a few-shot split, and FLOPs per example.
 
-A split is scored with a given structure's model (the search's current
-argmax, a retrained structure, or the fixed scheme), in one of two ways
-(``SCORING``, :data:`SCORINGS`):
-
-* ``'rank'`` (rank classification): every class's label word is scored by
-  its log-likelihood, the best one is the prediction
-  (:meth:`~jaxfid.refusion.model.ReFusionModel.classify`);
-* ``'generate'`` (the original T5 script's ``evaluation`` in
-  ``run_glue_encoder_decoder.py``): greedy decoding of at most
-  ``generate_tokens`` new tokens (the original's ``generate(max_length=3)``
-  counts the decoder start token: 2 new tokens, a label word and EOS),
-  decoded without special tokens (sentinels included), then an exact match,
-  ignoring case and the ends' whitespace, against the label words
-  (:func:`predicted_classes`); text that is no label word is class -1,
-  wrong for every metric.
-
-The task's metrics come from
-:func:`jaxfid.evaluation.classification.classification_metrics`.
+``SCORING='rank'``: each label word scored by log-likelihood
+(:meth:`~jaxfid.refusion.model.ReFusionModel.classify`). ``'generate'``:
+greedy decoding of at most ``generate_tokens`` tokens, decoded without
+special tokens and matched exactly (ignoring case and outer whitespace) to
+the label words; no match is class -1, wrong for every metric.
 """
 from __future__ import annotations
 
@@ -68,16 +55,9 @@ def flops_per_example(fn, *args, batch_size: int) -> float | None:
 class SplitScorer:
   """Scores the splits of one run (arrays of :mod:`jaxfid.refusion.batches`).
 
-  Args:
-    metric: the task's metric ('accuracy', 'f1', 'mcc').
-    label_tokens: int32 [C, T], every class's label word + EOS.
-    arrays: split name -> arrays (with ``labels``).
-    neighbours: adds each batch's neighbour vectors.
-    batch_size: examples per scoring call (the last batch is padded).
-    scoring: ``'rank'`` or ``'generate'`` (module docstring).
-    generate_tokens: ``'generate'``: new tokens decoded at most.
-    spec, tokenizer: ``'generate'``: the task (its label words) and the
-      tokenizer that decodes the generated tokens.
+  ``label_tokens``: int32 [C, T], every label word + EOS. ``neighbours`` adds
+  each batch's neighbour vectors; the last batch is padded. ``spec`` and
+  ``tokenizer`` are needed by ``'generate'`` only.
   """
 
   def __init__(self, metric: str, label_tokens: np.ndarray,

@@ -1,14 +1,11 @@
 """ReFusion's bi-level search: group optimizers, the step, the structure file.
 
-The architecture weights (every fusion module's ``fusion_alpha``) are the
-upper-level variables, everything else the lower level. Each search step is
-first-order alternation (DARTS' first-order approximation): the architecture
-step on a dev batch, then the model step on a train batch, each with its own
-optimizer, the other group's update exactly zero. When the search ends every
-module takes its argmax scheme; the structure is written atomically to
-``MODEL_DIR/refusion_structure.json`` (read back by
-:func:`read_structure`, which
-:func:`jaxfid.refusion.checkpoint.load_refusion` uses).
+The architecture weights (every ``fusion_alpha``) are the upper level,
+everything else the lower. Each step is first-order alternation: the
+architecture step on a dev batch, then the model step on a train batch, each
+with its own optimizer and leaving the other group exactly unchanged. The
+final argmax structure is written atomically to
+``MODEL_DIR/refusion_structure.json`` (:func:`read_structure`).
 """
 from __future__ import annotations
 
@@ -35,23 +32,22 @@ ARCH_OPTIMIZERS = ("adam", "adamw")
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig(Config):
-  """How a ReFusion run searches and trains its fusion (gin:
-  ``ReFusionTask.search = @SearchConfig()``, ``gin/refusion/t5_base.gin``).
+  """How a ReFusion run searches and trains its fusion.
 
   Attributes:
     search: ``SEARCH``, the bi-level search of the adaptive integrator
       (with fusion modules; without, there is nothing to search).
     retrain: ``RETRAIN``, after the search train the argmax structure again
-      from the initial weights (fresh optimizer), as DARTS does.
+      from the initial weights (fresh optimizer).
     arch_learning_rate: the architecture weights' peak learning rate.
-    arch_optimizer: ``'adam'`` (constant rate) or ``'adamw'`` (the
-      original's, :func:`arch_optimizer`).
+    arch_optimizer: ``'adam'`` (constant rate) or ``'adamw'``
+      (:func:`arch_optimizer`).
     arch_weight_decay: ``'adamw'``'s weight decay of the architecture
       weights.
     arch_warmup_steps: ``'adamw'``'s linear warm-up steps (then linear
       decay to 0).
     arch_clip_norm: clip the architecture gradients to this global norm;
-      None or 0: off (the original never clips them).
+      None or 0: off.
     fusion_lr_scale: ``FUSION_LR_SCALE``, the fusion parameters' learning
       rate relative to the backbone's (:func:`group_optimizers`).
   """
@@ -71,14 +67,10 @@ def arch_optimizer(learning_rate: float, *, kind: str = "adam",
                    ) -> optax.GradientTransformation:
   """The architecture weights' optimizer.
 
-  ``'adam'``: Adam at a constant ``learning_rate``. ``'adamw'``: the
-  original code's (``create_optimizer_and_scheduler`` of
-  ``run_glue_encoder_decoder.py`` and ``models/trainer.py``): AdamW with
-  ``weight_decay``, the learning rate warmed up linearly over
-  ``warmup_steps`` and then decayed linearly to 0 at ``total_steps``
-  (``get_linear_schedule_with_warmup``). The original never clips the
-  architecture gradients (``--arch_max_grad_norm`` is parsed, never used);
-  ``clip_norm`` (0 or None: off, the default) clips them to that global norm.
+  ``'adam'``: Adam at a constant ``learning_rate``. ``'adamw'``: the original
+  code's AdamW with ``weight_decay``, linear warm-up over ``warmup_steps`` and
+  linear decay to 0 at ``total_steps``. ``clip_norm`` (0 or None: off) clips
+  the gradients to that global norm.
   """
   if kind == "adam":
     opt = optax.adam(learning_rate)
@@ -138,12 +130,9 @@ def group_optimizers(params, model_opt: optax.GradientTransformation,
                      fusion_lr_scale: float = 1.0):
   """(model step's optimizer, architecture step's optimizer) over all params.
 
-  Each updates its own group and leaves the other exactly unchanged. The
-  model step's ``model_opt`` runs over the backbone and the fusion
-  parameters together (one clipping norm, one Adam); the fusion parameters'
-  updates are then multiplied by ``fusion_lr_scale`` (their learning rate
-  relative to the backbone's). ``arch_opt`` may be a learning rate (plain
-  Adam). ``params`` may be abstract (only its tree and paths are read).
+  Each updates its own group and leaves the other exactly unchanged; the
+  fusion parameters' model-step updates are scaled by ``fusion_lr_scale``.
+  ``arch_opt`` may be a learning rate (plain Adam); ``params`` may be abstract.
   """
   if not isinstance(arch_opt, optax.GradientTransformation):
     arch_opt = optax.adam(arch_opt)
@@ -167,15 +156,9 @@ def make_step(model: ReFusionModel, model_opt: optax.GradientTransformation,
               with_arch: bool, accumulation_steps: int = 1):
   """``step(state, {"train": batch, "dev": batch}) -> (state, metrics)``.
 
-  With ``with_arch`` (the search): the architecture step on the ``dev``
-  batch (its optimizer leaves the model weights exactly as they are; state
-  key ``arch_opt_state``), then the model step on the ``train`` batch
-  (leaving the architecture weights as they are). Without it, only the model
-  step (no ``dev`` batch needed). Both are
-  :func:`~jaxfid.training.step.make_train_step` steps (exact accumulation
-  over ``accumulation_steps`` microbatches); the update of a step whose
-  either half is not finite is dropped by that half, and ``finite`` reports
-  both.
+  With ``with_arch``: the architecture step on ``dev`` (state key
+  ``arch_opt_state``), then the model step on ``train``; without it only the
+  model step. Each half drops a non-finite update; ``finite`` reports both.
   """
   loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
   model_step = make_train_step(loss_fn, model_opt, seed=seed,

@@ -1,26 +1,13 @@
 """One few-shot task over the five LM-BFF seeds: mean and standard deviation.
 
-ReFusion (like LM-BFF) reports every few-shot result as the mean (standard
-deviation) over five training sets sampled with seeds 13, 21, 42, 87 and 100
-(``k-shot/<TASK>/16-<seed>/``). :func:`run_seeds` trains and tests once per
-seed, each in its own ``python -m jaxfid.cli train`` process (so every seed
-starts from a fresh gin configuration and JAX state), with the caller's gin
-files and bindings plus, per seed::
-
-  --gin.TASK='<task>'  --gin.SEED=<seed>
-  --gin.DATA_DIR='<data_root>/<lmbff dir>/16-<seed>'
-  --gin.MODEL_DIR='<model_dir_root>/16-<seed>'
-
-A seed whose ``MODEL_DIR/metrics.jsonl`` already has a line with
-``test_accuracy`` is not trained again, so rerunning the command resumes
-(and the trainer itself resumes an interrupted seed from its checkpoint).
-The children's output is streamed to stderr, prefixed by the seed, and kept
-in ``<model_dir_root>/16-<seed>.log``.
-
-:func:`summarize` reads each seed's last test line (``test_accuracy`` and,
-for F1 / MCC tasks, ``test_<metric>``; the trainer writes fractions) and
-gives the task's metric in percent: per seed, mean and population standard
-deviation (``np.std``, ddof 0, as LM-BFF computes it).
+:func:`run_seeds` trains and tests once per seed, each in its own
+``python -m jaxfid.cli train`` process with the caller's gin plus
+``TASK``, ``SEED``, ``DATA_DIR=<data_root>/<lmbff dir>/16-<seed>`` and
+``MODEL_DIR=<model_dir_root>/16-<seed>``. A seed whose ``metrics.jsonl``
+has a ``test_accuracy`` line is not rerun. Children's output goes to stderr,
+prefixed by the seed, and to ``<model_dir_root>/16-<seed>.log``.
+:func:`summarize` gives the task's metric in percent per seed, with mean and
+population standard deviation (ddof 0, as LM-BFF).
 """
 from __future__ import annotations
 
@@ -171,25 +158,12 @@ def run_seeds(task: str, data_root: str, model_dir_root: str,
               seeds: Sequence[int], gin_files: Sequence[str],
               bindings: Sequence[str] = (), search_paths: Sequence[str] = (),
               stream: TextIO | None = None) -> list[SeedRun]:
-  """Trains and tests ``task`` once per seed (skipping finished seeds).
+  """Trains and tests ``task`` once per seed, skipping finished seeds.
 
-  Args:
-    task: an LM-BFF task name (:func:`jaxfid.refusion.lmbff.get_task`).
-    data_root: the LM-BFF ``k-shot`` directory.
-    model_dir_root: each seed's MODEL_DIR is ``<root>/16-<seed>``.
-    seeds: the seeds, in order.
-    gin_files: gin files for ``jaxfid train``.
-    bindings: more gin bindings (``NAME=VALUE``), not the per-seed macros.
-    search_paths: gin search paths.
-    stream: where the children's output goes (default stderr).
-
-  Returns:
-    One :class:`SeedRun` per seed; failed seeds carry ``error``.
-
-  Raises:
-    InputError: no gin file, a per-seed macro bound by the caller, an
-      unknown task, or a seed's data directory missing (all checked before
-      anything runs).
+  ``bindings`` are more gin ``NAME=VALUE`` bindings (not the per-seed macros).
+  Returns one :class:`SeedRun` per seed. Raises InputError, before anything
+  runs, for no gin file, a per-seed macro bound by the caller, an unknown task
+  or a missing data directory.
   """
   stream = sys.stderr if stream is None else stream
   if not gin_files:

@@ -1,35 +1,19 @@
 """ReFusion's training task (Wu et al., ICLR 2024) for the one loop.
 
-gin: ``gin/refusion/*.gin`` bind ``METHOD = @ReFusionTask()`` and its
-configs whole: ``data = @ReFusionData()`` (``TASK``, ``DATA_DIR``,
-``RETRIEVAL_DB``, ``TOP_K``, ``CONCAT_NEIGHBOURS``, ``RETRIEVAL_MODE``, ...),
-``fusion = @FusionConfig()`` (``FUSION_MODULES``, ``FUSION_SCHEME``,
-``FUSED_NORM``, ...) and ``search = @SearchConfig()`` (``SEARCH``,
-``RETRAIN``, ``ARCH_*``, ``FUSION_LR_SCALE``); each checks its own fields,
-and :meth:`ReFusionTask.check_configs` the rule across them. The run's
-macros are the trainer's (``gin/training.gin``).
+gin binds ``METHOD = @ReFusionTask()`` with ``data = @ReFusionData()``,
+``fusion = @FusionConfig()`` and ``search = @SearchConfig()``; each checks
+its own fields, :meth:`ReFusionTask.check_configs` the rules across them.
 
-Phases:
-  * with ``search`` (and fusion modules), steps ``[0, TRAIN_STEPS)`` are the
-    bi-level search (:mod:`jaxfid.refusion.search`): each step first updates
-    the architecture weights on a dev batch, then the model weights on a
-    train batch. Then every module takes its argmax scheme; the structure is
-    written to ``MODEL_DIR/refusion_structure.json`` and logged. With
-    ``retrain`` the discrete structure is trained again from the initial
-    weights for ``TRAIN_STEPS`` more steps (fresh optimizer), as DARTS does;
-  * without search, every fusion module uses ``fusion_scheme`` (or there are
-    none: ``FUSION_MODULES='none'`` is the plain prompt-tuned backbone).
-
-Evaluation is rank classification over the label words (or, with
-``SCORING='generate'``, greedy generation matched to them: the original T5
-script's, :mod:`jaxfid.refusion.scoring`) with the discrete structure and
-the ordered mask's evaluation mask (the mean of what training draws,
-:mod:`jaxfid.refusion.fusion`): ``eval_*`` (and, while searching,
-``structure_<scheme>`` counts) on the dev set every ``EVAL_EVERY`` steps,
-and at the end a line with ``test_accuracy`` (plus the task's own metric,
-``test_f1`` or ``test_mcc``), ``test_examples`` and ``flops_per_example``
-(XLA's count for scoring one example). The last checkpoint is the result
-(the paper's setting); a rerun of a finished run does nothing.
+With ``search`` (and fusion modules), steps ``[0, TRAIN_STEPS)`` are the
+bi-level search (:mod:`jaxfid.refusion.search`); then every module takes its
+argmax scheme, written to ``MODEL_DIR/refusion_structure.json``, and with
+``retrain`` that structure is trained again from the initial weights for
+``TRAIN_STEPS`` more steps. Without search every module uses
+``fusion_scheme``. Evaluation is rank classification over the label words
+(or ``SCORING='generate'``) on dev every ``EVAL_EVERY`` steps, and at the end
+one line with ``test_accuracy`` (and ``test_f1``/``test_mcc``),
+``test_examples`` and ``flops_per_example``. The last checkpoint is the
+result.
 """
 from __future__ import annotations
 
@@ -94,16 +78,13 @@ def _task_problem(name: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class ReFusionData(Config):
-  """What a ReFusion run reads: the task's examples and their neighbours
-  (gin: ``ReFusionTask.data = @ReFusionData()``, the macros of
-  ``gin/refusion/t5_base.gin``).
+  """What a ReFusion run reads: the task's examples and their neighbours.
 
   Attributes:
     task: ``TASK``, one of :data:`jaxfid.refusion.lmbff.TASK_NAMES`.
     data_dir: ``DATA_DIR``, LM-BFF's ``k-shot/<TASK>/16-<seed>``.
-    templates: ``TEMPLATES``, ``'paper'`` (Table 5), ``'original'`` (the
-      original code's RoBERTa templates) or ``'original_t5'`` (its T5
-      script's instruction templates and label words).
+    templates: ``TEMPLATES``, ``'paper'``, ``'original'`` or ``'original_t5'``
+      (:func:`jaxfid.refusion.lmbff.get_task`).
     max_length: ``MAX_LENGTH``, tokens of an input.
     eval_batch_size: ``EVAL_BATCH_SIZE``, examples per scoring batch.
     retrieval_db: ``RETRIEVAL_DB``, the ``jaxfid index dense`` output (needed
@@ -113,22 +94,16 @@ class ReFusionData(Config):
       neighbour sentences to the input.
     neighbour_cache: ``NEIGHBOUR_CACHE``, the offline retrieval cache
       (default: in the database's directory).
-    retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (once, offline, from the
-      text), ``'hidden'`` (on-line, once per batch, from the mean-pooled
-      final encoder states) or ``'layer'`` (the paper's 'Hidden': every
-      fusion module searches the database, held in the program, with the
-      first position of its own input).
-    db_dim: ``DB_DIM``, the width of RETRIEVAL_DB's vectors: a run reads it
-      from the database (and checks it when given); ``jaxfid bench
-      compile``, which reads no database, needs it with fusion modules in
-      'input' mode ('hidden' mode's is the model's width).
-    scoring: ``SCORING``, how dev and test examples are classified:
-      ``'rank'`` (the label words' log-likelihoods) or ``'generate'``
-      (greedy decoding, exact match to a label word: the original T5
-      script's).
+    retrieval_mode: ``RETRIEVAL_MODE``, ``'input'`` (offline, from the text),
+      ``'hidden'`` (per batch, from the mean-pooled encoder states) or
+      ``'layer'`` (every fusion module searches the database with position 0
+      of its own input).
+    db_dim: ``DB_DIM``, the width of RETRIEVAL_DB's vectors (read from the
+      database; needed by ``jaxfid bench compile`` in 'input' mode).
+    scoring: ``SCORING``, ``'rank'`` (the label words' log-likelihoods) or
+      ``'generate'`` (greedy decoding, exact match to a label word).
     generate_tokens: ``GENERATE_TOKENS``, ``'generate'``: new tokens decoded
-      at most (2: the original's ``generate(max_length=3)``, which counts
-      the decoder start token).
+      at most.
   """
   task: str = option(test=_task_problem)
   data_dir: str = option()
@@ -146,15 +121,7 @@ class ReFusionData(Config):
 
 
 class ReFusionTask(Task):
-  """Train (and search) ReFusion on one few-shot task (module docstring).
-
-  Args:
-    data: the task's examples and their neighbours.
-    model_config: the T5 backbone.
-    fusion: the fusion modules (``top_k``, ``db_dim`` and ``search`` are
-      filled in from ``data``, the database and ``search``).
-    search: the search and the optimizers' split.
-  """
+  """Train (and search) ReFusion on one few-shot task (module docstring)."""
   name = "refusion"
 
   def __init__(self, *, data: ReFusionData,
@@ -248,15 +215,10 @@ class ReFusionTask(Task):
             for name in ("DATA_DIR", "RETRIEVAL_DB") if macro(name) is None}
 
   def prepare_shapes(self, settings: Settings) -> None:
-    """The task's model and shapes from the configuration alone: no split,
-    database, neighbour cache or checkpoint is read.
+    """The model and shapes from the configuration alone (reads no data or checkpoint).
 
-    The label words are TASK's (:mod:`lmbff`), tokenised with the bundled
-    T5 vocabulary; the database width is DB_DIM ('hidden' mode: the
-    model's width). The searched structure the retrain phase and the
-    evaluation would use is not known before the search: they are compiled
-    with ``FusionConfig.structure`` when given, else with every module's
-    costliest scheme, the ordered mask.
+    Before a search the structure is unknown: retrain and evaluation compile with
+    ``FusionConfig.structure`` when given, else the ordered mask everywhere.
     """
     self.settings = settings
     data, fused = self.data, self.fusion.enabled

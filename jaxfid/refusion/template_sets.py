@@ -1,23 +1,9 @@
 """The template sets of ReFusion's tasks (``TEMPLATES``) other than the paper's.
 
-``'paper'`` (the default) is ReFusion's Table 5 verbatim, the templates and
-label words of :data:`jaxfid.refusion.lmbff.TASKS`. The other sets replace
-some of a task's fields (:func:`overrides`):
-
-* ``'original'``: what the original code's RoBERTa script ran
-  (``scripts/main/run_roberta_refusion.sh``, LM-BFF's manual templates),
-  which differs from Table 5 for two tasks;
-* ``'original_t5'``: what its T5 script ran
-  (``scripts/main/run_t5_refusion.sh``): instruction templates with no mask
-  (the target is the label word) and its own label words. Each template is
-  the script's ``TEMPLATE`` up to ``*sep*`` (the encoder input; the target
-  part is ``*label**eos*``) with ``_`` read as a space and bash's quote
-  removal applied (CoLA's ``"acceptable"`` loses its quotes), verbatim:
-  sst-5's and CoLA's put no space before the sentence. The pair template
-  ``*sent-_0*_?,*+sentl_1*`` (MRPC and QQP: ``*sent_0*``) is ``{x1} ?, {x2}``
-  under the tasks' own rules for ``x1``'s final punctuation.
-
-Pure data: no JAX, seqio or TensorFlow.
+``'paper'`` (default) is ReFusion's Table 5 (:data:`jaxfid.refusion.lmbff.
+TASKS`). :func:`overrides` replaces fields for ``'original'`` (the original
+RoBERTa script's templates) and ``'original_t5'`` (its T5 script's
+mask-free instruction templates, verbatim, and label words). Pure data.
 """
 from __future__ import annotations
 
