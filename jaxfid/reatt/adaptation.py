@@ -1,29 +1,12 @@
 """ReAtt's domain adaptation data (the paper's section 3.3) as QA data.
 
-ReAtt adapts to a new corpus by end-to-end training on whatever supervision
-there is; every kind becomes question/answer pairs, the reader's task:
-
-* **QA supervision**: the QA data itself (nothing to convert);
-* **IR supervision**: query-document-relevance triples become generation:
-  the answers of a query are ``"relevance: {l}. {text}"`` for each of its
-  relevant documents (grade l > 0), one of which is sampled per step, as FiD
-  samples answers. As the original (jzbjyb/FiD ``prep.py::add_qrel_as_answer``,
-  ``format='relevance-doc'``, ``field='text'``) the target holds the
-  document's text alone; ``with_title`` puts the title first;
-* **unsupervised** (salient span masking, the original's
-  ``prep.py::create_pseudo_queries_from_corpus``): see
-  :func:`salient_span_records` and :func:`ssm_training_examples`.
-
-Each converter returns records ``{"id", "question", "answers"}`` (salient
-span records add ``"source"``); :func:`write_queries` writes them as JSONL,
-which ``jaxfid retrieve`` reads as queries and turns into FiD training data
-with each question's close documents (``--output train.json``), the input of
-``jaxfid train`` with a ReAtt gin file. Salient span queries are the
-exception: retrieving them that way returns their source passage whole, the
-masked entity in plain sight; :func:`ssm_training_examples` (``jaxfid reatt
-adapt --mode ssm --index INDEX``) retrieves them and puts the source
-passage, without the masked sentence, first, as the original's
-``convert_beir_to_fid_format(add_self=True)``.
+Every kind of supervision becomes records ``{"id", "question", "answers"}``:
+IR supervision (query, document, grade l > 0) gives the answer
+``"relevance: {l}. {text}"`` per relevant document; unsupervised data gives
+salient span masking queries (:func:`salient_span_records`, with
+``"source"``). :func:`write_queries` writes JSONL for ``jaxfid retrieve``;
+salient span queries instead go through :func:`ssm_training_examples`, which
+keeps the masked entity out of the close documents.
 """
 from __future__ import annotations
 
@@ -129,21 +112,13 @@ def salient_span_records(passages: Iterable[Passage], *, seed: int = 0,
                          ) -> list[dict]:
   """Salient span masking queries, the original's rules.
 
-  For each passage of more than one sentence (its text; the title is not
-  used), ``per_passage`` distinct sentences are drawn uniformly (all of them
-  if fewer); a drawn sentence is skipped when it is longer than 512
-  characters, has no :func:`maskable_spans`, or leaves fewer than 5 words
-  besides the mask. Otherwise one maskable span is drawn uniformly and
-  replaced by ``<extra_id_0>`` (the question); the answer is the T5 target
-  ``"<extra_id_0> ENTITY <extra_id_1>"``; ``"source"`` is the passage
-  without that sentence (``{"id", "title", "text"}``, the other sentences
-  joined by single spaces), which :func:`ssm_training_examples` puts first
-  among the close documents. Records follow the text order; ids are
-  ``<passage id>-ssm<k>``; the draws are seeded.
-
-  Entities are found without a tagger (the original runs spaCy's
-  ``en_core_web_sm`` NER, which this package does not depend on):
-  :func:`salient_spans`.
+  Per passage of more than one sentence, ``per_passage`` distinct sentences are
+  drawn (seeded); one skipped if over 512 characters, without a
+  :func:`maskable_spans` entity, or leaving fewer than 5 words. One span is
+  replaced by ``<extra_id_0>`` (the question); the answer is
+  ``"<extra_id_0> ENTITY <extra_id_1>"``; ``"source"`` is the passage without
+  that sentence. Ids are ``<passage id>-ssm<k>``, in text order. Entities come
+  from :func:`salient_spans` (no tagger).
   """
   rng = np.random.default_rng(seed)
   records = []
@@ -181,15 +156,9 @@ def ssm_training_examples(records: Sequence[dict], searcher, top_k: int,
                           **options) -> list[FidExample]:
   """FiD training examples of salient span records, without the answer leak.
 
-  Each question retrieves ``top_k`` passages from ``searcher`` (an open
-  index, :func:`jaxfid.retrieval.search.open_index`; ``options`` are its
-  search options); its source passage is dropped from them and put first
-  as the record's ``source`` (the passage without the masked sentence),
-  scored one above the best hit so that sorting by score keeps it first;
-  the rest follow, ``top_k`` in all. The original
-  (``convert_beir_to_fid_format(add_self=True)``) replaces the source's text
-  wherever BM25 ranks it and inserts it first when it is not retrieved; its
-  query is a sentence of the source, which BM25 ranks first.
+  Each question retrieves ``top_k`` passages from ``searcher``; its source
+  passage is dropped from them and put first as ``source`` (without the masked
+  sentence), scored one above the best hit; ``top_k`` in all.
   """
   hits = search_all(searcher, [r["question"] for r in records], top_k,
                     progress=False, **options)

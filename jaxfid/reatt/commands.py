@@ -7,34 +7,12 @@
       --gin.TRAIN_DATA="'train.json'" [--gin.X=Y ...] --corpus C \
       --queries TRAIN_QUERIES --iterations N --steps-per-iteration S \
       [--top-k K] [--token-top-k K2] [--work-dir DIR]
+  jaxfid index reatt --checkpoint MODEL_DIR --corpus CORPUS --output INDEX_DIR
 
-``adapt`` writes JSONL ``{"id", "question", "answers"}`` (IR supervision turned into
-``relevance: l. text`` targets, or salient-span-masked sentences); then
-``jaxfid retrieve --index INDEX --queries OUT.jsonl --top-k K --output
-train.json`` adds each question's close documents, and ``jaxfid train
---gin_file=gin/reatt/...`` trains on it (QA supervision needs no
-conversion). Salient span masking with ``--index`` writes the training data
-itself, each question's source passage (without the masked sentence) first
-among its close documents, as the original; ``jaxfid retrieve`` would
-return the source passage whole, the answer in it
-(:mod:`jaxfid.reatt.adaptation`). Iterative training is driven by gin (``RETRIEVAL_CORPUS``,
-``ITERATION_STEPS``) or, explicitly, by ``iterate``: N rounds of training,
-``jaxfid index reatt`` of the corpus and ``jaxfid retrieve`` of the training
-queries into the next round's TRAIN_DATA, one JSON line per round
-(:mod:`jaxfid.reatt.iterate`). Rerunning ``iterate`` resumes. ``iterate``
-takes the multi-host launch flags of :mod:`jaxfid.commands.distributed`.
-
-``jaxfid index reatt --checkpoint MODEL_DIR --corpus CORPUS --output
-INDEX_DIR`` stores the retrieval head's key vector of every corpus token in
-a FAISS inner-product index (exact by default, ``--faiss ivfpq``
-compresses), with the token-to-passage map and the model's query encoder, so
-that ``jaxfid retrieve --index INDEX_DIR ...`` needs nothing else.
-Multi-host (the launch flags of :mod:`jaxfid.commands.distributed`): every
-host's devices encode, host 0 writes (:mod:`jaxfid.reatt.index_build`).
-
-:mod:`jaxfid.reatt.plugin` registers both: :data:`COMMAND` (with
-``iterate``'s gin reads, :data:`ITERATE_READS`) and
-:func:`add_index_parser` for ``jaxfid index``.
+``adapt``: :mod:`jaxfid.reatt.adaptation`; ``iterate``: rounds of training,
+indexing and retrieval, one JSON line per round, resumable
+(:mod:`jaxfid.reatt.iterate`); ``index reatt``: the token index
+(:mod:`jaxfid.reatt.token_index`, multi-host :mod:`jaxfid.reatt.index_build`).
 """
 from __future__ import annotations
 

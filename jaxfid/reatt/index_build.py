@@ -1,22 +1,11 @@
 """``jaxfid index reatt``: a ReAtt MODEL_DIR's token index, on every process.
 
-:func:`build_from_checkpoint` loads the model and writes the token index
-(:mod:`jaxfid.reatt.token_index`). Run on every process of a multi-host job
-(``jax.distributed``), with the same arguments everywhere:
-
-* every process loads the model and encodes on every device of the job
-  (rows split over the devices, the keys replicated back);
-* process 0 reads the corpus, writes the index (lock, atomic directory, as
-  one process does) and, before each group of batches, tells the others how
-  many passages each batch holds (:class:`jaxfid.core.multihost.Channel`);
-* the others read the same passages from the same corpus file (it must be
-  readable on every host at the same path), all check that they could
-  (:func:`jaxfid.core.multihost.agree`), and every process makes the same
-  device calls;
-* every process returns once process 0 has published the index, or stops
-  with one line when any process failed.
-
-The index equals the one a single process with as many devices writes.
+Every process runs :func:`build_from_checkpoint` with the same arguments and
+encodes on every device of the job; process 0 reads the corpus, writes the
+index and tells the others each batch's passage counts; the others read the
+same corpus file (same path on every host). Every process returns once the
+index is published, or stops with one line when any failed. The index equals
+a single process's.
 """
 from __future__ import annotations
 

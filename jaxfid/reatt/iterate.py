@@ -1,44 +1,20 @@
 """ReAtt's iterative training as explicit rounds (``jaxfid reatt iterate``).
 
-The paper trains ReAtt in iterations: the first on close documents from
-BM25 (or DPR), each later one on close documents that the previous model
-retrieves from the whole corpus. The ReAtt trainer can do this itself
-(``RETRIEVAL_CORPUS`` + ``ITERATION_STEPS``); this module is the explicit
-alternative, where every round's index and training file are ordinary,
-inspectable outputs. With ``W = RETRIEVAL_WARMUP_STEPS``, ``S`` steps per
-iteration and work directory ``DIR`` (default ``MODEL_DIR/iterate``),
-iteration ``i`` (0-based):
+With ``W = RETRIEVAL_WARMUP_STEPS``, ``S`` steps per iteration and work
+directory ``DIR`` (default ``MODEL_DIR/iterate``), iteration ``i``:
 
-1. trains MODEL_DIR until step ``W + (i+1) * S`` (the gin run with
-   ``TRAIN_STEPS`` and ``TRAIN_DATA`` overridden: TRAIN_DATA for ``i = 0``,
-   ``DIR/train_{i-1}.json`` after), resuming from MODEL_DIR's latest
-   checkpoint;
-2. indexes the corpus with that checkpoint into ``DIR/index_i`` (what
-   ``jaxfid index reatt`` does);
-3. retrieves the training queries' ``top_k`` close documents into
-   ``DIR/train_i.json`` (what ``jaxfid retrieve`` does: FiD JSON);
-4. writes ``DIR/iteration_i.json``, the iteration's record: the step, the
-   files, the last logged in-batch retrieval accuracy, the answer recall of
-   the new close documents and the share of questions whose close documents
-   changed. The record is written last: an iteration is finished when it and
-   its index and training file exist, and a rerun skips finished iterations.
+1. trains MODEL_DIR to step ``W + (i+1) * S`` on TRAIN_DATA (``i = 0``) or
+   ``DIR/train_{i-1}.json``, resuming from its latest checkpoint;
+2. indexes the corpus into ``DIR/index_i``;
+3. retrieves the training queries' close documents into ``DIR/train_i.json``;
+4. writes ``DIR/iteration_i.json`` last (step, files, retrieval accuracy,
+   answer recall, share of changed close documents); a rerun skips
+   iterations whose record exists.
 
-Training runs in-process through a ``train_round`` callback (the command,
-:mod:`jaxfid.reatt.commands`, re-parses the user's gin run for each round
-with ``TRAIN_STEPS`` set to the round's end), so each round compiles its
-train step once. To make the learning-rate schedule the one the in-trainer
-loop would follow, the rounds bind ``ITERATION_STEPS = S`` with no retrieval
-corpus (phase boundaries without refresh): with ``RESTART_SCHEDULE`` every
-round is its own warm-up-and-decay phase, as in the paper's recipe
-(``gin/reatt/large.gin``). A schedule that spans the whole run (linear decay,
-or ``WARMUP_FRACTION``, without restarts) depends on the total step count,
-which a round does not know, so it is refused rather than silently changed.
-
-The in-trainer refresh and this command must not both run: a gin config
-with ``RETRIEVAL_CORPUS`` set, or an ``ITERATION_STEPS`` other than the
-command's steps per iteration, is refused. ``DIR/iterate.json`` records the
-run a work directory belongs to (MODEL_DIR, data, corpus, steps, top-k), so
-a rerun with other settings is refused instead of mixing two runs' files.
+Rounds bind ``ITERATION_STEPS = S`` without a retrieval corpus so the
+schedule matches the in-trainer loop; a schedule spanning the whole run, a
+set ``RETRIEVAL_CORPUS`` or another ``ITERATION_STEPS`` is refused, as is a
+rerun whose settings differ from ``DIR/iterate.json``.
 """
 from __future__ import annotations
 
@@ -277,19 +253,11 @@ def run_iterations(settings: dict, train_round: Callable[["Iteration"], int],
                    emit: Callable[[dict], None] | None = None) -> dict:
   """Runs (or resumes) ``iterations`` rounds; returns the summary.
 
-  ``settings``: the run's values of the SETTINGS macros (keys as in
-  SETTINGS). ``train_round(iteration)`` trains MODEL_DIR to the round's end
-  (binding :func:`round_overrides`) and returns the step reached. ``emit``
-  receives each iteration's record (finished ones from a previous run with
-  ``"skipped": True``) and, last, the summary. The summary has
-  ``"complete": False`` when training stopped early (SIGTERM): rerun to
-  resume.
-
-  Multi-host (``jax.distributed``; every process calls this with the same
-  arguments, MODEL_DIR and the work directory on a shared file system):
-  training and indexing run on every process, process 0 alone decides
-  which rounds are finished, retrieves and writes the records, and the
-  others wait for it, so every process sees the same finished rounds.
+  ``train_round(iteration)`` trains to the round's end and returns the step
+  reached; ``emit`` gets each record (earlier ones with ``"skipped": True``)
+  and then the summary (``"complete": False`` when training stopped early).
+  Multi-host: every process trains and indexes; process 0 alone decides which
+  rounds are finished, retrieves and writes the records.
   """
   emit = emit or (lambda record: None)
 

@@ -3,11 +3,10 @@
 Einsum letters: B questions, P documents per question, L tokens per row,
 H heads, T target length.
 
-``P_tgt`` is the last decoder layer's cross-attention at the first decoder
-position, softmax over all tokens of the question's rows, summed per row,
-averaged over heads (under a stop-gradient in the loss); the loss adds
-``KL(P_tgt || softmax(relevance))`` per question, where with in-batch
-negatives the other questions' documents get target 0.
+``P_tgt``: the last decoder layer's cross-attention at the first decoder
+position, summed per row, averaged over heads, under a stop-gradient; the
+loss is ``KL(P_tgt || softmax(relevance))`` per question (other questions'
+documents get target 0).
 """
 from __future__ import annotations
 

@@ -4,42 +4,14 @@ Einsum letters: B questions, P passages per question, N = B*P passage rows,
 L tokens per row, Q question-token positions, S document-token positions,
 H heads, E head width, D d_model, T target length.
 
-Layout. A ReAtt batch is a FiD batch: every row is
-``question: Q title: T context: P`` ([B, P, L]), plus ``question_length``
-[B], the number of tokens of the ``question: Q`` prefix (it may also be
-derived from the tokens, see :func:`question_lengths_from_tokens`). The
-encoder is split at layer ``bi_encoder_layers`` (B in the paper; called
-``n`` below to avoid clashing with the batch letter):
-
-* layers ``[0, n)`` are the bi-encoder: a block-diagonal mask over each row
-  lets question tokens attend only to question tokens and document tokens
-  only to document tokens (the original code's ``attention_mask=separate``).
-  T5's position bias is relative, so a document's states do not depend on
-  where its block starts: they equal those of the document encoded alone,
-  which is what the token index stores;
-* layers ``[n, num_layers)`` are FiD's cross-encoder over the whole row, and the
-  decoder fuses all rows of a question, exactly as FiD. With ``n = 0`` the
-  model *is* FiD (a test checks this), and T5 checkpoints load unchanged.
-
-Retrieval attention (the only new parameter is ``reatt/head_weights`` [H],
-zeros at init). From the bi-encoder output, layer ``n``'s pre-attention norm
-and query/key projections give question-token queries and document-token
-keys; per head, ``r_h(q, d) = mean_i max_j q_i . k_j`` over real tokens
-(avg-max, no position bias, as the original's index and inference path;
-``position_bias`` adds it to the training scores, as its training path); the
-relevance is ``r = sum_h softmax(w / tau)_h r_h``.
-
-Loss. ``QA + kl_weight * KL(P_tgt || P_ret)``: ``P_ret`` is the softmax of
-``r`` over the sampled documents of each question — its own K close
-documents plus, with in-batch negatives, every other question's close
-documents in the (global, under jit) batch; ``P_tgt`` is the last decoder
-layer's cross-attention at the first decoder position, softmax over all
-tokens of the question's rows, summed per row, averaged over heads, under a
-stop-gradient; documents of other questions get target 0.
-
-The functions live in :mod:`jaxfid.reatt.retrieval_attention` (bi-encoder,
-queries/keys, avg-max relevance, head selector) and :mod:`jaxfid.reatt.loss`
-(target distribution, in-batch targets, KL); this module is the model.
+A ReAtt batch is a FiD batch [B, P, L] plus ``question_length`` [B]. Encoder
+layers ``[0, n)`` (``n = bi_encoder_layers``) are a bi-encoder (question and
+document tokens attend only within their block), layers ``[n, num_layers)``
+and the decoder are FiD's; with ``n = 0`` the model is FiD. Relevance:
+layer ``n``'s query/key projections, ``r_h = mean_i max_j q_i . k_j`` per
+head, combined by ``softmax(w / tau)`` over the only new parameter
+``reatt/head_weights`` [H]. Loss: ``QA + kl_weight * KL(P_tgt || P_ret)``
+(:mod:`jaxfid.reatt.loss`, :mod:`jaxfid.reatt.retrieval_attention`).
 """
 from __future__ import annotations
 
@@ -70,39 +42,26 @@ HEAD_AXIS = "reatt_heads"       # not in the sharding rules: replicated
 
 @dataclasses.dataclass(frozen=True)
 class ReAttConfig(Config):
-  """ReAtt's switches on top of the T5 config (gin: ``ReAttTask.reatt =
-  @ReAttConfig()``, the macros of ``gin/reatt/base.gin``).
+  """ReAtt's switches on top of the T5 config.
 
   Attributes:
-    bi_encoder_layers: encoder layers run as a bi-encoder (B in the paper;
-      12 for T5-large); retrieval attention uses layer ``bi_encoder_layers``.
-      ReAtt trains a bi-encoder, so at least 1 (the model's split at 0 is
-      FiD's encoder).
+    bi_encoder_layers: encoder layers run as a bi-encoder (at least 1);
+      retrieval attention uses layer ``bi_encoder_layers``.
     head_temperature: tau of the head selector ``softmax(w / tau)``.
     in_batch_negatives: score every question against every document of the
       batch (other questions' documents get target 0); otherwise only its
       own close documents.
-    separator_ids: token ids of ``title:``, used to find the question prefix
-      when a batch carries no ``question_length`` (prediction on FiD inputs);
-      the task fills them in from its tokenizer.
+    separator_ids: token ids of ``title:``, to find the question prefix when
+      a batch has no ``question_length``; filled in by the task.
     relevance_chunk: documents per chunk when scoring in-batch relevance
-      (bounds memory at scale: [B, H, Q, chunk, S] at a time); 0 = one go.
+      (bounds memory: [B, H, Q, chunk, S] at a time); 0 = one go.
     query_maxlength: question tokens that take part in retrieval (the
-      first ones of the row; the index truncates queries alike); 0 = the
-      whole row.
-    score_scale: learn a scale ``exp(c)`` of the relevance scores, a
-      temperature of the KL's retrieval distribution (``c`` starts at 0:
-      the parameter ``score_scale`` beside the head weights), as the
-      original's ``combine_weight``; rankings, hence the index, do not
-      depend on it.
-    position_bias: add the encoder's relative position bias (question
-      position i, the document token's row position j) to the training
-      scores before the max, as the original's training path scores raw
-      attention logits after position bias (``collect_for_retrieval``;
-      in-batch: the bias cropped at the shortest question,
-      ``compute_score_and_aggregate_in_batch``); its index and search, and
-      jaxfid's, never add it, so training and retrieval then score
-      differently.
+      first ones of the row); 0 = the whole row.
+    score_scale: learn a scale ``exp(c)`` of the relevance scores in the KL
+      (parameter ``score_scale``, c starts at 0); rankings do not depend on it.
+    position_bias: add the encoder's relative position bias to the training
+      scores before the max (the original's training path); retrieval never
+      adds it, so training and retrieval then score differently.
   """
   bi_encoder_layers: int = option(12, low=1)
   head_temperature: float = option(0.001, above=0)

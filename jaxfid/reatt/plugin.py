@@ -1,19 +1,8 @@
-"""What ReAtt offers, registered by name.
+"""What ReAtt offers, registered by name (imported by :mod:`jaxfid.methods`).
 
-:mod:`jaxfid.methods` imports this module (as it imports every method's
-``plugin``); nothing else needs to. ReAtt offers
-
-* its task, ``METHOD = @reatt_task.ReAttTask()`` (``gin/reatt/*.gin``; gin
-  imports :mod:`jaxfid.reatt.task` when it reads the file);
-* its MODEL_DIR loader ``"reatt"`` (:func:`jaxfid.reatt.checkpoint.
-  load_reatt`, registered by :mod:`jaxfid.reatt.checkpoint`);
-* its ``jaxfid eval`` evaluator ``"reatt"``: FiD's
-  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`; the
-  retrieval head does not change the answers' decoding);
-* its index type ``"reatt"`` (the token index, registered by
-  :mod:`jaxfid.reatt.token_index`) and ``jaxfid index reatt``;
-* its command ``jaxfid reatt adapt|iterate``, with ``iterate``'s gin reads
-  (:mod:`jaxfid.reatt.commands`).
+Its task (``gin/reatt/*.gin``), MODEL_DIR loader ``"reatt"``, ``jaxfid
+eval`` evaluator ``"reatt"`` (FiD's), index type ``"reatt"`` with ``jaxfid
+index reatt``, and the command ``jaxfid reatt adapt|iterate``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """ReAtt's iterative training inside one run: re-index, re-retrieve.
 
-With ``RETRIEVAL_CORPUS`` set, after the QA-only warm-up and every
-``ITERATION_STEPS`` steps the corpus is re-indexed with the current model
-(``MODEL_DIR/index``), every training question's ``N_CONTEXT`` close
-documents are re-retrieved and written to
-``MODEL_DIR/iterations/train_step<S>.jsonl``, and training continues on
-them. A resumed run reloads the latest such file (or redoes the refresh
-when it was interrupted), so it continues as an uninterrupted one would.
+With ``RETRIEVAL_CORPUS`` set, after the warm-up and every
+``ITERATION_STEPS`` steps the corpus is re-indexed into ``MODEL_DIR/index``
+and the training questions' close documents re-retrieved into
+``MODEL_DIR/iterations/train_step<S>.jsonl``; a resumed run reloads (or
+redoes) the latest refresh.
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """A fresh Adam at every phase of ReAtt's training, as the original's runs.
 
-The original trains ReAtt as separate runs (jzbjyb/FiD ``train_reader.py``):
-3k QA-only steps, then each iteration a new run started ``--init_from`` the
-previous one's weights, which builds a new AdamW (``src/util.py::set_optim``)
-whose moments and step count start at zero. jaxfid's ReAtt runs are one
-training loop; :func:`restart_adam_at` makes its step reset Adam's state
-(moments and the bias-correction count, every ``optax.ScaleByAdamState``
-of the optimizer's state) at the steps where a phase starts, while the
-learning-rate schedule's count runs on (``RESTART_SCHEDULE`` restarts the
-schedule itself). ``RESTART_OPTIMIZER = False`` carries the moments across
-phases instead.
-
-The reset is part of the jitted step, keyed on the state's step: a run
-resumed from a checkpoint at a phase boundary resets where an uninterrupted
-one does.
+:func:`restart_adam_at` makes the jitted step reset every
+``optax.ScaleByAdamState`` (moments and count) at the steps where a phase
+starts, keyed on the state's step so a resumed run resets where an
+uninterrupted one does; the learning-rate schedule's count runs on.
 """
 from __future__ import annotations
 

@@ -3,15 +3,6 @@
 Einsum letters: B questions, N document rows, Q question-token positions,
 S document-token positions, L tokens per row, H heads, E head width,
 D d_model.
-
-The encoder's first ``n`` layers run as a bi-encoder: a block-diagonal mask
-over each row (``question: Q`` | ``title: T context: P``) lets question
-tokens attend only to question tokens and document tokens only to document
-tokens. Layer ``n``'s pre-attention norm and query/key projections of those
-states give question-token queries and document-token keys; per head,
-``r_h(q, d) = mean_i max_j q_i . k_j`` (avg-max; the training scores may
-add the relative position bias, ``ReAttConfig.position_bias``), and the
-relevance is ``sum_h softmax(w / tau)_h r_h``.
 """
 from __future__ import annotations
 
@@ -115,17 +106,11 @@ def avg_max_relevance(q: Array, q_mask: Array, k: Array, k_mask: Array, *,
                       chunk: int = 0, bias: Array | None = None) -> Array:
   """Per-head avg-max relevance float32 [B, H, N] of B queries and N documents.
 
-  Args:
-    q: query-token vectors [B, Q, H, E]; q_mask: bool [B, Q].
-    k: document-token vectors [N, S, H, E]; k_mask: bool [N, S].
-    chunk: score ``chunk`` documents at a time (``lax.map``, recomputed in
-      the backward pass) to bound memory; 0 scores all at once.
-    bias: float32 [H, Q, S], added to ``q_i . k_j`` before the max: the
-      relative position bias of question position i and row position j
-      (``ReAttConfig.position_bias``); None adds nothing.
-
-  ``r_h(q, d) = mean_{i in q} max_{j in d} q_i^h . k_j^h``, padding excluded
-  from both; a document without tokens scores 0 (callers mask it out).
+  ``q`` [B, Q, H, E] with ``q_mask`` [B, Q]; ``k`` [N, S, H, E] with
+  ``k_mask`` [N, S]. ``r_h = mean_i max_j q_i . k_j`` over real tokens; a
+  document without tokens scores 0. ``chunk`` > 0 scores that many documents
+  at a time (recomputed in the backward pass); ``bias`` [H, Q, S] is added
+  before the max.
   """
   n = k.shape[0]
   if chunk and chunk < n:

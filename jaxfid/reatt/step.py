@@ -4,43 +4,15 @@ Einsum letters / shapes: A microbatches, B questions of the global batch,
 b = B/A questions per microbatch, P rows (documents) per question, L tokens
 per row, Q question-token positions, H heads, E head width.
 
-With in-batch negatives every question's retrieval distribution spans the
-documents of the *whole* global batch, so plain accumulation (each
-microbatch's loss on its own) would shrink the negatives to the
-microbatch's: ``(B/A - 1) * P`` random documents instead of ``(B - 1) * P``.
-The loss couples questions only through the retrieval scores and the KL
-term (the QA loss and P_tgt are per question), so the step keeps every
-negative with the two-pass GradCache scheme
-(:func:`jaxfid.training.microbatches.grad_cache`; the original code's
-``--accumulation_for_ibn``):
-
-1. *pass 1*, without gradients: each microbatch's whole forward
-   (:meth:`ReAttModel.forward`), keeping its layer-``B+1`` question queries
-   [b, Q, H, E], document keys [b*P, L, H, E] and P_tgt [b, P];
-2. the KL term over the whole batch from those (every question against
-   every document) and its gradient with respect to the queries, the keys
-   and the head weights;
-3. *pass 2*: each microbatch's forward again, with the same dropout keys,
-   and ``jax.vjp`` of (its QA loss, its queries, its keys) with cotangents
-   (1, cached query gradient, cached key gradient): parameter gradients
-   summed over microbatches, plus the head weights' from step 2.
-
-Loss and gradient equal the A = 1 step's (up to float rounding; the same
-function when dropout is off; tested), at the cost of one more forward pass.
-Microbatch ``i`` holds questions ``i, i + A, i + 2A, ...``
-(:func:`~jaxfid.training.microbatches.split_microbatches`).
-
-Memory: pass 1 keeps, for the whole global batch, every document token's
-key at layer ``B+1`` for every head, ``B*P*L*H*E`` values, and their
-gradient of the same size: at the paper's 64 x 100 x 250 tokens with
-T5-large's 16 x 64 heads that is 1.6e9 values, 3.3 GB each in bfloat16
-(6.6 GB in float32), sharded over the data axes with the batch. The
-question queries are ``B*Q*H*E`` (``QUERY_MAXLENGTH`` = Q bounds them).
-Scoring every question against every document is the large intermediate:
-``[B, H, Q, B*P, L]`` scores; ``RELEVANCE_CHUNK`` scores that many
-documents at a time (``[B, H, Q, chunk, L]``, recomputed in the backward
-pass) and ``QUERY_MAXLENGTH`` bounds Q, so gin/reatt/large.gin sets both
-(256 and 64). Activations are those of one microbatch.
+The negatives must span the whole global batch, so the step uses two-pass
+GradCache: pass 1 (no gradients) keeps every microbatch's queries
+[b, Q, H, E], keys [b*P, L, H, E] and P_tgt [b, P]; the whole batch's KL and
+its gradient wrt queries, keys and head weights follow; pass 2 reruns each
+microbatch with the same dropout keys and takes ``jax.vjp`` with those
+cotangents. Loss and gradient equal the A = 1 step's up to rounding.
+Microbatch ``i`` holds questions ``i, i + A, ...``. Pass 1 keeps
+``B*P*L*H*E`` keys and their gradient; ``RELEVANCE_CHUNK`` and
+``QUERY_MAXLENGTH`` bound the [B, H, Q, B*P, L] scores.
 """
 from __future__ import annotations
 
@@ -79,14 +51,8 @@ def grad_cache(model: ReAttModel, params: dict, batch: dict,
                accumulation_steps: int) -> tuple[Array, dict, dict]:
   """(loss, metrics, grads) of the whole batch in microbatches (GradCache).
 
-  Args:
-    model: a ReAtt model with in-batch negatives.
-    batch: the global batch (``encoder_input_tokens`` [B, P, L], ...,
-      ``kl_weight`` [B]).
-    dropout_rng: the step's key; microbatch ``i`` uses ``fold_in(rng, i)``
-      in both passes.
-    normalizer: the global batch's target tokens.
-    accumulation_steps: A, dividing B.
+  Microbatch ``i`` uses ``fold_in(dropout_rng, i)`` in both passes;
+  ``accumulation_steps`` (A) divides B.
   """
   n = accumulation_steps
   per = batch["encoder_input_tokens"].shape[1]

@@ -1,28 +1,12 @@
-"""ReAtt's training task (Jiang et al. 2022) for the one loop: FiD's reader
-with the split encoder, the KL loss and iterative refresh.
+"""ReAtt's training task for the one loop: FiD's reader, split encoder, KL loss.
 
-gin: ``gin/reatt/*.gin`` include the FiD gin (whose ``FidTask`` becomes this
-task's ``reader``: data, batches, QA evaluation) and bind ReAtt's configs
-whole: ``reatt = @ReAttConfig()`` (the model's ``BI_ENCODER_LAYERS``,
-``HEAD_TEMPERATURE``, ``IN_BATCH_NEGATIVES``, ...) and ``training =
-@ReAttTraining()`` (``KL_WEIGHT``, ``RETRIEVAL_WARMUP_STEPS``,
-``RETRIEVAL_CORPUS``, ``ITERATION_STEPS``, ...). It differs from FiD in:
-
-* the model: :class:`~jaxfid.reatt.model.ReAttModel` (T5 + head weights);
-  ``INIT_CHECKPOINT`` may be any T5 checkpoint (head weights start at 0) or
-  a ReAtt MODEL_DIR;
-* the batches: :class:`~jaxfid.reatt.batches.ReAttBatcher` (FiD batches
-  plus ``question_length`` and the per-question ``kl_weight``);
-* the step: with in-batch negatives and ``ACCUMULATION_STEPS`` > 1, the
-  GradCache step of :mod:`jaxfid.reatt.step`, so the negatives still span
-  the whole global batch (plain accumulation otherwise, which is exact when
-  questions do not share documents);
-* the schedule: with ``RESTART_SCHEDULE`` each phase (the QA-only warm-up,
-  then every iteration) gets its own warm-up and decay, as the paper's
-  separate runs do; ``WARMUP_FRACTION`` sets warm-up as a share of a phase;
-  with ``RESTART_OPTIMIZER`` (default) each phase starts a fresh Adam, as
-  those runs did (:mod:`jaxfid.reatt.restarts`);
-* iterative training (:mod:`jaxfid.reatt.refresh`) with ``RETRIEVAL_CORPUS``.
+The FiD gin's ``FidTask`` is this task's ``reader`` (data, batches, QA
+evaluation); ``reatt = @ReAttConfig()`` and ``training = @ReAttTraining()``
+add ReAtt's settings. Beyond FiD: :class:`~jaxfid.reatt.model.ReAttModel`
+(``INIT_CHECKPOINT`` any T5 or ReAtt MODEL_DIR), ReAtt batches with
+``question_length`` and ``kl_weight``, the GradCache step with in-batch
+negatives and ``ACCUMULATION_STEPS`` > 1, per-phase schedules and Adam
+restarts, and iterative refresh with ``RETRIEVAL_CORPUS``.
 """
 from __future__ import annotations
 
@@ -73,10 +57,7 @@ def initial_reatt_params(path: str, model: reatt.ReAttModel) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class ReAttTraining(Config):
-  """How a ReAtt run trains and refreshes its close documents (gin:
-  ``ReAttTask.training = @ReAttTraining()``, the macros of
-  ``gin/reatt/base.gin``; ``jaxfid reatt iterate`` reads some of the same
-  macros, :data:`jaxfid.reatt.iterate.SETTINGS`).
+  """How a ReAtt run trains and refreshes its close documents.
 
   Attributes:
     kl_weight: ``KL_WEIGHT``, alpha of ``QA + alpha * KL``.
@@ -94,13 +75,9 @@ class ReAttTraining(Config):
     restart_schedule: ``RESTART_SCHEDULE``, a fresh warm-up and decay per
       phase (the QA-only warm-up, then every iteration).
     restart_optimizer: ``RESTART_OPTIMIZER``, a fresh Adam (moments and
-      step count) per phase, as the original's runs started with
-      ``--init_from`` (:mod:`jaxfid.reatt.restarts`); False carries the
-      moments across phases.
-    rerank_top_k: ``RERANK_TOP_K``, the refresh's token-index search first
-      keeps this many candidate passages by their approximate score (the
-      original's ``rerank_topk``, 2048) before rescoring them exactly; 0
-      rescores every candidate.
+      step count) per phase; False carries the moments across phases.
+    rerank_top_k: ``RERANK_TOP_K``, candidate passages kept by approximate
+      score before exact rescoring; 0 rescores every candidate.
   """
   kl_weight: float = option(8.0, low=0)
   retrieval_warmup_steps: int = option(0, low=0)

@@ -6,34 +6,20 @@ Layout of ``INDEX_DIR`` (``jaxfid index reatt``)::
                       "head", "faiss": "flat" | "ivfpq", "doc_maxlength",
                       "query_maxlength", "model": T5Config, "reatt": ReAttConfig, ...}
   passages.bin ...   the passage store (jaxfid.retrieval.store.passage_store)
-  keys.f32           float32 [num_tokens, dim]: the key of every real token,
-                     passage by passage (raw, memory-mapped)
+  keys.f32           float32 [num_tokens, dim]: every real token's key
   doc_offsets.npy    int64 [num_passages + 1]: passage i owns key rows
-                     [o[i], o[i+1]) — the token-to-document map
-  bi_encoder.npz     the query side of the model: embedding, relative bias,
-                     bi-encoder layers and layer B's norm and projections
+                     [o[i], o[i+1])
+  bi_encoder.npz     the query side of the model
   spiece.model       the vocabulary
-  tokens.faiss       the trained IVF-PQ index (``ivfpq`` only; the exact
-                     ``flat`` index is an ``IndexFlatIP`` built from keys.f32
-                     when the index is opened, so keys are stored once)
+  tokens.faiss       the IVF-PQ index (``ivfpq`` only; ``flat`` is built
+                     from keys.f32 when opened)
 
-Documents are encoded as they appear in training rows after the question
-block: ``title: T context: P`` + EOS, truncated to ``doc_maxlength``; T5's
-relative position bias makes their bi-encoder states independent of the
-offset. Queries are ``question: Q`` without EOS, truncated to
-``query_maxlength``. Scores have no position bias (as the original index).
-
-Search (the paper's section 5): each query token's vector fetches its top
-``token_top_k`` tokens (K' = 2048) by inner product; the passages owning
-them are the candidates; each candidate is rescored exactly with avg-max
-over *all* its tokens, ``mean_i max_j q_i . k_j``; the top K are returned,
-ties broken by passage id. With an exact index and ``token_top_k`` at least
-the number of tokens, this is brute-force avg-max over the corpus. The
-option ``rerank_top_k`` first keeps that many candidates by the original's
-approximate score (jzbjyb/ReAtt ``reatt/index.py`` ``search``,
-``rerank_topk=2048``: per query token the best fetched token of the
-passage, 0 when none was fetched, summed over query tokens), so that fewer
-passages are rescored; without it every candidate is.
+Documents are ``title: T context: P`` + EOS (``doc_maxlength``), queries
+``question: Q`` (``query_maxlength``); no position bias. Search: each query
+token fetches its ``token_top_k`` nearest tokens; their passages are
+rescored exactly with avg-max over all their tokens and the top K returned,
+ties by passage id. ``rerank_top_k`` first keeps that many candidates by the
+original's approximate score.
 """
 from __future__ import annotations
 
@@ -272,15 +258,9 @@ def build_token_index(encoder: TokenEncoder, tokenizer: Tokenizer,
                       announce=None, encoding: str = "utf-8") -> dict:
   """Encodes every corpus passage's tokens and writes the index directory.
 
-  One compiled encoder serves all batches (fixed ``[batch_size,
-  doc_maxlength]``). The directory appears only when complete; one build
-  of ``output`` runs at a time, and a full disk is one
-  :class:`~jaxfid.core.errors.StorageError` naming ``output`` (see
-  :func:`jaxfid.retrieval.index_dir.building`). The corpus is read as
-  :func:`~jaxfid.retrieval.store.corpus.read_corpus` reads it, its text in
-  ``encoding``. ``announce``: in a multi-host build, process 0's batches of
-  passages pass through it before they are encoded
-  (:mod:`jaxfid.reatt.index_build`).
+  One compiled encoder ([batch_size, doc_maxlength]); the directory appears
+  only when complete, one build at a time, a full disk is a StorageError.
+  ``announce`` (multi-host) sees process 0's passage batches first.
   """
   if faiss_type not in FAISS_TYPES:
     raise InputError("--faiss", f"must be one of {FAISS_TYPES}, got "
