@@ -133,8 +133,7 @@ class FusionConfig(Config):
   @classmethod
   def from_dict(cls, fields: dict) -> "FusionConfig":
     fields = dict(fields)
-    # Runs written before the option existed added the projected vector
-    # without normalising it.
+    # A run config without ``fused_norm`` loads unnormalised.
     fields.setdefault("fused_norm", "none")
     if "modules" not in fields and "targets" in fields:
       fields["modules"] = ",".join(fields["targets"]) or "none"
