@@ -1,92 +1,38 @@
 """Beam search as a pure, jittable function: one shared loop, two update rules.
 
-The model step is the ``tokens_to_logits`` callback of
-:mod:`jaxfid.t5.decoding` (:class:`~jaxfid.t5.decoding_state.DecodingState`),
-called on ``batch_size * num_beams`` rows (the beams of one example adjacent:
-row ``b * num_beams + k``). Letters: B batch, K beams, V vocabulary, L
-``max_decode_len``.
+The model step is :mod:`jaxfid.t5.decoding`'s ``tokens_to_logits``, called on
+``batch_size * num_beams`` rows (row ``b * num_beams + k``). Letters: B
+batch, K beams, V vocabulary, L ``max_decode_len``.
 
-Cache handling in beam search (explicit rule)
-  * Expansion: by default every array leaf whose leading dimension equals
-    ``batch_size`` is repeated ``num_beams`` times along axis 0
-    (``flat_batch_beam_expand``: rows ``b*K .. b*K+K-1`` are copies of row
-    ``b``); every other leaf (scalars such as a cache index, or anything whose
-    leading axis is not the batch) is passed through unchanged and shared by
-    all beams. A caller whose cache breaks this rule passes
-    ``expand_cache_fn(cache, num_beams) -> cache`` to do the expansion itself.
-  * Reordering: after each step every array leaf of the *returned* cache whose
-    leading dimension equals ``batch_size * num_beams`` is gathered along that
-    axis with the surviving beams' parent rows (``gather_flat_cache``); other
-    leaves are left alone. So a leaf meant to be shared must not have leading
-    dimension ``batch_size * num_beams``.
+Cache rule: at the start every array leaf whose leading dimension is
+``batch_size`` is repeated K times along axis 0 (other leaves are shared;
+``expand_cache_fn`` replaces this rule); after each step every leaf of the
+returned cache whose leading dimension is ``batch_size * num_beams`` is
+gathered with the surviving beams' parent rows.
 
-One loop, two update rules (``length_penalty_style``), mirroring two
-references. The loop (:func:`_beam_loop`) is shared: each step it takes the
-top ``2 * num_beams`` candidates (over beams x vocabulary) of the accumulated
-float32 log-softmax scores, continues the best ``num_beams`` candidates that
-do not end, merges the ending ones into a "finished" set of ``num_beams``
-slots sorted best first, and reorders the cache. The rule decides the rest:
-its length penalty, which candidates end and which of them may finish, when
-the loop stops and what it returns.
+The loop (:func:`_beam_loop`) takes the top 2K candidates of the float32
+log-softmax scores, continues the best K that do not end, merges ending ones
+into K "finished" slots sorted best first, and reorders the cache. The rule
+(``length_penalty_style``) decides the penalty, which candidates finish,
+when to stop and what to return:
 
-``"t5x"`` -- :class:`T5xUpdate`, t5x ``decoding.beam_search``:
-  * every EOS candidate among the 2K enters the finished set with score
-    ``logprob / ((5 + length) / 6) ** alpha`` (length counts generated tokens,
-    EOS included);
-  * the loop ends at ``max_decode_len`` or when, for every example, all
-    finished slots are full and the worst finished score beats the best live
-    log-prob divided by the penalty at length ``max_decode_len + 1`` (t5x's
-    bound, kept exactly; for ``alpha >= 0`` it is a safe bound, so stopping
-    there changes no result);
-  * live sequences that reach ``max_decode_len`` are *not* finished; an example
-    with no finished sequence at all returns its live beams and raw log-probs;
-  * ``early_stopping`` is ignored (the one default, :data:`EARLY_STOPPING`,
-    is HF's ``GenerationConfig`` default, False). Masking uses -1e9 instead of t5x's -1e7,
-    results are sorted best first (t5x returns worst first), and t5x's
-    forced decoding of prompt tokens (``inputs``) is not supported.
+``"t5x"`` (:class:`T5xUpdate`, t5x ``decoding.beam_search``): every EOS
+candidate finishes with ``logprob / ((5 + length) / 6) ** alpha``; the loop
+stops at ``max_decode_len`` or when no live beam can beat the worst finished
+one (t5x's bound); an example with nothing finished returns its live beams.
+``early_stopping`` is ignored; masking uses -1e9; results are best first;
+forced prompt decoding is not supported.
 
-``"hf"`` -- :class:`HfUpdate`, HF transformers 5.x ``GenerationMixin._beam_search`` (the
-vectorised implementation, read from transformers 5.24.0) with one EOS id and
-no logits processors. Correspondence (HF name -> here): ``cur_len - 1`` (T5's
-decoder prompt is the start token) -> ``cur_index``; ``running_beam_scores`` ->
-``live_scores``; ``beam_scores`` / ``sequences`` / ``is_sent_finished`` ->
-``finished_scores`` / ``finished_seqs`` / ``finished_flags``;
-``is_early_stop_heuristic_unsatisfied`` -> ``improvable``;
-``max_length - decoder_prompt_len`` (= ``max_new_tokens``) ->
-``max_decode_len``; the -1e9 constants are HF's. Per step:
-  * ``_get_top_k_continuations``: top 2K of ``log_softmax + live_scores``;
-  * stopping criteria: a candidate "hits" if its token is EOS or its length
-    reaches ``max_decode_len`` (``MaxLengthCriteria``; so at the last step
-    every candidate hits);
-  * ``_get_running_beams_for_next_iteration``: top K of
-    ``topk_scores - 1e9 * hits``;
-  * ``_update_finished_beams``: only hitting candidates ranked within the top
-    K of the 2K may finish, with score ``sum_logprobs / length ** alpha``;
-    -1e9 is added when the example's slots are all full and
-    ``early_stopping is True``, when the previous step's heuristic said no
-    improvement is possible, and for non-finishing candidates; then the top K
-    of (old finished ++ new) are kept;
-  * ``_check_early_stop_heuristic`` (with ``cur_len`` already incremented):
-    ``best = live_scores[:, 0] / L ** alpha`` with ``L = max_decode_len`` when
-    ``early_stopping == "never"`` and ``alpha > 0``, else the current length;
-    ``improvable &= any(best > where(finished_flags, min(finished_scores),
-    -1e9))`` -- sticky per example;
-  * ``_beam_search_has_unfinished_sequences``: continue while
-    ``any(improvable)`` and not (``early_stopping is True`` and every slot of
-    every example finished) and the last step was not the maximum length.
-  The result is the finished set (HF's ``sequences`` / ``sequences_scores``;
-  ``num_return_sequences=n`` is ``[:, :n]``), best first. Length penalties
-  are computed in float64 and rounded to float32 once, like HF's
-  Python-scalar division of a float32 tensor.
-  Known deviations, all confined to exact ties or dead beams: ``lax.top_k``
-  breaks ties by lower index while ``torch.topk`` gives no guarantee; with
-  ``vocab_size < 2 * num_beams`` the first step selects some of the
-  initial -1e9 "dead" beams, whose near-equal scores are ties; and HF pads
-  ended beams with EOS (its fill value is ``pad_token_id or eos``) where this
-  module pads with 0. With ``num_beams=1`` this equals greedy decoding unless
-  ``early_stopping == "never"`` and ``alpha > 0`` (then a longer sequence may
-  win). ``tests/test_decoding.py`` compares tokens and scores with
-  ``model.generate`` on a tiny random torch T5.
+``"hf"`` (:class:`HfUpdate`, transformers' vectorised
+``GenerationMixin._beam_search``, one EOS id, no logits processors): a
+candidate ends on EOS or at ``max_decode_len``; only ending candidates within
+the top K of the 2K finish, with ``sum_logprobs / length ** alpha``;
+``early_stopping`` (True, False, "never") and HF's sticky per-example
+"improvable" heuristic decide when to stop; length penalties are computed in
+float64 and rounded to float32 once. Differences from HF only at exact ties
+(``lax.top_k`` prefers lower indices), with ``vocab_size < 2 * num_beams``
+(dead initial beams), and in padding after EOS (0 here).
+``tests/test_decoding.py`` compares tokens and scores with ``generate``.
 """
 from __future__ import annotations
 
@@ -405,22 +351,15 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *,
     tokens_to_logits: the model step; called on ``batch_size * num_beams``
       rows.
     cache: the initial, unexpanded cache (leading axis ``batch_size``).
-    batch_size: B.
-    num_beams: K.
     max_decode_len: maximum number of new tokens (EOS included).
-    alpha: length-penalty exponent (t5x ``alpha`` / HF ``length_penalty``), a
-      Python float.
+    alpha: length-penalty exponent (t5x ``alpha`` / HF ``length_penalty``).
     length_penalty_style: "t5x" or "hf": the update rule.
-    eos_id: end-of-sequence id.
-    start_id: decoder start token fed at step 0.
-    early_stopping: HF's ``early_stopping`` (True, False or "never"); only used
-      by the "hf" rule.
-    expand_cache_fn: optional ``(cache, num_beams) -> cache`` replacing the
-      default expansion rule.
+    early_stopping: HF's (True, False or "never"); "hf" rule only.
+    expand_cache_fn: optional ``(cache, num_beams) -> cache``.
 
   Returns:
-    (tokens int32 [B, K, max_decode_len], scores float32 [B, K]), sorted best
-    first; tokens after EOS are 0.
+    (tokens int32 [B, K, max_decode_len], scores float32 [B, K]), best first;
+    tokens after EOS are 0.
   """
   check_max_decode_len(max_decode_len)
   if num_beams < 1:

@@ -5,23 +5,12 @@ The model side supplies a callback and a cache::
   tokens_to_logits(DecodingState(cur_index, cur_token, cache))
       -> (logits float32 [N, vocab], new_cache)
 
-where ``N`` is the batch (greedy) or ``batch * num_beams`` (beam search, beams
-of one example adjacent: row ``b * num_beams + k``), ``cur_index`` is the
-int32 scalar position being decoded (0 for the first step, when ``cur_token``
-is the decoder start id) and ``cache`` is any pytree of arrays. Each decoder
-runs one ``jax.lax.while_loop`` with static shapes and stops the whole loop as
-soon as nothing can change any more (every sequence ended for greedy and
-sampling; every example's result frozen for beam search). They are plain
-traceable functions: wrap them, together with the encoder, in one ``jax.jit``
-(all keyword arguments are static Python values).
-
-Outputs never contain the start token. A sequence holds at most
-``max_decode_len`` new tokens, EOS included; everything after EOS is 0.
-
-Beam search lives in :mod:`jaxfid.t5.beam` (its cache rule and its two
-update rules, t5x's and HF's, are documented there) and is re-exported here
-with its helpers; the callback's state is
-:class:`~jaxfid.t5.decoding_state.DecodingState`.
+``N`` is the batch (greedy, sampling) or ``batch * num_beams`` (beam search);
+``cur_index`` is the int32 position being decoded (0 when ``cur_token`` is
+the start id). Each decoder is one ``lax.while_loop`` with static shapes that
+stops once nothing can change; keyword arguments are static. Outputs exclude
+the start token and hold at most ``max_decode_len`` tokens, EOS included,
+then 0. Beam search (:mod:`jaxfid.t5.beam`) is re-exported here.
 """
 from __future__ import annotations
 
@@ -101,18 +90,8 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Any, *,
                   start_id: int = 0) -> tuple[jax.Array, jax.Array]:
   """Greedy (argmax, first index on ties) decoding.
 
-  Args:
-    tokens_to_logits: the model step (see module docstring).
-    cache: the initial cache, leading axis ``batch_size`` where batched.
-    batch_size: B.
-    max_decode_len: maximum number of new tokens (EOS included).
-    eos_id: end-of-sequence id; after it the sequence emits ``PAD_ID`` (0).
-    start_id: decoder start token fed at step 0.
-
-  Returns:
-    (tokens int32 [B, max_decode_len], lengths int32 [B]) where ``lengths``
-    counts the generated tokens up to and including EOS (``max_decode_len``
-    when no EOS was produced).
+  Returns (tokens int32 [B, max_decode_len], lengths int32 [B]); ``lengths``
+  counts tokens up to and including EOS (``max_decode_len`` without EOS).
   """
   return _token_by_token(tokens_to_logits, cache, _argmax,
                          batch_size=batch_size, max_decode_len=max_decode_len,
@@ -126,16 +105,9 @@ def temperature_sample(tokens_to_logits: TokensToLogits, cache: Any,
                        ) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling from ``softmax(logits / temperature)``.
 
-  Args:
-    tokens_to_logits, cache, batch_size, max_decode_len, eos_id, start_id: as
-      for ``greedy_decode``.
-    rng: a JAX PRNG key; step ``i`` uses ``fold_in(rng, i)``.
-    temperature: >= 0; 0 means greedy.
-    topk: if > 0, sample only among the ``topk`` largest logits (ties at the
-      threshold are kept).
-
-  Returns:
-    (tokens int32 [B, max_decode_len], lengths int32 [B]) as greedy_decode.
+  Step ``i`` uses ``fold_in(rng, i)``; temperature 0 is greedy; ``topk`` > 0
+  samples among the ``topk`` largest logits (ties at the threshold kept).
+  Returns what :func:`greedy_decode` returns.
   """
   if temperature < 0:
     raise ValueError(f"temperature must be >= 0, got {temperature}")

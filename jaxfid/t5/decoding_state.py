@@ -1,8 +1,5 @@
 """What a decoder hands the model at each step: the ``tokens_to_logits`` contract.
 
-Shared by the token-by-token decoders (:mod:`jaxfid.t5.decoding`) and beam
-search (:mod:`jaxfid.t5.beam`); the model side supplies::
-
   tokens_to_logits(DecodingState(cur_index, cur_token, cache))
       -> (logits float32 [N, vocab], new_cache)
 

@@ -1,13 +1,10 @@
 """The FiD/T5 model: the network plus loss, decoding and scoring (t5x ``models.py``).
 
-``EncoderDecoderModel`` holds the static half of the network (its NNX graph definition
-and config); every method is a pure function of ``params`` (an ``nnx.State``)
-and arrays, so the trainer can ``jax.jit`` it with shardings. Plain T5 is the
-P = 1 case: encoder inputs may be ``[B, L]`` or ``[B, P, L]``. The network
-(:mod:`jaxfid.t5.network`) stays pure; the model adds the loss, decoding,
-scoring (:meth:`EncoderDecoderModel.score`, t5x's ``score_batch``) and
-passage scores, and encodes through one hook (:meth:`EncoderDecoderModel.encode`)
-that a method with another encoder overrides (ReAtt's split encoder).
+``EncoderDecoderModel`` holds the network's graph definition and config; every
+method is a pure function of ``params`` (an ``nnx.State``) and arrays. Plain
+T5 is P = 1: encoder inputs may be ``[B, L]`` or ``[B, P, L]``.
+:meth:`EncoderDecoderModel.encode` is the hook a method with another encoder
+overrides.
 
 Letters: B batch, P passages, L passage length, T target length, V vocabulary.
 
@@ -152,11 +149,8 @@ class EncoderDecoderModel:
              ) -> StackOutput:
     """Encode [B, P, L] (or [B, L]) passages: ``hidden`` [B, P*L, D], ``mask`` [B, P*L].
 
-    FiD's encoder (:func:`~jaxfid.t5.passages.encode_passages`). The one hook
-    through which ``logits``, ``loss``, ``score``, decoding and
-    ``passage_scores`` encode: a method with another encoder overrides only
-    this (its result needs ``hidden`` and ``mask``; keyword arguments it adds
-    reach it from ``logits``).
+    The one hook through which logits, loss, scores and decoding encode; a
+    method with another encoder overrides only this.
     """
     return fid.encode_passages(net, tokens, passage_mask=passage_mask,
                                dropout_rng=dropout_rng, extras=extras)
@@ -220,10 +214,8 @@ class EncoderDecoderModel:
               passage_mask: Array | None = None, extras: Any = None) -> Array:
     """Greedy (``num_beams=1``) or beam search; int32 [B, max_decode_len].
 
-    At most ``max_decode_len`` new tokens; generation stops at EOS (kept in
-    the output) and pads with 0 after it. Cross-attention keys/values are
-    computed once per input; the self-attention keys/values are cached.
-    Beam search's options are ``decoding.beam_search``'s (its defaults).
+    Stops at EOS (kept) and pads with 0 after it; cross-attention keys/values
+    are computed once, self-attention keys/values cached.
     """
     b = encoder_input_tokens.shape[0]
     net, cache = self._encode_and_cache(params, encoder_input_tokens,

@@ -1,25 +1,15 @@
 """The T5 network: encoder, decoder and shared embedding (Flax NNX).
 
-This is the plain network (t5x ``examples/t5/network.py``); losses, decoding
-and scoring live in ``jaxfid.t5.model``.
-
 Einsum letters (see ``layers.py``): B batch, L encoder length, T decoder length,
 D d_model, H heads, E head width, V vocabulary.
 
-Hooks (designed in for FiD, ReAtt and ReFusion; the default path skips them):
-  * ``Encoder.__call__(..., start, end, final_norm)`` runs a layer range, so
-    ReAtt can run layers [0, B) as a bi-encoder and [B, N) as a cross-encoder;
-  * ``output_hidden_states`` / ``output_attention_logits`` return per-layer
-    hidden states and pre-softmax attention logits (float32 [B, H, L, S]);
-  * ``extras`` (any pytree) reaches every projection, which a method may
-    replace per layer (ReFusion) — see ``layers.py``.
-
-Activation sharding (no-op without a mesh): each layer's output, the residual
-stream ``[B, L, D]``, and the logits ``[B, T, V]`` are constrained by logical
-axis names (``layers.ACT_RESIDUAL``, ``layers.ACT_LOGITS``), as in flaxformer.
-
-Parameter names follow T5X (``encoder/layers_0/attention/query/kernel``), so
-checkpoint conversion is a rename table (``jaxfid.checkpoints.names``).
+Hooks for the methods: ``Encoder.__call__(..., start, end, final_norm)`` runs
+a layer range (ReAtt); ``output_hidden_states`` / ``output_attention_logits``
+return per-layer states and pre-softmax logits (float32 [B, H, L, S]);
+``extras`` reaches every projection (ReFusion). The residual stream
+``[B, L, D]`` and logits ``[B, T, V]`` carry logical-axis sharding
+constraints (no-op without a mesh). Parameter names follow T5X
+(``encoder/layers_0/attention/query/kernel``).
 """
 from __future__ import annotations
 

@@ -3,32 +3,12 @@
 Einsum letters: B questions, P passages per question, L tokens per passage,
 D d_model, H heads, T target length.
 
-Each passage (``question: .. title: .. context: ..``) is encoded alone, and
-the encoder's output is concatenated to ``[B, P*L, D]`` so the decoder's
-cross-attention runs one softmax over every token of every passage. Two
-equal ways to encode alone (``T5Config.passage_encoding``):
-
-  * 'flatten' (the default): tokens ``[B, P, L]`` are reshaped to
-    ``[B*P, L]`` and encoded in one call, as the original FiD code does
-    (``src/model.py::EncoderWrapper.forward``:
-    ``input_ids.view(bsz*self.n_passages, passage_length)``);
-  * 'vmap': ``jax.vmap`` of the encoder over the passage axis, the
-    parameters broadcast, each passage with its own dropout key
-    (``jax.random.split(rng, P)``): the "encoder vmapped over passages" of
-    the design.
-
-Without dropout the two are the same function (``tests/test_passage_vmap.py``
-compares outputs and gradients); with dropout both draw independent masks
-for every passage from one key, but different ones (a flattened mask is one
-hash over ``[B*P, L, D]``, a vmapped one a hash over ``[B, L, D]`` per
-passage key). docs/fidelity.md says which compiles better and why it is
-the default.
-
-Padding passages are masked in the cross-attention, so they change nothing.
-FiD needs no parameters beyond T5's: these are functions over a
-:class:`~jaxfid.t5.network.T5`. The concatenated encoder output keeps the
-residual stream's sharding (batch over the data-parallel mesh axes; no-op
-without a mesh).
+Each passage is encoded alone and the outputs are concatenated to
+``[B, P*L, D]``, so the decoder's cross-attention runs one softmax over every
+passage's tokens; padding passages are masked. ``T5Config.passage_encoding``:
+'flatten' (default; ``[B, P, L]`` -> ``[B*P, L]``, one call, as the original
+FiD) or 'vmap' (the encoder vmapped over passages, one dropout key each).
+Without dropout they are the same function; with dropout their masks differ.
 """
 from __future__ import annotations
 
@@ -83,12 +63,9 @@ def _vmapped(net: T5, tokens: Array, mask: Array, dropout_rng: Array | None,
              extras: Any, stack_kwargs: dict) -> StackOutput:
   """The encoder vmapped over the passage axis: every output leaf [B*P, ...].
 
-  The parameters (the network's NNX state) and ``extras`` are broadcast;
-  tokens and mask are mapped over axis 1 (each call sees ``[B, L]``, the
-  batch axis stays the batch, so its sharding constraints still apply;
-  the passage axis is unconstrained, as in the flattened rows); passage
-  ``i`` gets the dropout key ``split(dropout_rng, P)[i]``. The result is
-  laid out as the flattened call's, row ``b*P + i``.
+  Parameters and ``extras`` are broadcast; tokens and mask are mapped over
+  axis 1; passage ``i`` gets ``split(dropout_rng, P)[i]``; rows are laid out
+  as the flattened call's, ``b*P + i``.
   """
   b, p, _ = tokens.shape
   graphdef, state = nnx.split(net)
@@ -107,11 +84,8 @@ def first_position_scores(net: T5, hidden: Array, mask: Array,
                           num_passages: int, mode: str = "probs") -> Array:
   """Cross-attention passage relevance, float32 [B, P] (FiD-KD / Atlas / ReAtt).
 
-  Computed at the first decoder position (input = the start token) over an
-  encoding (``hidden`` [B, P*L, D], ``mask`` bool [B, P*L]): for each decoder
-  layer with cross-attention and each head, the attention over all P*L
-  encoder tokens; padding tokens excluded; summed over each passage's tokens;
-  averaged over heads and layers (:func:`scores_from_attention`).
+  At the first decoder position: every layer's and head's attention over the
+  real encoder tokens, summed per passage, averaged over heads and layers.
   """
   start = jnp.zeros((hidden.shape[0], 1), jnp.int32)                # [B, 1]
   _, dec = net.decode(hidden, mask, start, output_attention_logits=True)
@@ -123,13 +97,10 @@ def scores_from_attention(cross_attention_logits, encoder_mask: Array,
                           num_passages: int, mode: str = "probs") -> Array:
   """Passage scores float32 [B, P] from every decoder layer's cross-attention.
 
-  Args:
-    cross_attention_logits: per layer float32 [B, H, T, P*L] (pre-softmax);
-      the first decoder position is used.
-    encoder_mask: bool [B, P*L], False at padding tokens and passages.
-    mode: 'probs' — post-softmax attention (each layer/head distributes 1 over
-      the passages, so scores sum to 1); 'logits' — the original FiD code's
-      pre-softmax logits, averaged over the passage's real tokens.
+  ``cross_attention_logits``: per layer float32 [B, H, T, P*L] (the first
+  decoder position is used); ``encoder_mask``: bool [B, P*L]. ``mode``:
+  'probs' (post-softmax, scores sum to 1) or 'logits' (the original FiD's
+  pre-softmax logits averaged over the passage's real tokens).
   """
   logits = jnp.stack([c[:, :, 0, :] for c in cross_attention_logits], 1)    # [B, layers, H, P*L]
   b = logits.shape[0]

@@ -1,19 +1,10 @@
 """Running a stack of layers: a Python loop, or one ``lax.scan`` (``scan_layers``).
 
-T5's parameters are stored one module per layer (``layers_0``, ``layers_1``,
-...: the names of T5X and HF checkpoints). Unrolled, XLA compiles every
-layer of the forward and backward pass separately, so compile time grows
-with depth. With ``T5Config.scan_layers`` a stack whose layers are alike
-runs as one ``jax.lax.scan`` over their parameters stacked along a new
-leading axis (``[N, ...]``, stacked inside the jitted function: the stored
-layout and the checkpoints do not change), and XLA compiles one layer.
-
-Layers are alike when their NNX graph definitions are equal (same
-submodules, same static attributes): FiDO's decoder, whose layers differ in
-having cross-attention, and ReFusion's fused layers fall back to the loop.
-Both paths give every layer the same dropout key, ``fold(rng, index)`` with
-the layer's index in the whole stack, so they compute the same function
-(``tests/test_scan_layers.py`` compares them).
+With ``T5Config.scan_layers`` a stack of alike layers (equal NNX graph
+definitions) runs as one ``lax.scan`` over parameters stacked inside the
+jitted function (``[N, ...]``; the stored layout is unchanged), so XLA
+compiles one layer; other stacks fall back to the loop. Both give layer i the
+dropout key ``fold(rng, i)`` and compute the same function.
 """
 from __future__ import annotations
 
