@@ -1,26 +1,12 @@
 """``jaxfid eval-retrieval``: scoring a run file against qrels or answers.
 
-Two kinds of evaluation, chosen by what the user supplies:
-
-* :func:`evaluate_with_qrels` — BEIR-style relevance judgements: nDCG@10,
-  MRR@10 and recall R@k (default R@100) of a TREC or FiD-JSON run;
-* :func:`evaluate_with_answers` — QA sets: answer recall R@k (default
-  k = 1, 5, 20, 100) with DPR's ``has_answer``. The passages come from the
-  run itself (FiD JSON ``ctxs`` text) or, for a TREC run, from the index the
-  run was retrieved from (``index_dir``). Answers come from ``data`` (a QA
-  JSONL/FiD JSON file, matched to the run by question id) or, for a FiD JSON
-  run, from its own ``answers``. Every question of the answer source counts,
-  retrieved or not.
-
-A run that shares no query with the qrels (or the QA set) is an InputError
-(usually ids that differ in form, which would otherwise score all zeros).
-Otherwise the output reports what did not match: ``queries_without_results``
-(judged queries the run has no passage for), ``queries_without_judgments``
-(``queries_without_answers`` with ``data``: queries of the run that are not
-evaluated) and, with ``index_dir``, ``judged_documents_missing_from_corpus``
-(judged documents that are not in the index's passages).
-
-The metric definitions are in :mod:`jaxfid.evaluation.retrieval`.
+:func:`evaluate_with_qrels`: nDCG@10, MRR@10 and R@k of a TREC or FiD-JSON
+run. :func:`evaluate_with_answers`: answer recall R@k with DPR's
+``has_answer``, passages from the run's ``ctxs`` or from ``index_dir``,
+answers from ``data`` or the run; every question of the answer source
+counts. A run sharing no query with the judgments is an InputError; the
+output reports unmatched queries and judged documents missing from the
+corpus. Metrics: :mod:`jaxfid.evaluation.retrieval`.
 """
 from __future__ import annotations
 

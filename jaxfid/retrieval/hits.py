@@ -1,17 +1,8 @@
 """One query's search results: (row, score) pairs held as two arrays.
 
-A searcher returns, per query, a sequence of (store row, score) pairs, best
-first (:mod:`jaxfid.retrieval.search`). :class:`Hits` is that sequence
-without a Python object per pair: it keeps a query's row of FAISS's result
-arrays (int64 rows, float32 scores: views, no copy) and makes Python ints
-and floats only when the pairs are read, a query at a time, as a run
-file's writer reads them. Building 100 tuples for each query at search
-time, and the garbage collector's passes over them, cost about a tenth of
-an IVF-PQ search (issue #28).
-
-It is a ``Sequence``: iteration, indexing, slicing, ``len``, ``bool`` and
-``==`` against any sequence of pairs behave as for a list of
-``(int, float)`` tuples.
+:class:`Hits` keeps views of a query's FAISS result rows (int64 rows,
+float32 scores) and makes Python numbers only when read. It is a
+``Sequence`` that behaves as a list of ``(int, float)`` tuples.
 """
 from __future__ import annotations
 

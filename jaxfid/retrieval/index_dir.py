@@ -1,16 +1,8 @@
 """The index directory: ``meta.json`` says what kind of index it holds.
 
-Every index written by ``jaxfid index ...`` is a directory with a
-``meta.json`` (``{"type": "bm25" | "dense" | ..., "num_passages": N, ...}``)
-and the passage store files (:mod:`jaxfid.retrieval.store.passage_store`), plus
-whatever the index type needs. :mod:`jaxfid.retrieval.search` reads the type
-to pick the searcher.
-
-Every build runs inside :func:`building`: one build per output at a time (a
-lock beside the output), temporaries of builds that died removed first, and
-a full disk (or another storage fault) reported in one line naming the
-output, with the build's temporaries removed and any earlier index left as
-it was.
+Every index is a directory with ``meta.json`` (``{"type", "num_passages",
+...}``) and the passage store files; every build runs inside
+:func:`building`.
 """
 from __future__ import annotations
 
@@ -42,18 +34,11 @@ def write_meta(directory: str | os.PathLike, index_type: str,
 @contextlib.contextmanager
 def building(output: str | os.PathLike,
              remove: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
-  """The scope of one index build into ``output``.
+  """The scope of one index build into ``output``; yields ``output`` as a Path.
 
-  * locks ``output`` (:class:`~jaxfid.core.locks.DirectoryLock`; a second
-    build of it refuses in one line while this one lives, a dead build's
-    lock is taken over);
-  * removes the temporaries that dead builds of ``output`` left beside it;
-  * turns a storage fault into a :class:`~jaxfid.core.errors.StorageError`
-    naming ``output``, after deleting ``remove`` (the build's own staging
-    files; the atomic writers clean up after themselves).
-
-  Yields:
-    ``output`` as a Path.
+  Locks ``output`` (a dead build's lock is taken over), removes dead builds'
+  temporaries, and turns a storage fault into a StorageError naming
+  ``output`` after deleting ``remove``.
   """
   output = Path(output)
   with storage_errors(output):

@@ -1,12 +1,8 @@
 """Opening index files with checks: a damaged index is one line, never junk.
 
-Every index type opens its files through these helpers when the index is
-opened, and compares what it finds with what ``meta.json`` (and the index's
-own small arrays) say: a missing file, a truncated or over-long one, an
-array of the wrong shape or type, or unparsable JSON is an
-:class:`~jaxfid.core.errors.InputError` naming the file and what is wrong
-(``idx/passages.bin: truncated: 1200 bytes, expected 5311``). Only headers
-and sizes are read: arrays are still memory-mapped, nothing is loaded whole.
+A missing, truncated or over-long file, a wrong shape or dtype, or bad JSON
+is an :class:`~jaxfid.core.errors.InputError` naming the file; only headers
+and sizes are read.
 """
 from __future__ import annotations
 
@@ -71,20 +67,11 @@ def load_array(path: str | os.PathLike,
                shape: Sequence[int | None] | None = None,
                dtypes: Sequence | None = None,
                mmap: bool = True) -> np.ndarray:
-  """A checked ``.npy`` array (memory-mapped unless ``mmap`` is False).
+  """A checked ``.npy`` array (memory-mapped read-only unless ``mmap`` is False).
 
-  Args:
-    path: the file.
-    shape: the expected shape; None entries match any length.
-    dtypes: the accepted dtypes (any when None).
-    mmap: map the file read-only instead of reading it.
-
-  Returns:
-    A plain ``np.ndarray`` (a view of the map when ``mmap``).
-
-  Raises:
-    InputError: the file is missing, not a .npy array, truncated or too
-      long for its header, or of another shape or dtype.
+  ``shape`` entries of None match any length; ``dtypes`` None accepts any.
+  Raises InputError for a missing, truncated or over-long file or another
+  shape or dtype.
   """
   path = Path(path)
   size = file_size(path)

@@ -1,17 +1,12 @@
 """Run files: TREC runs for evaluation and FiD JSON for the reader.
 
-* **TREC** (``.trec``, or any other name): ``qid Q0 docid rank score tag`` per
-  line, ranks from 1, docids as in the corpus, scores as the shortest decimal
-  that reads back to the same float32 (what Java prints for Lucene's scores).
-  This is what trec_eval, pytrec_eval, ir_measures and BEIR read.
-* **FiD JSON** (``.json``: one list; ``.jsonl``: one example per line):
-  ``{"id", "question", "answers", "ctxs": [{"id", "title", "text", "score",
-  "has_answer"}]}``, the format FiD's trainer reads (``src/data.py``
-  ``load_data``), with passages best first. ``has_answer`` is DPR's string
-  match against the query's answers (false when it has none).
+* **TREC**: ``qid Q0 docid rank score tag`` per line, ranks from 1, scores as
+  the shortest decimal that reads back to the same float32.
+* **FiD JSON** (``.json`` list or ``.jsonl``): ``{"id", "question",
+  "answers", "ctxs": [{"id", "title", "text", "score", "has_answer"}]}``,
+  passages best first; ``has_answer`` is DPR's string match.
 
-Writers are atomic (the file appears complete or not at all). Readers raise
-:class:`InputError` with the file and line for malformed input.
+Writers are atomic; readers raise InputError naming file and line.
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """Searching any index directory: a registry of index types.
 
-``meta.json`` names the index type; :func:`open_index` looks the type up in a
-registry of loaders and returns a *searcher*: an object with
-
-* ``store``: the :class:`~jaxfid.retrieval.store.passage_store.PassageStore`;
-* ``search(texts, top_k, **options) -> list[Sequence[(row, score)]]``: for
-  each query text, up to ``top_k`` store rows with scores, best first (a list
-  of pairs, or a :class:`~jaxfid.retrieval.hits.Hits` that holds them as two
-  arrays, as dense indexes return). Options are
-  index-specific (``token_top_k`` for token-level indexes); a searcher
-  rejects options it does not know with an InputError;
-* optionally ``search_batches(batches, top_k, threads, **options)``: the
-  results of ``search`` for each batch of texts, in order, computed on
-  ``threads`` CPUs (worker processes for BM25, FAISS's threads for dense
-  indexes). :func:`search_all` uses it when present (``--threads``).
-
-Index types register themselves with :func:`register_index_type` when their
-module is imported: ``"bm25"`` (:mod:`jaxfid.retrieval.bm25.index`),
-``"dense"`` (:mod:`jaxfid.dual_encoder.index`), ``"reatt"``
-(:mod:`jaxfid.reatt.token_index`) and ``"atlas"``
-(:mod:`jaxfid.atlas.index_search`); :mod:`jaxfid.methods` imports them all.
-Opening an index of a type nobody registered is an InputError that says so.
-
-A type registered with ``device=True`` has a device search (``jaxfid
-retrieve --device``): its loader takes ``device`` (a bool) and searches on
-the accelerators when it is true. Asking another type for it is an
-InputError.
+:func:`open_index` looks up ``meta.json``'s type and returns a searcher with
+``store``, ``search(texts, top_k, **options)`` (per query up to ``top_k``
+(row, score) pairs, best first; unknown options are an InputError) and
+optionally ``search_batches(batches, top_k, threads, **options)``. Types
+register with :func:`register_index_type` on import (bm25, dense, reatt,
+atlas; :mod:`jaxfid.methods` imports them); ``device=True`` types also
+search on accelerators. An unregistered type is an InputError.
 """
 from __future__ import annotations
 
@@ -90,15 +71,9 @@ def open_index(directory: str | os.PathLike, device: bool = False
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
                progress: bool | None = None, threads: int | None = None,
                **options) -> list[Sequence[tuple[int, float]]]:
-  """Runs all queries in batches, with a progress bar on stderr.
+  """Runs all queries in batches, with a progress bar on stderr (None: on a tty).
 
-  Args:
-    searcher: an open index.
-    texts: the queries.
-    top_k: results per query.
-    progress: show the bar (None: only on a terminal).
-    threads: CPUs to use where the searcher can (None: all).
-    **options: the searcher's options.
+  ``threads``: CPUs where the searcher can use them (None: all).
   """
   if top_k < 1:
     raise ValueError(f"top_k must be positive, got {top_k}")

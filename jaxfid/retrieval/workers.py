@@ -1,18 +1,10 @@
 """Worker processes for ``--threads``: a function mapped over batches, in order.
 
-Tokenising documents and scoring BM25 queries are Python and numpy work
-that holds the GIL, so parallel index builds and batched retrieval use
-processes. :func:`ordered_map` runs ``fn`` on each batch in a pool of
-``threads`` processes and yields the results in input order, reading the
-input lazily with at most ``2 * threads`` batches in flight, so a corpus
-streams through in bounded memory and the caller (which reads the input,
-in the main process) can raise an ``InputError`` at the right line. Each
-worker is set up once by ``initializer(*initargs)`` (opening an index, say),
-which must not rely on the parent's state: workers start with the default
-start method of :mod:`multiprocessing` (fork on Linux, spawn elsewhere).
-With one thread, or fewer batches than ``min_batches`` (two per worker by
-default: starting processes for less costs more than it saves), everything
-runs in the calling process (the same code, no process start-up).
+:func:`ordered_map` runs ``fn`` on each batch in a pool of ``threads``
+processes, reading the input lazily (at most ``2 * threads`` batches in
+flight) and yielding results in input order. ``initializer(*initargs)`` sets
+up each worker without relying on the parent's state. With one thread or
+fewer than ``min_batches`` batches it runs in the calling process.
 """
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """Building a BM25 index from a stream of documents in bounded memory.
 
-:class:`BM25Builder` takes documents one at a time (``add``). Tokens go into
-a flat int32 buffer (one dictionary lookup per token: raw token -> term
-column, filled on a word's first occurrence with the analyzer's possessive,
-stop-word and stemming rules). Every ``flush_tokens`` tokens the buffer is
-reduced to a *chunk*: its (term, document, tf) triples sorted term-major,
-kept in memory or, with ``spill_dir``, saved to disk.
-
-``finish`` needs the whole collection's statistics (document frequencies,
-N, avgdl) before any score can be computed, so it makes a second pass over
-the chunks: each chunk's scores are computed and scattered into the final
-term-major arrays (chunks are in document order, so every term's postings
-stay sorted by document). With ``directory`` those arrays are memory-mapped
-files written in place; then peak memory is one chunk plus per-document and
-per-term arrays, not the collection's postings, which is what makes a
-21M-passage Wikipedia index possible on an ordinary machine.
-
-:func:`build_index` indexes an iterable of texts in memory.
+:class:`BM25Builder` adds documents' term ids to a flat int32 buffer, reduced
+every ``flush_tokens`` tokens to a chunk of term-major (term, document, tf)
+triples (in memory or spilled to ``spill_dir``). ``finish`` then scores each
+chunk with the whole collection's statistics and scatters it into the final
+term-major arrays (memory-mapped files with ``directory``), so peak memory is
+one chunk plus per-document and per-term arrays. :func:`build_index` indexes
+an iterable of texts in memory.
 """
 from __future__ import annotations
 
@@ -129,13 +119,8 @@ class BM25Builder:
              progress: bool | None = False) -> BM25Index:
     """Computes the score matrix; the builder is spent afterwards.
 
-    Args:
-      params: BM25 parameters.
-      directory: if given, the postings arrays are created there as
-        memory-mapped ``.npy`` files (``BM25Index.save`` to the same
-        directory then leaves them in place).
-      progress: show a progress bar over the postings written (None: only
-        on a terminal).
+    With ``directory`` the postings arrays are memory-mapped ``.npy`` files
+    there (``BM25Index.save`` to the same directory leaves them in place).
     """
     self._flush()
     self._batcher = None

@@ -1,13 +1,9 @@
 """Opening a saved BM25 index with every file checked against the others.
 
-:func:`open_bm25_index` checks the postings directory of a BM25 index
-(:mod:`jaxfid.retrieval.bm25.scoring` layout) before loading it: the
-document count of ``bm25.json`` against ``meta.json``'s, the CSC arrays
-against ``indptr`` (sizes and dtypes from the ``.npy`` headers, nothing read
-whole), the per-term and per-document arrays (``max_scores.npy`` and
-``impacts.csc.index.npy`` when present), and that the vocabulary was not
-cut short. A missing, truncated or inconsistent file is one
-:class:`~jaxfid.core.errors.InputError` naming it.
+:func:`open_bm25_index` checks ``bm25.json`` against ``meta.json``, the CSC
+arrays against ``indptr`` and the per-term and per-document arrays (from the
+``.npy`` headers, nothing read whole); a missing, truncated or inconsistent
+file is one :class:`~jaxfid.core.errors.InputError` naming it.
 """
 from __future__ import annotations
 
@@ -38,7 +34,7 @@ def check_bm25_files(directory: str | os.PathLike, num_docs: int) -> None:
   load_array(d / "indices.csc.index.npy", (nnz,), (np.int32,))
   load_array(d / "idf.npy", (num_terms,), (np.float32,))
   load_array(d / "doc_norms.npy", (num_docs,), (np.float32,))
-  if (d / "max_scores.npy").exists():  # absent in indexes saved before it
+  if (d / "max_scores.npy").exists():  # optional
     load_array(d / "max_scores.npy", (num_terms,), (np.float32,))
   if (d / "impacts.csc.index.npy").exists():  # the same
     load_array(d / "impacts.csc.index.npy", (nnz,), (np.uint16,))

@@ -7,15 +7,10 @@ Layout of ``INDEX_DIR`` (``jaxfid index bm25``)::
   passages.bin ... the passage store (jaxfid.retrieval.store.passage_store)
   bm25/            the postings, in bm25s's file layout (jaxfid.retrieval.bm25.scoring)
 
-Documents are indexed as Anserini indexes BEIR/DPR corpora: title and text
-together ("contents"). Indexing reads the corpus once in the main process,
-streaming passages to the store, while ``threads`` worker processes tokenise
-batches of them (:mod:`jaxfid.retrieval.bm25.tokens`); postings are spilled
-to disk as they come (:mod:`jaxfid.retrieval.bm25.builder`), so memory stays
-bounded, and the directory appears only when complete. Searching many
-queries also runs on ``threads`` processes, each with the index memory-mapped
-(:meth:`BM25Searcher.search_batches`). Importing this module registers the
-``"bm25"`` index type of :func:`jaxfid.retrieval.search.open_index`.
+Documents are indexed as title and text together (Anserini's "contents").
+Building streams the corpus once, tokenising on ``threads`` processes and
+spilling postings to disk; the directory appears only when complete.
+Importing this module registers the ``"bm25"`` index type.
 """
 from __future__ import annotations
 
@@ -65,19 +60,9 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
                      threads: int | None = None) -> dict:
   """Indexes a corpus file into the directory ``output``; returns meta.json.
 
-  Args:
-    corpus: a corpus file in any format of :mod:`jaxfid.retrieval.store.corpus`.
-    output: the index directory (replaced if it already holds an index).
-    params: BM25 parameters.
-    progress: show a progress bar (None: only on a terminal).
-    encoding: the corpus's text encoding.
-    threads: tokenising processes (None: all available CPUs).
-
-  Raises:
-    InputError: on a malformed or empty corpus, or while another build of
-      ``output`` runs (nothing is written then).
-    StorageError: the disk is full (or another storage fault); the build's
-      temporaries are removed and an earlier index is left as it was.
+  ``threads``: tokenising processes (None: all CPUs). Raises InputError for a
+  malformed or empty corpus or a concurrent build of ``output``, StorageError
+  for a full disk (temporaries removed, an earlier index left as it was).
   """
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "

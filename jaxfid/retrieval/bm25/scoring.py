@@ -1,47 +1,23 @@
 """BM25 scored exactly as Lucene (and so Anserini/pyserini) scores it.
 
-Lucene 8/9's ``BM25Similarity`` (pyserini's defaults k1=0.9, b=0.4) scores a
-query term t in document d as::
+Lucene's ``BM25Similarity`` (pyserini's defaults k1=0.9, b=0.4)::
 
     idf(t)  = (float) ln(1 + (N - df + 0.5) / (df + 0.5))       (in double)
     norm(d) = 1 / (k1 * ((1 - b) + b * L(d) / avgdl))           (in float)
     s(t, d) = w - w / (1 + tf * norm(d)),  w = boost * idf(t)    (in float)
 
-which is ``idf * tf / (tf + k1 * (1 - b + b * L/avgdl))``: since Lucene 8 the
-``(k1 + 1)`` factor of the textbook formula is dropped (it does not change
-rankings). N counts documents that have at least one term, avgdl is
-sumTotalTermFreq / N, and the document score is the sum over query terms,
-accumulated in double and rounded to float. A query term repeated c times is
-one clause boosted by c.
+N counts documents with at least one term, avgdl is sumTotalTermFreq / N,
+L(d) is Lucene's one-byte length (:func:`int_to_byte4` /
+:func:`byte4_to_int`), float arithmetic is float32 in Lucene's order, the
+document score is a double sum rounded to float, a term repeated c times has
+boost c, and ties go to the smaller document id. Scores equal Lucene 8.7's
+on SQuAD dev (tests/data/retrieval/lucene_reference).
 
-What makes the scores *equal* rather than close: Lucene does not keep L(d).
-It stores one byte per document (``SmallFloat.intToByte4``: exact below 24,
-then 4 significant bits, so lengths 24..2^31 share 232 values) and scores with
-the decoded length. :func:`int_to_byte4`/:func:`byte4_to_int` reproduce that
-encoding, and all the float arithmetic above is done in float32 in Lucene's
-order. A query term repeated c times is scored with Lucene's boosted weight
-``w = c * idf`` (the stored score is for c = 1, so tf is recovered from it,
-the document norm and idf, which are kept for this). Ties are broken by
-document id (bytewise), as Anserini does. Checked against Lucene 8.7 on SQuAD
-(tests/data/retrieval/lucene_reference): same rankings and the same float
-scores for all 10,570 dev questions.
-
-Storage is bm25s's "eager" sparse layout: a term-major CSC matrix of
-precomputed per-(term, document) scores (``data`` float32, ``indices`` int32
-document numbers, ``indptr`` int64 per term), saved with bm25s's file names so
-``bm25s.BM25.load`` opens the same directory; ``max_scores.npy`` adds each
-term's largest score (older indexes without it get it computed on load) and
-``impacts.csc.index.npy`` each posting's score quantised to uint16 for the
-top k's accumulator (:mod:`jaxfid.retrieval.bm25.topk`; an index saved
-before them searches with float32 sums, the same results, slower). A
-query with few postings is scored exhaustively (double sums over the distinct
-matching rows); otherwise :func:`jaxfid.retrieval.bm25.topk.pruned_top_k`
-skips the documents that cannot reach the top k (MaxScore) and scores the
-rest exactly (:meth:`BM25Index.search`), so query time grows with the
-postings the query touches, not with the collection.
-
-Indexing (:mod:`jaxfid.retrieval.bm25.builder`) streams documents in
-bounded memory.
+Storage is bm25s's term-major CSC of per-(term, document) scores (``data``
+float32, ``indices`` int32, ``indptr`` int64), plus ``max_scores.npy`` (per
+term) and ``impacts.csc.index.npy`` (uint16 quantised scores). Queries with
+few postings are scored exhaustively, others by
+:func:`jaxfid.retrieval.bm25.topk.pruned_top_k`.
 """
 from __future__ import annotations
 
@@ -174,8 +150,8 @@ class BM25Index:
     data, indices, indptr: term-major CSC of per-(term, doc) scores.
     idf: float32 idf per term; doc_norms: float32 norm inverse per document.
     max_scores: float32 per term, its largest score (for pruning).
-    impacts, impact_step: uint16 ``floor(data / impact_step)`` per posting
-      (None in indexes saved before them).
+    impacts, impact_step: uint16 ``floor(data / impact_step)`` per posting,
+      or None.
     vocab: term -> column.
     num_docs: N.
     params: the BM25Params it was built with.
@@ -293,7 +269,7 @@ class BM25Index:
 
   def upper_bounds(self) -> np.ndarray:
     """float32 per term: its largest score (at boost 1) in the index."""
-    if self.max_scores is None:  # an index saved before they were stored
+    if self.max_scores is None:  # not stored in this index
       self.max_scores = term_maxima(self.data, self.indptr)
     return self.max_scores
 
@@ -309,14 +285,9 @@ class BM25Index:
              tie_rank: np.ndarray | None = None) -> list[tuple[int, float]]:
     """The top ``k`` matching documents: [(row, score)], best first.
 
-    Only documents containing a query term are returned (as Lucene does), so
-    there may be fewer than ``k``. Ties are broken by ``tie_rank[row]``
-    ascending (the rank of the document id; row order when None).
-
-    Few postings are scored exhaustively; otherwise
-    :func:`jaxfid.retrieval.bm25.topk.pruned_top_k` skips documents that
-    cannot reach the top ``k``. Both give Lucene's exact scores (double sums
-    of Lucene's float scores, boosted weights for repeated terms).
+    Only documents containing a query term are returned, so there may be fewer
+    than ``k``; ties go to the lower ``tie_rank[row]`` (row order when None).
+    Scores are Lucene's exactly, pruned or not.
     """
     terms = self._postings(text)
     if not terms or k <= 0:

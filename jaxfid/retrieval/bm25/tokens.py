@@ -1,20 +1,10 @@
 """Tokenising documents in batches: texts -> term ids, ready for indexing.
 
-A :class:`BatchAnalyzer` (one per process) gives every term it meets an id
-of its own, in order of first occurrence, and turns a batch of texts into a
-:class:`TokenBatch`: per raw token the id of its term (-1 for tokens Lucene
-does not index: stop words and runs of connector punctuation), per document
-its number of raw tokens, and the terms it met for the first time in this
-batch. The index builder keeps, per analyzer, a table from these ids to the
-index's columns, extended with each batch's new terms (one dictionary
-lookup per new term, not per token), and maps the ids with one numpy
-gather. So batches can be tokenised in other processes (``--threads``) and
-sent back as compact arrays, and the columns are assigned in order of first
-occurrence in the corpus whatever process tokenised what.
-
-Per token the work is the tokenizer's regular expression and one dictionary
-lookup done in C (``map``); each distinct raw token is analysed (possessive,
-stop word, Porter stem) once per process and remembered.
+A :class:`BatchAnalyzer` (one per process) numbers terms in order of first
+occurrence and turns a batch of texts into a :class:`TokenBatch`; the
+builder maps each analyzer's ids to index columns with one numpy gather, so
+columns follow first occurrence in the corpus whichever process tokenised
+what. Each distinct raw token is analysed once per process.
 """
 from __future__ import annotations
 
@@ -34,10 +24,8 @@ class TokenBatch(NamedTuple):
 
   Attributes:
     source: which analyzer made it (its ids are its own).
-    new_terms: the terms the analyzer met for the first time, in order: the
-      first gets the next id after all earlier batches' new terms.
-    ids: int32, the term id of every raw token of the batch in order, -1
-      for a token that is not indexed.
+    new_terms: the terms the analyzer met for the first time, in id order.
+    ids: int32, the term id of every raw token in order, -1 if not indexed.
     lengths: int32 per document, its number of raw tokens.
   """
   source: tuple

@@ -1,61 +1,24 @@
 """Exact top-k BM25 search that skips what cannot reach the top k (MaxScore).
 
-A query's score for a document is a sum of per-term scores, each at most the
-term's *upper bound* (its largest score in the index, stored per term).
-Term-at-a-time with MaxScore's cut-off (Turtle & Flood 1995), vectorised
-with numpy over the memory-mapped postings:
+Term-at-a-time MaxScore (Turtle & Flood 1995), vectorised with numpy:
 
-1. **Expand**: terms are taken in decreasing order of upper bound (rare
-   terms first) and all their postings are added into a float32
-   accumulator. After each term, the k-th best sum of its documents gives
-   ``theta``, a lower bound of the final k-th score. Once the upper bounds of
-   the terms still to come sum to less than ``theta``, a document that none
-   of the expanded terms contains cannot reach the top k: expansion stops.
-2. **Candidates**: the expanded documents whose sum plus the remaining
-   upper bounds reaches ``theta``.
-3. **Update**: each remaining (common, low-weight) term adds its scores to
-   the candidates only, found by binary search in its postings or, when
-   candidates are many, by a mask over them; then candidates that can no
-   longer reach ``theta`` are dropped.
-4. **Exact scores** of the few remaining candidates: each term's score is
-   looked up and the scores are summed in double and rounded to float, as
-   Lucene does (boosted weights for repeated terms included).
+1. **Expand** terms in decreasing upper bound into a float32 accumulator;
+   ``theta`` (the k-th best sum so far) bounds the final k-th score from
+   below; stop once the remaining terms' bounds sum below ``theta``.
+2. **Candidates**: expanded documents whose sum plus the remaining bounds
+   reaches ``theta``.
+3. **Update** candidates with each remaining term's scores, dropping those
+   that can no longer reach ``theta``.
+4. **Exact scores** of the survivors, summed in double as Lucene does.
 
-When no term's postings outnumber those of the term of highest bound by
-more than ``ADD_ALL_RATIO`` (common on corpora of a small vocabulary, where
-every term is frequent), skipping saves less than its bookkeeping costs:
-:func:`add_all_top_k` adds every posting, takes ``theta`` from the complete
-sums of the first term's documents, and keeps the documents of the
-essential terms that reach it (steps 2 and 4 without 3).
-
-The float32 sums of steps 1-3 are within a relative ``(m + 16) * 2^-23`` of
-the exact ones (m terms, all scores positive), and every comparison with
-``theta`` allows for that and for float rounding of the final scores, so no
-document that could tie the k-th score is dropped: the result equals the
-exhaustive ranking (``BM25Index.match`` then ``top_k``), ties included. The
-work per query is the postings of the expanded terms, plus the candidates
-(or postings) of the others; nothing is proportional to the collection size
-(the accumulator is allocated once per thread; only touched entries are
-reset, or all of it by one memset when they are more than an eighth).
-
-Postings are added by :func:`scatter_add` (scipy's compiled CSC product,
-the same float32 additions as ``np.add.at``, 1.5-1.8x as fast) and the
-accumulator is read with :func:`gather` (``take`` with platform indices:
-numpy's fancy indexing with the index's int32 rows is 4-8x slower). The
-index checks each term's rows once, on first use, since the compiled loop
-does no bounds checks (``BM25Index._check_rows``).
-
-**Impacts.** The work is memory traffic over the accumulator (12 MB of
-float32 at 3M documents). Where the index stores *impacts* (each posting's
-score at boost 1 quantised down, ``floor(score / step)`` with one ``step``
-for the whole index, at most :data:`IMPACT_MAX`) and the query's boosts sum
-to at most :data:`MAX_IMPACT_TERMS`, the sums are taken in a uint16
-accumulator instead (:class:`Sums`): half the bytes to add, read and zero.
-An integer sum ``P`` over terms of boosts summing to ``m`` bounds the true
-partial score from both sides, ``P * step <= score < (P + m) * step`` (up
-to ``eps``), and every comparison with ``theta`` uses those bounds, so the
-candidates still include every document that can tie the k-th score; a few
-more documents within ``m * step`` of it are scored exactly.
+When postings are evenly spread (``ADD_ALL_RATIO``), :func:`add_all_top_k`
+adds every posting instead. Every comparison with ``theta`` allows for the
+float32 sums' error (``(m + 16) * 2^-23`` relative), so the result equals
+the exhaustive ranking, ties included. Where the index stores impacts and
+the query's boosts sum to at most :data:`MAX_IMPACT_TERMS`, sums use a
+uint16 accumulator (:class:`Sums`) with ``P * step <= score <
+(P + m) * step``. :func:`scatter_add` and :func:`gather` do no bounds
+checks; ``BM25Index._check_rows`` checks each term's rows once.
 """
 from __future__ import annotations
 
@@ -99,9 +62,8 @@ class Term(NamedTuple):
     scores: float32 scores of those postings at boost 1.
     boost: how many times the term occurs in the query.
     upper: an upper bound of its boosted scores.
-    exact: ``exact(rows, scores)``, Lucene's boosted float32 scores of a
-      subset of its postings.
-    impacts: uint16 ``floor(scores / step)`` (the index's step), or None.
+    exact: ``exact(rows, scores)``, Lucene's boosted float32 scores.
+    impacts: uint16 ``floor(scores / step)``, or None.
   """
   rows: np.ndarray
   scores: np.ndarray
@@ -358,16 +320,11 @@ def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace,
                  step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Documents that include the exact top ``k``, with their exact scores.
 
-  Args:
-    terms: the distinct query terms (at least one posting each).
-    k: how many documents are wanted (>= 1).
-    space: the thread's workspace (left all zero on return).
-    step: the index's impact step, if its terms carry impacts.
-
-  Returns:
-    (rows int64 ascending, float32 scores): every document that can be in
-    the top ``k`` (ties at the k-th score included) and possibly a few
-    more; pass them to :func:`jaxfid.retrieval.bm25.scoring.top_k`.
+  ``terms`` each have at least one posting; ``space`` is left all zero;
+  ``step`` is the index's impact step, if any. Returns (rows int64 ascending,
+  float32 scores): every document that can be in the top ``k`` (ties
+  included), and perhaps a few more, for
+  :func:`jaxfid.retrieval.bm25.scoring.top_k`.
   """
   if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
     return expand_all_top_k(terms, k, space)

@@ -1,23 +1,12 @@
 """Importing precomputed passage embeddings (DPR's released format).
 
-DPR's ``generate_dense_embeddings.py`` writes ``wiki_passages_{shard}`` files,
-each one ``pickle.dump`` of a list of ``(passage id, numpy vector)`` tuples
-(read safely by :mod:`jaxfid.retrieval.dense.vector_files`); ids are the
-corpus ids (``"123"``) or carry a source prefix (``"wiki:123"``).
-:func:`import_embeddings` reads such files (a glob or a list), matches every
-vector to its passage in the corpus (``psgs_w100.tsv``), writes the passage
-store and embedding shards of a dense index directory, and builds the FAISS
-index, exactly as :func:`jaxfid.retrieval.dense.index.write_dense_index`
-would. Every corpus passage needs exactly one vector: missing, duplicate or
-unknown ids are errors naming the file.
-
-Queries then need vectors from the *same* model: DPR's question encoder is a
-BERT, which jaxfid does not run, so an imported index stores no query
-encoder unless it is given one producing vectors of the same width (its
-``meta.json`` entry; :func:`jaxfid.dual_encoder.index.import_dpr_embeddings`
-loads a T5 checkpoint for that); otherwise ``jaxfid retrieve`` needs
-precomputed query vectors (``--search-option query_vectors=FILE``, read by
-:func:`jaxfid.retrieval.dense.vector_files.read_query_vectors`).
+:func:`import_embeddings` reads DPR's ``wiki_passages_{shard}`` pickles of
+``(passage id, vector)`` (ids ``"123"`` or ``"wiki:123"``), matches each
+vector to its corpus passage and writes a dense index as
+:func:`jaxfid.retrieval.dense.index.write_dense_index` would; missing,
+duplicate or unknown ids are errors naming the file. Without a query encoder
+of the same width, queries need precomputed vectors
+(``--search-option query_vectors=FILE``).
 """
 from __future__ import annotations
 
@@ -100,19 +89,10 @@ def import_embeddings(embeddings: str | Sequence[str],
                       encoding: str = "utf-8") -> dict:
   """Builds a dense index directory from DPR embedding pickles.
 
-  Args:
-    embeddings: a glob (``'wiki_passages_*'``) or list of globs.
-    corpus: the corpus the ids refer to.
-    output: the index directory.
-    factory, metric, index_shards, shard_size, embedding_dtype, train_size:
-      as for :func:`jaxfid.retrieval.dense.index.write_dense_index`.
-    query_encoder_entry: the ``meta.json`` entry of an encoder that embeds
-      queries into the same space (its ``dim`` must match), or None.
-    progress: show progress bars (None: only on a terminal).
-    encoding: the corpus's text encoding.
-
-  Returns:
-    A summary: ``{"index", "num_passages", "dim", "files"}``.
+  ``embeddings``: a glob or list of globs; other arguments as for
+  :func:`jaxfid.retrieval.dense.index.write_dense_index`;
+  ``query_encoder_entry``: the ``meta.json`` entry of an encoder of the same
+  ``dim``, or None. Returns ``{"index", "num_passages", "dim", "files"}``.
   """
   output = Path(output)
   check_output(output)

@@ -1,21 +1,14 @@
 """Passage embeddings on disk: fixed-size ``.npy`` shards plus a manifest.
 
-A dense index directory keeps every passage's vector, so that FAISS indexes
-can be rebuilt without re-encoding and neighbours' vectors can be fetched by
-row (ReFusion reads them as a key-value store)::
-
   embeddings.json          {"num_rows", "dim", "dtype", "shard_size",
                             "num_shards", "source": {...}}
   embeddings_00000.npy     rows [0, shard_size)      float32 or float16
-  embeddings_00001.npy     rows [shard_size, 2*shard_size)
   ...
 
-``source`` says where the vectors came from (encoder fingerprint, corpus,
-max length ...): :class:`ShardWriter` keeps a shard that is already on disk
-only when the manifest's ``source`` and layout are identical, so an
-interrupted build resumes from its completed shards and a rebuild with other
-FAISS settings re-encodes nothing. Every shard is written to a temporary
-file and renamed when complete.
+:class:`ShardWriter` keeps a shard on disk only when the manifest's
+``source`` and layout are identical, so an interrupted build resumes and a
+rebuild with other FAISS settings re-encodes nothing; shards are written
+atomically.
 """
 from __future__ import annotations
 

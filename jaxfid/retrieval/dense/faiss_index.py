@@ -1,25 +1,12 @@
 """FAISS indexes over embedding shards, from factory strings, searched as one.
 
-* **Flat** (the default, ``"Flat"``): exact inner product (or L2). Nothing is
-  written for it: an exact index holds exactly the vectors of the embedding
-  shards, so it is filled from them when the index is opened (a memory copy)
-  instead of storing every vector twice.
-* **Any other factory string** (``"IVF4096,PQ64"``, ``"HNSW32"``,
-  ``"OPQ64,IVF65536_HNSW32,PQ64"`` ...): ``faiss.index_factory(d, factory,
-  metric)``, trained (when the type needs it) on ``train_size`` random rows,
-  filled shard by shard and written to ``faiss_00000.index``.
-* **Sharded** (``index_shards > 1``): the rows are cut into that many
-  contiguous ranges, one sub-index each (trained ones share one training);
-  :class:`ShardedIndex` searches every part and merges the top-k, so the
-  result equals one index over all rows for exact indexes.
-
-Scores are "higher is better" everywhere: inner products, or *negated*
-squared L2 distances for ``metric="l2"``. Equal scores are ordered by row,
-so results do not depend on how the rows were sharded.
-
-Search-time knobs (``jaxfid retrieve --search-option nprobe=64``):
-``nprobe`` (IVF lists visited), ``ef_search`` (HNSW), or any other name
-FAISS's ``ParameterSpace`` knows (``k_factor``, ``ht``, ...).
+``"Flat"`` (default) is exact and stores nothing: it is filled from the
+embedding shards on open. Other factory strings are trained on
+``train_size`` random rows and written to ``faiss_00000.index``. With
+``index_shards > 1``, :class:`ShardedIndex` searches contiguous row ranges
+and merges the top-k. Scores are higher-is-better (negated squared L2 for
+``metric="l2"``); ties go to the lower row. Search options: ``nprobe``,
+``ef_search`` or any FAISS ``ParameterSpace`` name.
 """
 from __future__ import annotations
 

@@ -1,47 +1,19 @@
 """Dense index directories: a corpus, its vectors, and FAISS over them.
 
-An index directory of type ``"dense"`` holds::
-
   meta.json            {"type": "dense", "num_passages", "dim", "encoder",
                         "query_encoder", "faiss", "embeddings", "corpus", ...}
-  passages.bin ...     the passage store (as every index type has)
+  passages.bin ...     the passage store
   embeddings.json, embeddings_00000.npy ...   every passage's vector
-                       (jaxfid.retrieval.dense.embedding_store), fetchable by row
-  faiss_00000.index .. the FAISS index parts (none for the exact "Flat"
-                       default, which is filled from the embeddings on open)
+  faiss_00000.index .. the FAISS index parts (none for "Flat")
 
-This module knows nothing of the model that makes the vectors. Building
-(:func:`write_dense_index`) takes a :class:`PassageEncoder`; searching
-(:class:`DenseSearcher`) takes precomputed query vectors or a
-:class:`QueryEmbedder`. The T5 dual encoder provides both, and registers the
-``"dense"`` index type of :func:`jaxfid.retrieval.search.open_index`, in
-:mod:`jaxfid.dual_encoder.index`; DPR's released embeddings are imported by
-:mod:`jaxfid.retrieval.dense.dpr_import`.
-
-The corpus is any format of :mod:`jaxfid.retrieval.store.corpus`, including
-*sentences* (ReFusion's key-value store): a ``.txt`` file with one sentence
-per line, or JSONL whose records have ``text`` but no id; sentence ids are
-their 0-based row (blank lines are skipped).
-
-Building happens in ``.NAME.partial/`` beside the output and is renamed into
-place when complete. An interrupted build (kill -9, a crash) leaves that
-directory behind and the same command resumes from its completed embedding
-shards (the dead build's lock and temporaries are cleared first); rebuilding
-an existing index with the same encoder and corpus (another
-``--faiss-factory``, say) reuses the index's embeddings instead of encoding
-again. On a full disk the build stops with one line naming the output, and
-removes ``.NAME.partial/`` (its space is what the disk lacks); an earlier
-index at the output is left as it was.
-
-Opening an index checks the passage store, every embedding shard and the
-FAISS part files against ``meta.json`` (sizes and shapes; nothing is read
-whole): a damaged index is one line naming the file.
-
-Search options of :meth:`DenseSearcher.search`: ``query_vectors=FILE``
-(precomputed query vectors, see :func:`jaxfid.retrieval.dense.vector_files
-.read_query_vectors`), the query embedder's own options, ``mmap=1``
-(memory-map written FAISS files) and FAISS parameters (``nprobe``,
-``ef_search``, ...).
+Model-agnostic: :func:`write_dense_index` takes a :class:`PassageEncoder`,
+:class:`DenseSearcher` query vectors or a :class:`QueryEmbedder`
+(:mod:`jaxfid.dual_encoder.index` provides both and registers ``"dense"``).
+A build runs in ``.NAME.partial/`` and is renamed when complete; an
+interrupted build resumes from its finished shards, and a rebuild with the
+same encoder and corpus reuses the embeddings. Opening checks every file
+against ``meta.json``. Search options: ``query_vectors=FILE``, the
+embedder's options, ``mmap=1`` and FAISS parameters.
 """
 from __future__ import annotations
 
@@ -190,21 +162,10 @@ def write_dense_index(encoder: PassageEncoder, corpus: str | os.PathLike,
                       encoding: str = "utf-8") -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
-  Args:
-    encoder: embeds the passages (and is recorded as the query encoder).
-    corpus: a corpus or sentence file (see :func:`read_dense_corpus`).
-    output: the index directory (replaced if it already holds an index).
-    factory: FAISS factory string; "Flat" is exact search.
-    metric: 'ip' (inner product) or 'l2'.
-    index_shards: FAISS sub-indexes over contiguous row ranges.
-    shard_size: passages per embedding shard file.
-    embedding_dtype: 'float32' or 'float16' storage of the embeddings.
-    train_size: vectors to train IVF/PQ indexes on.
-    progress: show progress bars (None: only on a terminal).
-    encoding: the corpus's text encoding.
-
-  Returns:
-    ``{"index", "num_passages", "dim", "embedded", "reused", ...}``.
+  ``factory``: a FAISS factory string ("Flat" is exact); ``metric``: 'ip' or
+  'l2'; ``index_shards``: FAISS sub-indexes over contiguous rows;
+  ``embedding_dtype``: 'float32' or 'float16'. Returns ``{"index",
+  "num_passages", "dim", "embedded", "reused", ...}``.
   """
   output = Path(output)
   check_output(output)

@@ -1,14 +1,8 @@
 """Files of precomputed vectors: DPR's pickles, and query vectors.
 
-DPR's ``generate_dense_embeddings.py`` writes ``wiki_passages_{shard}`` files,
-each one ``pickle.dump`` of a list of ``(passage id, numpy vector)`` tuples
-(:mod:`jaxfid.retrieval.dense.dpr_import` turns them into a dense index).
-Pickles are read with a restricted unpickler that only rebuilds lists,
-tuples, strings, numbers and numpy arrays, so a hostile file cannot run code.
-
-Queries of a dense index without a query encoder need their vectors
-precomputed: :func:`read_query_vectors` reads them (``jaxfid retrieve
---search-option query_vectors=FILE``).
+Pickles are read with a restricted unpickler (lists, tuples, strings,
+numbers and numpy arrays only), so a hostile file cannot run code.
+:func:`read_query_vectors` reads ``--search-option query_vectors=FILE``.
 """
 from __future__ import annotations
 

@@ -1,41 +1,17 @@
 """Reading passage corpora: JSONL, DPR TSV and sentence files, gzipped or not.
 
-Accepted formats:
+* JSONL: BEIR (``_id``, ``title``, ``text``), DPR (``id``), pyserini /
+  FlashRAG (``id``, ``contents``; a first line that is a double-quoted title
+  is split off), or sentences (``text`` without id: ids are record numbers);
+* DPR TSV: a header naming ``id``, ``text`` and optionally ``title``, then
+  rows in DPR's ``csv`` quoting;
+* sentences (``.txt``): one passage per non-blank line, ids 0, 1, ...
 
-* **BEIR JSONL**: ``{"_id": ..., "title": ..., "text": ...}`` per line (other
-  keys such as ``metadata`` are ignored);
-* **DPR JSONL**: the same with ``id`` instead of ``_id``;
-* **pyserini / FlashRAG JSONL**: ``{"id": ..., "contents": ...}``; a
-  ``contents`` whose first line is a double-quoted title (``"Title"\\ntext``,
-  as in pyserini's and FlashRAG's Wikipedia) is split into title and text,
-  any other ``contents`` is the text;
-* **sentence JSONL**: records with ``text`` (and optionally ``title``) but
-  no id; passage ids are the 0-based record numbers;
-* **DPR TSV**: a header naming the columns (``id``, ``text`` and optionally
-  ``title``, in any order; DPR's ``psgs_w100.tsv`` has ``id text title``), then
-  one passage per row. Fields follow DPR's ``csv`` conventions: tab-separated,
-  a field holding quotes, tabs or newlines is double-quoted with ``""``
-  escapes;
-* **sentences** (``.txt``): one passage per non-blank line, ids 0, 1, ...
-  (ReFusion's key-value store).
-
-The format comes from the name where it says (``.jsonl``/``.json``: JSON
-lines, ``.tsv``: DPR TSV, each optionally ``.gz``) and otherwise from the
-first non-blank line: a JSON object starts JSON lines whatever the suffix (a
-``.txt`` file of JSON lines is JSONL); a ``.txt`` file is otherwise a
-sentence file unless its first line is a DPR TSV header; any other name is
-DPR TSV. Whether JSON lines carry ids is decided by the first record.
-
-Gzip is recognised by its magic bytes, whatever the file name. Text is UTF-8
-unless ``encoding`` names another ASCII-compatible encoding (``cp1252`` for
-legacy corpora; ``--encoding`` of the commands). Every problem in the file
-(undecodable text, bad JSON, a missing id or text, a wrong number of TSV
-columns, an id with whitespace, which a TREC run cannot hold) raises
-:class:`InputError` naming the file and the line. Duplicate ids are caught
-where passages are stored (:mod:`jaxfid.retrieval.store.passage_store`).
-
-Readers are generators: a 21M-passage corpus streams through in constant
-memory.
+The format comes from the suffix (``.jsonl``/``.json``, ``.tsv``, each maybe
+``.gz``) or else the first non-blank line; gzip is detected by magic bytes.
+Any malformed line (bad encoding or JSON, missing id or text, wrong column
+count, an id with whitespace) raises InputError naming file and line.
+Readers stream in constant memory.
 """
 from __future__ import annotations
 
@@ -243,14 +219,8 @@ def read_corpus(path: str | os.PathLike, fmt: str | None = None,
                 encoding: str = "utf-8") -> Iterator[tuple[int, Passage]]:
   """Yields (line number, Passage) for every passage of a corpus file.
 
-  Args:
-    path: a corpus file in any format of the module docstring, optionally
-      gzipped.
-    fmt: ``"jsonl"``, ``"tsv"`` or ``"sentences"``; detected when None.
-    encoding: the file's text encoding (UTF-8 by default).
-
-  Raises:
-    InputError: on any malformed line (the message names file and line).
+  ``fmt``: ``"jsonl"``, ``"tsv"`` or ``"sentences"`` (detected when None).
+  Raises InputError on a malformed line.
   """
   fmt = fmt or detect_format(path, encoding)
   if fmt == "jsonl":

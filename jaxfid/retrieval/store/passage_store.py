@@ -1,26 +1,16 @@
 """Passage text stored once on disk, memory-mapped and addressable by id.
 
-Every index directory (BM25, dense, token-level) holds the passages it
-retrieves from in the same five files, so any index type can print passage
-text and map ids:
-
 * ``passages.bin``: UTF-8 title then text of every passage, concatenated;
 * ``offsets.npy``: int64, 2N+1 byte offsets: passage i's title is
   ``passages.bin[o[2i]:o[2i+1]]``, its text ``[o[2i+1]:o[2i+2]]``;
 * ``ids.txt``: the passage ids, one per line (ids hold no whitespace);
 * ``id_offsets.npy``: int64, N+1 byte offsets of the lines of ``ids.txt``;
-* ``id_order.npy``: passage indices sorted by id (bytewise), for lookups by
-  id (binary search) and for breaking score ties by id, as Anserini does.
+* ``id_order.npy``: passage indices sorted by id (bytewise).
 
-Nothing is loaded eagerly: opening a 21M-passage store maps the files and
-creates no per-passage Python objects; ``store[i]`` decodes one passage.
-Opening checks every file's size against the offset arrays (and the passage
-count against ``meta.json``'s when given): a truncated or missing file is an
-:class:`InputError` naming it, never empty or wrong passages.
-
-Passages are written once by :class:`PassageStoreWriter`, which streams them to
-disk and, on :meth:`PassageStoreWriter.close`, sorts the ids and rejects
-duplicates with an :class:`InputError` naming the corpus line.
+Opening maps the files and checks their sizes (a damaged file is an
+InputError naming it); ``store[i]`` decodes one passage.
+:class:`PassageStoreWriter` streams passages and rejects duplicate ids on
+close.
 """
 from __future__ import annotations
 

@@ -1,28 +1,15 @@
 """Reading queries: TSV, JSONL (BEIR / generic) and QA sets (NQ-open style).
 
-Accepted files (optionally gzipped):
+* TSV: ``id<TAB>text`` (an ``id``/``qid``/... header line is skipped);
+* QA TSV: ``question<TAB>['answer', ...]`` (DPR's ``*.qa.csv``);
+* JSONL: id under ``id``/``_id``/``qid``, text under
+  ``question``/``text``/``query``, answers under ``answer``/``answers``/
+  ``golden_answers``;
+* JSON: a list of such records (FiD data).
 
-* **TSV** (``.tsv``, ``.txt``, or any file whose first line is not JSON):
-  ``id<TAB>text`` per line; a first line that is a header (``id``/``qid``/
-  ``query_id``/``_id`` then ``text``/``query``/``question``) is skipped.
-* **QA TSV** (DPR's and Anserini's open-domain test sets, ``nq-test.qa.csv``
-  ...): ``question<TAB>['answer 1', 'answer 2']`` per line, no id column;
-  recognised by its first line, whose second column is a Python (or JSON)
-  list of strings. The question may be double-quoted with ``""`` escapes
-  (DPR writes them with ``csv``).
-* **JSONL** (``.jsonl``, or a first line that is a JSON object, whatever the
-  suffix): an id under ``id``, ``_id`` or ``qid`` and the text under
-  ``question``, ``text`` or ``query`` (BEIR's ``queries.jsonl``). QA sets
-  carry ``answer``, ``answers`` or ``golden_answers`` (FlashRAG; a string or
-  a list of strings), as NQ-open does; they are kept for answer recall and
-  the FiD output.
-* **JSON** (``.json`` holding a list): FiD data, the same keys per element.
-
-Records without an id (and QA TSV lines) are numbered by their position
-(``"0"``, ``"1"``, ...; blank lines are not counted), so NQ-open's dev set
-gets ids that :mod:`jaxfid.evaluation.retrieval` reproduces when it reads the
-same file. Duplicate ids, records without text, bad JSON and
-TSV lines without a tab raise :class:`InputError` with the file and line.
+Records without an id are numbered ``"0"``, ``"1"``, ... (blank lines not
+counted). Duplicate ids, missing text, bad JSON and tab-less TSV lines raise
+InputError naming file and line.
 """
 from __future__ import annotations
 

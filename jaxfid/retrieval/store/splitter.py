@@ -1,16 +1,9 @@
 """Splitting documents into passages, and writing DPR passage TSV files.
 
-DPR and FiD retrieve from Wikipedia cut into disjoint blocks of 100 words
-(``psgs_w100.tsv``): the text of each article is split on whitespace into
-consecutive, non-overlapping chunks of ``words`` words (the last one shorter),
-rejoined with single spaces, and every chunk keeps the article's title, which
-does not count towards the 100 words. :func:`split_into_passages` does the
-same. A document with no words yields no passage.
-
-Passage ids are ``{doc_id}_{k}`` (k = 0, 1, ... within the document), which
-keeps the source document recoverable (BEIR qrels name documents); with
-``sequential_ids=True`` they are ``1, 2, 3, ...`` over the whole corpus, as in
-DPR's file. Either way they are unique when the document ids are.
+:func:`split_into_passages` cuts each text into consecutive chunks of
+``words`` whitespace-separated words (as DPR's ``psgs_w100.tsv``), each with
+the document's title. Ids are ``{doc_id}_{k}``, or ``1, 2, ...`` with
+``sequential_ids=True``.
 """
 from __future__ import annotations
 

@@ -1,49 +1,15 @@
 """Text analysis equivalent to Lucene's EnglishAnalyzer (pyserini's default).
 
-Lucene (and so Anserini/pyserini, whose ``DefaultEnglishAnalyzer`` is the same
-chain) analyses English text as::
-
   StandardTokenizer -> EnglishPossessiveFilter -> LowerCaseFilter
     -> StopFilter(ENGLISH_STOP_WORDS_SET) -> PorterStemFilter
 
-This module reproduces each stage:
-
-* **StandardTokenizer** splits on Unicode word boundaries (UAX #29). A regular
-  expression implements the rules that matter for real text: runs of letters,
-  digits, combining marks and connector punctuation (``_``) form a word;
-  ``. ' ’ : ·`` join letters (``u.s.a``, ``isn't``, ``foo:bar``); ``. , ; '``
-  join digits (``3.14``, ``1,000``); every other character (``- / @ ( "`` ...)
-  breaks words and is dropped. Han ideographs and hiragana are one token per
-  character, katakana and South-East Asian scripts (Thai, Lao, Khmer, Myanmar)
-  form runs of their own script, as in Lucene. Tokens longer than 255
-  characters are cut into 255-character pieces, as Lucene does.
-* **EnglishPossessiveFilter** strips a trailing ``'s`` (also with ``’`` or
-  ``＇``).
-* **LowerCaseFilter** lowercases each code point (Java's
-  ``Character.toLowerCase``: no final-sigma rule, ``İ`` becomes ``i``).
-* **StopFilter** removes Lucene's 33 English stop words.
-* **PorterStemFilter**: Lucene's Porter stemmer is the reference C version,
-  which differs from Snowball's ``porter`` (PyStemmer) on short words and on
-  the ``-bli``/``-logi`` rules; :mod:`jaxfid.retrieval.text.porter` reproduces it.
-
-The analyzer was checked token for token against Lucene 8.7's EnglishAnalyzer
-(tests/data/retrieval/lucene_reference) and on the 47k distinct words of
-SQuAD v1.1 dev. Known remaining differences, all outside ordinary English
-text: emoji are dropped (Lucene emits them as tokens), so are letter-like
-symbols such as circled letters; the Hebrew-letter and katakana/``_`` joining
-rules of UAX #29 are not implemented; Unicode versions may differ for recently
-added characters.
-
-Speed: the rules are written once with the ``regex`` module (which knows
-Unicode scripts and properties), but most text takes faster equivalent paths
-through the standard ``re`` module: an ASCII-only pattern for ASCII text, and
-for other text in the Basic Multilingual Plane without combining marks, a
-pattern whose character classes are the ``regex`` classes enumerated over the
-BMP (built on first use). Non-ASCII characters that can only separate words
-(dashes, curly double quotes, non-breaking spaces, ...; not the apostrophes
-and other joiners above) are first turned into spaces, so English text with
-typographic punctuation stays on the ASCII path. Tests check that all paths
-agree.
+The tokenizer implements UAX #29's rules that matter for real text
+(``u.s.a``, ``isn't``, ``3.14``, ``1,000``; CJK and South-East Asian
+scripts; 255-character pieces); lowercasing is Java's; stemming is Lucene's
+Porter (:mod:`jaxfid.retrieval.text.porter`). Tokens match Lucene 8.7's
+(tests/data/retrieval/lucene_reference) except emoji, letter-like symbols
+and a few UAX #29 joining rules. ASCII and most BMP text take faster
+``re`` paths equivalent to the ``regex`` rules.
 """
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
 """DPR's ``has_answer``: does a passage contain an answer, token for token?
 
-The answer-recall numbers reported by DPR, FiD and most open-domain QA papers
-(top-k accuracy R@k) call a passage a hit when some gold answer, tokenised,
-appears as a contiguous token sequence in the tokenised passage. The
-tokeniser is DPR's ``SimpleTokenizer``: after NFD normalisation, tokens are
-runs of letters/digits/combining marks (``[\\p{L}\\p{N}\\p{M}]+``) or single
-other non-space, non-control characters (``[^\\p{Z}\\p{C}]``), compared
-lowercased. This module reproduces it (DPR ``dpr/data/qa_validation.py``,
-``has_answer`` with ``match_type="string"``; FiD ``src/evaluation.py``), with
-one deliberate difference: an answer with no tokens (an empty string) never
-matches, where DPR's loop would count it as found in every passage.
-
-:class:`AnswerMatcher` tokenises the answers once and rejects most passages
-with a cheap substring test before tokenising them; :class:`PreparedCache`
-normalises each passage once for all the questions that retrieved it. This
-keeps annotating 100 passages per question fast.
+DPR's ``SimpleTokenizer`` (NFD, runs of ``[\\p{L}\\p{N}\\p{M}]`` or single
+other visible characters, lowercased) and contiguous token match, except
+that an empty answer never matches. :class:`AnswerMatcher` prefilters with a
+substring test; :class:`PreparedCache` normalises each passage once.
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """The Porter stemmer exactly as Lucene's PorterStemFilter applies it.
 
-Lucene's stemmer follows Martin Porter's reference C implementation, which
-departs from the published algorithm (and from Snowball's ``porter``, which
-PyStemmer implements) in three ways:
-
-1. words of one or two characters are never stemmed (Snowball: ``us`` -> ``u``);
-2. step 2 has ``(m>0) BLI -> BLE`` instead of ``(m>0) ABLI -> ABLE``
-   (``assembly`` -> ``assembl``, Snowball ``assembli``);
-3. step 2 has the extra rule ``(m>0) LOGI -> LOG``
-   (``technology`` -> ``technolog``, Snowball ``technologi``).
-
-Outside these, Snowball's porter and Lucene agree (checked on the 47k distinct
-words of SQuAD v1.1 dev). :func:`lucene_porter_stem` is a pure-Python
-implementation of the reference algorithm; :class:`LucenePorterStemmer` uses
-the fast C Snowball stemmer for the words the departures cannot touch (no
-``bl`` or ``log`` in them) and the Python one for the rest.
+The reference C version differs from Snowball's ``porter``: words of one or
+two characters are not stemmed, step 2 has ``BLI -> BLE`` (not ``ABLI``)
+and ``LOGI -> LOG``. :class:`LucenePorterStemmer` uses Snowball's C stemmer
+where these cannot apply (no ``bl`` or ``log``) and
+:func:`lucene_porter_stem` otherwise.
 """
 from __future__ import annotations
 
