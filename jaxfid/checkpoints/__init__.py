@@ -1,18 +1,9 @@
 """Checkpoint readers and writers: HF, T5X, original FiD; one rename table.
 
-Every reader returns ``(fields, flat_params)``: the T5Config fields (a dict,
-HF field names, ``jaxfid.t5.config.T5Config(**fields)``) and the
-parameters as a flat dict of float32 numpy arrays named as jaxfid (and T5X)
-names them, '/'-joined: ``encoder/layers_0/attention/query/kernel``. Bad user
-files raise :class:`jaxfid.core.errors.InputError` naming file and tensor.
-
-* :mod:`.names`: the rename table jaxfid <-> HF (and the FiD wrapper names),
-  parameter shapes and counts;
-* :mod:`.configs`: config.json <-> fields, fields from T5X parameter shapes;
-* :mod:`.hf`: ``read_hf`` / ``write_hf`` (safetensors, sharded, torch .bin);
-* :mod:`.torch_bin`: ``pytorch_model.bin`` read without torch;
-* :mod:`.t5x`: ``read_t5x`` / ``write_t5x`` (msgpack + TensorStore, orbax);
-* :mod:`.detect`: ``detect_format``, ``load_flat``, ``register_loader``.
+Every reader returns ``(fields, flat_params)``: T5Config fields (HF names)
+and float32 numpy parameters named as jaxfid (and T5X) name them,
+``encoder/layers_0/attention/query/kernel``. Bad user files raise
+:class:`jaxfid.core.errors.InputError` naming file and tensor.
 """
 from jaxfid.checkpoints.configs import (FIELDS, as_fields, config_from_hf_json,
                                         config_from_params,

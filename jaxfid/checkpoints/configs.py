@@ -1,25 +1,11 @@
 """T5 configuration fields from and to the formats jaxfid reads and writes.
 
-jaxfid's model configuration (``jaxfid.t5.config.T5Config``) uses the
-Hugging Face field names, so a checkpoint's configuration is a plain ``dict``
-of the :data:`FIELDS` below; the readers return such a dict and the writers
-accept the dict or any object with these attributes (the dataclass itself).
-
-Three sources of fields:
-
-* a HF ``config.json`` (:func:`config_from_hf_json`), from any transformers
-  version: 3.0.2 (the original FiD readers: no ``feed_forward_proj``, no
-  ``num_decoder_layers``), 4.x, and 5.x, where ``tie_word_embeddings`` is
-  always written as true and the old meaning (scale the decoder output by
-  ``d_model**-0.5`` and reuse the embedding) moved to ``scale_decoder_outputs``;
-* T5X parameters, which carry no configuration (:func:`config_from_params`:
-  sizes from the shapes, the activation from ``config.gin`` when there is one);
-* jaxfid itself, written out as a HF ``config.json`` that transformers loads as
-  ``T5ForConditionalGeneration`` (:func:`hf_json_from_config`).
-
-Activations: jaxfid's ``gated-gelu`` and ``gelu`` are the tanh approximation
-(HF ``gelu_new``, T5X/flax ``gelu``). A HF configuration asking for the exact
-(erf) gelu is refused rather than silently changed.
+A configuration is a plain ``dict`` of :data:`FIELDS` (HF names), read from
+a HF ``config.json`` of any transformers version
+(:func:`config_from_hf_json`), inferred from T5X parameter shapes
+(:func:`config_from_params`), or written as a HF ``config.json``
+(:func:`hf_json_from_config`). jaxfid's gelu is the tanh approximation; a HF
+configuration asking for the exact (erf) gelu is refused.
 """
 from __future__ import annotations
 
@@ -233,16 +219,10 @@ def config_from_params(flat: Mapping, path="checkpoint", *,
                        dropout_rate: float | None = None) -> dict:
   """Fields of a T5X (jaxfid-named) parameter set, inferred from shapes.
 
-  Args:
-    flat: '/'-joined parameter names to arrays (anything with ``.shape``).
-    path: the checkpoint, for error messages.
-    activations: T5X ``mlp_activations`` (from ``config.gin``) if known; else
-      gated MLPs are taken as T5.1.1's ('gelu', 'linear'), others as 'relu'.
-    dropout_rate: from ``config.gin`` if known, else HF's default 0.1.
-
-  Raises:
-    InputError: scanned layers, missing or unexpectedly shaped parameters, or
-      activations that do not match the MLP parameters.
+  ``activations``/``dropout_rate`` come from ``config.gin`` when known (else
+  gated MLPs are T5.1.1's ('gelu', 'linear'), others 'relu'; dropout 0.1).
+  Raises InputError for scanned layers, missing or mis-shaped parameters, or
+  activations that do not match the MLP parameters.
   """
   if any(name.startswith(("encoder/layers/", "decoder/layers/"))
          for name in flat):

@@ -1,19 +1,10 @@
 """Which checkpoint format a path holds, and one loader for all of them.
 
-:func:`detect_format` looks only at file names and, for HF directories, at
-tensor names (a safetensors header, a shard index, or a ``torch.load``):
-
-* ``'jaxfid'``: a directory with ``jaxfid_config.json`` (a jaxfid model
-  directory; loaded by the hook its owner registers with
-  :func:`register_loader`);
-* ``'hf'`` / ``'fid'``: ``config.json`` plus HF weights, the latter when the
-  tensors carry the original FiD wrapper's ``encoder.encoder.`` prefix;
-* ``'t5x'`` / ``'t5x-orbax'``: a T5X ``checkpoint_<step>`` directory (or its
-  ``checkpoint`` file, or a model directory holding several) written with
-  msgpack + TensorStore or with orbax.
-
-:func:`load_flat` dispatches to the loader of the detected format and also
-returns the SentencePiece model found beside the checkpoint, if any.
+:func:`detect_format` reads only file names and, for HF directories, tensor
+names: ``'jaxfid'`` (``jaxfid_config.json``; loaded by the hook registered
+with :func:`register_loader`), ``'hf'`` / ``'fid'`` (``encoder.encoder.``
+prefix), ``'t5x'`` / ``'t5x-orbax'``. :func:`load_flat` loads any of them and
+returns the SentencePiece model beside it, if any.
 """
 from __future__ import annotations
 

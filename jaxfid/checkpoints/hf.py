@@ -1,33 +1,13 @@
 """Hugging Face T5 checkpoints (and the original FiD readers) <-> jaxfid.
 
-Reading (:func:`read_hf`) takes a directory with ``config.json`` and weights in
-any of the layouts transformers writes: ``model.safetensors``, sharded
-``model.safetensors.index.json``, ``pytorch_model.bin`` or sharded
-``pytorch_model.bin.index.json``. Safetensors files are parsed here (header +
-raw bytes) and ``.bin`` files by :mod:`jaxfid.checkpoints.torch_bin`, so no
-format needs torch; everything becomes float32 numpy in jaxfid's layout
-(:mod:`jaxfid.checkpoints.names`).
-
-The original FiD readers (transformers 3.0.2 ``FiDT5``) are recognised by the
-``encoder.encoder.`` prefix of their tensors and renamed on the way in.
-
-Output tying. jaxfid has one switch, ``tie_word_embeddings``: true means the
-logits are the shared embedding applied to the decoder output scaled by
-``d_model**-0.5`` (T5 v1.0); false means an own ``logits_dense`` without
-scaling (T5.1.1). HF separates the two: the scaling is the configuration's
-(``scale_decoder_outputs`` in transformers 5, ``tie_word_embeddings`` before),
-and ``lm_head.weight`` may or may not be stored, equal to ``shared.weight`` or
-not. The reader maps every combination onto jaxfid exactly: an unscaled model
-without its own ``lm_head`` gets ``logits_dense = shared.T``; a scaled model
-with a distinct ``lm_head`` gets the scale folded into ``logits_dense``.
-
-Writing (:func:`write_hf`) produces what ``T5ForConditionalGeneration
-.from_pretrained`` loads without newly initialised weights: ``config.json``
-(:func:`jaxfid.checkpoints.configs.hf_json_from_config`), ``shared.weight``
-only for the embeddings (transformers ties ``encoder/decoder.embed_tokens``
-and, when tied, ``lm_head``), ``lm_head.weight`` when untied; float32
-safetensors via ``safetensors.numpy``, sharded with an index above
-``max_shard_bytes``; atomically.
+:func:`read_hf` reads ``config.json`` with safetensors or ``.bin`` weights,
+sharded or not, without torch; FiD readers are renamed from their
+``encoder.encoder.`` prefix. jaxfid's ``tie_word_embeddings`` means both
+shared logits and the ``d_model**-0.5`` decoder-output scale; the reader maps
+every HF combination of scale and ``lm_head`` onto it exactly.
+:func:`write_hf` writes what ``T5ForConditionalGeneration.from_pretrained``
+loads with no newly initialised weights: float32 safetensors, sharded above
+``max_shard_bytes``, atomically.
 """
 from __future__ import annotations
 
@@ -227,14 +207,9 @@ def _shape_str(shape) -> str:
 def read_hf(directory) -> tuple[dict, dict[str, np.ndarray]]:
   """Reads a HF T5 (or original FiD) checkpoint directory.
 
-  Returns:
-    ``(fields, flat_params)``: T5Config fields and jaxfid path -> float32
-    numpy array.
-
-  Raises:
-    InputError: naming the file and tensor, for a missing ``config.json``,
-      missing weights, missing, unexpected or mis-shaped tensors, or embedding
-      copies that differ from ``shared.weight``.
+  Returns ``(fields, flat_params)``. Raises InputError naming file and tensor
+  for a missing ``config.json`` or weights, missing, unexpected or mis-shaped
+  tensors, or embedding copies that differ from ``shared.weight``.
   """
   directory = Path(directory)
   if not directory.is_dir():
@@ -358,20 +333,11 @@ def _shards(tensors: dict[str, np.ndarray], max_bytes: int) -> list[list[str]]:
 def write_hf(directory, config: Any, flat: Mapping[str, Any],
              spiece_path=None, *, overwrite: bool = False,
              max_shard_bytes: int = 5 * 1024**3) -> Path:
-  """Writes a HF T5ForConditionalGeneration checkpoint directory.
+  """Writes a HF T5ForConditionalGeneration checkpoint directory; returns it.
 
-  Args:
-    directory: the output directory (created; must not exist or be empty
-      unless ``overwrite``).
-    config: T5Config fields (mapping or object).
-    flat: jaxfid path -> array, exactly the parameters of ``config``.
-    spiece_path: a SentencePiece model copied as ``spiece.model``.
-    overwrite: replace a non-empty ``directory``.
-    max_shard_bytes: above this, write ``model-0000i-of-0000n.safetensors``
-      shards and ``model.safetensors.index.json``.
-
-  Returns:
-    The directory.
+  ``directory`` must not exist or be empty unless ``overwrite``; ``flat`` holds
+  exactly the parameters of ``config``; ``spiece_path`` is copied as
+  ``spiece.model``; above ``max_shard_bytes`` the weights are sharded.
   """
   fields = check_params(config, flat)
   if spiece_path is not None and not Path(spiece_path).is_file():

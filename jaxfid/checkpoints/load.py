@@ -1,15 +1,9 @@
 """Load a T5 from any supported checkpoint: ``jaxfid.load_t5(path)``.
 
-Formats: an HF T5 directory (config.json + safetensors / pytorch_model.bin),
-the original FiD repo's readers, T5X checkpoints, and jaxfid ``MODEL_DIR``s
-(orbax). Format detection and the rename tables live in
-``jaxfid.checkpoints``; this module turns the result into a model and params.
-
-A ``MODEL_DIR`` is loaded by the loader registered in :data:`METHOD_LOADERS`
-for the ``"method"`` of its ``jaxfid_config.json``: the plain
-encoder-decoder of FiD (``"fid"``, :func:`load_encoder_decoder`) is built in;
-each method package registers its own (importing :mod:`jaxfid.methods`
-registers them all).
+HF directories, original FiD readers, T5X checkpoints and jaxfid
+``MODEL_DIR``s; a MODEL_DIR is loaded by the loader :data:`METHOD_LOADERS`
+holds for its ``"method"`` (``"fid"`` built in; each method package
+registers its own, all via :mod:`jaxfid.methods`).
 """
 from __future__ import annotations
 
@@ -94,13 +88,9 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
                     which: str = "auto") -> tuple[EncoderDecoderModel, dict, str | None]:
   """(model, params, spiece path or None) from any supported checkpoint.
 
-  Args:
-    dtype: activation dtype override ('float32', 'bfloat16').
-    which: for a jaxfid MODEL_DIR, 'best', 'latest' or 'auto' (best if any).
-
-  Raises:
-    InputError: a missing or unreadable checkpoint, or a MODEL_DIR of a
-      method whose loader is not registered.
+  ``dtype``: activation dtype override; ``which`` (MODEL_DIR): 'best',
+  'latest' or 'auto'. Raises InputError for a missing or unreadable
+  checkpoint or an unregistered method.
   """
   path = os.fspath(path)
   if not paths.exists(path):
@@ -121,11 +111,9 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
 def checkpoint_passage_eos(path: str) -> bool:
   """Whether the passages a checkpoint was trained on end with EOS.
 
-  A jaxfid MODEL_DIR records it (``passage_eos`` in its run config; runs
-  written before the field existed used EOS). The original FiD readers
-  (tensor names ``encoder.encoder.*``) were trained with transformers 3.0.2,
-  whose T5 tokenizer appended no EOS: False. Any other checkpoint (HF, T5X):
-  True, as T5 was pre-trained.
+  A jaxfid MODEL_DIR: its run config's ``passage_eos`` (True when absent).
+  The original FiD readers (``encoder.encoder.*``): False (transformers
+  3.0.2 appended no EOS). Any other checkpoint: True.
   """
   path = os.fspath(path)
   if paths.exists(paths.join(path, checkpointing.CONFIG_FILE)):

@@ -1,24 +1,12 @@
 """The one rename table between jaxfid's parameter names and HF T5's.
 
-jaxfid names its parameters as T5X does (flat paths joined by '/'), e.g.
-``encoder/layers_0/attention/query/kernel``; a T5X checkpoint stores the same
-names under ``target/`` (its TensorStore directories join them with '.').
-Hugging Face's PyTorch T5 names them ``encoder.block.0.layer.0.SelfAttention.q
-.weight`` and stores every kernel transposed (``nn.Linear`` is [out, in]; a
-flax kernel is [in, out]), as is the relative position table ([buckets, heads]
-in HF, [heads, buckets] in jaxfid). Norm scales and the token embedding are
-stored as they are.
-
-The table is written once, per layer, in :data:`ENCODER_LAYER` and
-:data:`DECODER_LAYER` plus :data:`GLOBALS`; everything else here derives from
-it: :func:`renames` (all names of one config), :func:`param_shapes` (and
-:func:`count_parameters`, :func:`describe`), :func:`to_hf` / :func:`from_hf`
-for single names.
-
-The original FiD code (facebookresearch/FiD, transformers 3.0.2) wraps the HF
-encoder: its readers name encoder tensors ``encoder.encoder.block.{i}...``,
-and, when saved with ``use_checkpoint``, ``encoder.encoder.block.{i}.module
-.layer...``; :func:`fid_wrapper_to_hf` undoes both.
+jaxfid names are T5X's (``encoder/layers_0/attention/query/kernel``; T5X
+stores them under ``target/``); HF's are
+``encoder.block.0.layer.0.SelfAttention.q.weight`` with kernels and the
+relative position table transposed. The table is written once in
+:data:`ENCODER_LAYER`, :data:`DECODER_LAYER` and :data:`GLOBALS`; the rest
+derives from it. :func:`fid_wrapper_to_hf` undoes the original FiD encoder
+wrapper's names (``encoder.encoder.block.{i}[.module]...``).
 """
 from __future__ import annotations
 

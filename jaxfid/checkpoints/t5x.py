@@ -1,34 +1,13 @@
 """T5X checkpoints <-> jaxfid parameters.
 
-T5X (google-research/t5x ``checkpoints.py``) writes a model directory with one
-``checkpoint_<step>/`` per save. Inside, the file ``checkpoint`` is a msgpack
-(flax serialisation) of ``{'version': 3, 'optimizer': {'target': params,
-'state': {'step': ..., 'param_states': ...}}}``; arrays written with
-TensorStore appear there as the JSON of their ``tensorstore.Spec`` (zarr
-driver, gzip chunks, ``kvstore.path`` relative to the checkpoint directory,
-named like ``target.encoder.layers_0.attention.key.kernel``), the others
-(unpartitioned ones) inline as numpy. Only ``target`` matters here; the
-optimizer state (Adafactor's factored moments) is never opened.
-
-Also read:
-
-* orbax-written T5X checkpoints (``use_orbax``): an orbax PyTree checkpoint
-  (``_METADATA`` / ``manifest.ocdbt``), either ``checkpoint_<step>/`` itself
-  or one item directory in it, restored with ``orbax.checkpoint
-  .PyTreeCheckpointer``; the parameters are the subtree holding
-  ``token_embedder`` (normally ``target``);
-* older orbax aggregate files whose leaves are ``PLACEHOLDER://<dir>`` strings.
-
-T5X parameter names are jaxfid's. Attention kernels stored 3-D ([D, H, E] /
-[H, E, D], T5X variants without kernel reshaping) are reshaped to 2-D.
-Scanned layers (scalable_t5: ``encoder/layers/...`` with per-layer position
-biases) are a different model and are refused with an InputError.
-
-The configuration comes from the shapes (:func:`jaxfid.checkpoints.configs
-.config_from_params`); the activation and dropout from ``config.gin`` beside
-the checkpoint when there is one (gated MLPs otherwise count as T5.1.1's
-gated-gelu). :func:`write_t5x` writes the same layout (TensorStore zarr +
-msgpack, or orbax) and a ``config.gin`` with the settings read back.
+A T5X ``checkpoint_<step>/`` holds a msgpack ``checkpoint`` of
+``{'version': 3, 'optimizer': {'target': params, 'state': ...}}``, its
+arrays inline or as TensorStore zarr specs; only ``target`` is read. Also
+read: orbax-written T5X checkpoints and orbax aggregate files with
+``PLACEHOLDER://`` leaves. 3-D attention kernels are reshaped to 2-D;
+scanned layers are refused. The configuration comes from the shapes and,
+when present, ``config.gin``. :func:`write_t5x` writes the same layouts and a
+``config.gin``.
 """
 from __future__ import annotations
 
@@ -368,21 +347,9 @@ def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
               inline_max_elements: int = 0) -> Path:
   """Writes ``model_dir/checkpoint_<step>/`` in T5X's layout, and config.gin.
 
-  Args:
-    model_dir: the T5X model directory (created if needed).
-    config: T5Config fields (mapping or object).
-    flat: jaxfid path -> array, exactly the parameters of ``config``.
-    step: the step number in the directory name and optimizer state.
-    overwrite: replace an existing ``checkpoint_<step>``.
-    use_orbax: write an orbax PyTree checkpoint (``{'target', 'state'}``)
-      instead of msgpack + TensorStore.
-    inline_max_elements: msgpack layout: arrays up to this size are stored
-      inline in the msgpack file (as T5X does for unpartitioned arrays), the
-      others as TensorStore zarr arrays (default: all, as T5X's partitioned
-      parameters).
-
-  Returns:
-    The ``checkpoint_<step>`` directory.
+  ``use_orbax``: an orbax PyTree checkpoint instead of msgpack + TensorStore;
+  ``inline_max_elements``: msgpack arrays up to this size are stored inline
+  (default: none). Returns the ``checkpoint_<step>`` directory.
   """
   fields = check_params(config, flat)
   model_dir = Path(model_dir)

@@ -1,23 +1,10 @@
 """Reading ``pytorch_model.bin`` state dicts without torch.
 
-``torch.save`` writes one of two formats:
-
-* a **zip archive** (torch >= 1.6, the default): ``<name>/data.pkl`` holds
-  the pickled object and ``<name>/data/<key>`` the raw bytes of each storage;
-* the **legacy format** (older torch, or ``_use_new_zipfile_serialization=
-  False``; the original FiD readers were saved so): consecutive pickles (a
-  magic number, the protocol version 1001, system information, the object,
-  the list of storage keys), then every storage as an int64 element count
-  followed by its elements.
-
-In both, the object's pickle names each storage by a persistent id
-``('storage', torch.<Type>Storage, key, location, numel[, view])`` (or
-``torch.cuda.<Type>Storage``, for tensors saved on a GPU) and
-rebuilds each tensor with ``torch._utils._rebuild_tensor_v2(storage, offset,
-size, stride, ...)``. The unpickler here knows only those names and
-``collections.OrderedDict`` (like ``torch.load(weights_only=True)``, a
-hostile file cannot run code); a tensor becomes a numpy array of its
-strided view, float16 and bfloat16 as float32. Storages are little-endian.
+Both ``torch.save`` formats: the zip archive (``data.pkl`` + ``data/<key>``)
+and the legacy sequence of pickles followed by the storages. The unpickler
+knows only ``torch._utils._rebuild_tensor_v2``, storage types and
+``OrderedDict`` (a hostile file cannot run code); tensors become numpy
+arrays of their strided views, float16 and bfloat16 as float32.
 """
 from __future__ import annotations
 

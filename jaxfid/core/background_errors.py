@@ -1,36 +1,13 @@
 """Reports of abandoned background work (orbax, tensorstore), kept quiet.
 
-orbax runs each checkpoint read and write as asyncio coroutines over
-tensorstore futures, in a fresh event loop per call (its
-``asyncio_utils.run_sync``), and the parts that write metadata and
-shardings in threads of their own. When one part fails (a truncated file, a
-full disk) the call raises that error at once and closes its event loop
-without cancelling or awaiting the other parts. Then:
-
-* every tensorstore operation still in flight completes on a tensorstore
-  thread and calls ``loop.call_soon_threadsafe`` on the closed loop:
-  ``RuntimeError: Event loop is closed``, one traceback each through
-  ``sys.unraisablehook`` (hundreds for one checkpoint);
-* every abandoned coroutine is closed when it is garbage-collected, and
-  orbax's reader turns that ``GeneratorExit`` into a new exception carrying
-  the full TensorStore spec: ``Exception ignored in: <coroutine ...>`` and
-  about 60 lines each;
-* every task or future of those parts that ended with its own error is
-  reported by asyncio when it is garbage-collected (``Task exception was
-  never retrieved`` and its traceback, logged to ``asyncio``);
-* each of orbax's threads logs its own error with its traceback
-  (``ERROR:absl:... _SignalingThread.run() raised an exception``) before
-  the call re-raises the same error;
-* the other parts go on writing after the call has raised, into the
-  temporary directory its caller is about to remove.
-
-The error itself still reaches the caller, which falls back (an unreadable
-checkpoint is set aside) or says it in one line (a full disk); these
-reports say nothing more. :func:`install` (the CLI does it) drops the
-first three kinds for the rest of the process and passes every other
-report on; :func:`held_logs` keeps a checkpoint call's absl records back
-and drops them when the call's failure is handled; :func:`settled_on_failure`
-waits for the parts still running before the caller cleans up.
+When one part of an orbax checkpoint call fails, the call raises at once and
+abandons the rest, which then print hundreds of tracebacks ("Event loop is
+closed", ignored coroutine exceptions, "Task exception was never
+retrieved", absl thread errors) that add nothing to the error the caller
+already handles. :func:`install` (the CLI calls it) drops the first three
+kinds for the process; :func:`held_logs` holds back a call's absl records
+and drops them when its failure is handled; :func:`settled_on_failure` waits
+for the parts still running before the caller cleans up.
 """
 from __future__ import annotations
 

@@ -37,10 +37,8 @@ class InputError(Exception):
 class StorageError(OSError):
   """A write failed because of the storage: full disk, quota, read-only, ...
 
-  ``str()`` is one line, ``PATH: reason`` (``/data/index: no space left on
-  device``), naming the output being written. The command line prints it and
-  exits with status 1. It is an :class:`OSError` (``errno`` is kept), so code
-  that handles OSError still does.
+  ``str()`` is one line, ``PATH: reason``; the CLI exits with status 1. It is
+  an :class:`OSError` (``errno`` kept).
 
   Attributes:
     path: the output (file or directory) that could not be written.
@@ -67,9 +65,8 @@ class StorageError(OSError):
 class PeerError(Exception):
   """Another process of a multi-host command failed, so this one stops too.
 
-  ``str()`` is one line naming that process and the step; the command line
-  prints it and exits with that process's exit status (its own error, on its
-  own stderr, says why).
+  ``str()`` is one line naming that process and the step; the CLI exits with
+  ``code``.
 
   Attributes:
     process: the index of the process that failed.

@@ -1,20 +1,11 @@
 """All-or-nothing outputs: a file or directory appears complete, or not at all.
 
-Everything jaxfid writes for a user or a later run (run files, passage
-TSVs, index directories, checkpoints, run configs) goes through these
-helpers: content is written to a temporary sibling in the same directory
-and moved into place with ``os.replace`` only when it is complete, so an
-interrupted or failed write never leaves a half-written output behind.
-Temporary names carry the writer's process id, a tag of its host and a
-random part (``.NAME.<pid>.<host>.<random>.tmp``), so concurrent writers
-never share one, and :func:`remove_stale_temporaries` can remove those whose
-writer died (kill -9, power loss) without touching a live writer's.
-
-Storage faults: a write that fails because the disk is full, over quota,
-read-only or not writable raises :class:`~jaxfid.core.errors.StorageError`
-(one line naming the output and the cause) after the temporaries are
-removed. :func:`storage_errors` (from :mod:`jaxfid.core.storage`, exported
-here too) does the same for any other block of writes.
+Content is written to a temporary sibling
+(``.NAME.<pid>.<host>.<random>.tmp``) and moved into place with
+``os.replace`` when complete; :func:`remove_stale_temporaries` removes dead
+writers' temporaries. A storage fault raises
+:class:`~jaxfid.core.errors.StorageError` naming the output after the
+temporaries are removed (:func:`storage_errors` for other blocks).
 """
 from __future__ import annotations
 
@@ -65,19 +56,11 @@ def temporary_writer(name: str, target: str | None = None
 
 def remove_stale_temporaries(directory: str | os.PathLike,
                              target: str | None = None) -> list[Path]:
-  """Removes the temporaries in ``directory`` whose writer is dead.
+  """Removes this module's temporaries in ``directory`` whose writer is dead.
 
-  Only names made by this module count, and only those written on this host
-  by a process that no longer runs (or whose id now belongs to a process
-  started after the temporary was made, this one included). A live
-  writer's temporaries, another host's and anything else are left alone.
-
-  Args:
-    directory: where to look (a missing directory holds nothing).
-    target: only temporaries of this output name (``.TARGET.<pid>...``).
-
-  Returns:
-    The paths removed.
+  Only those written on this host by a process that no longer runs (or whose
+  id was reused); ``target`` limits it to one output name. Returns the paths
+  removed.
   """
   directory = Path(directory)
   try:
@@ -111,13 +94,9 @@ def _parent(path: Path) -> Path:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
   """Yields a fresh temporary name next to ``path``; renamed to it on success.
 
-  The body creates the file under that name (``np.save``, ``os.link``,
-  ``faiss.write_index``, ...). If the body raises, whatever it created is
-  removed and ``path`` is left untouched; a storage fault (full disk,
-  quota, read-only, ...; see :func:`storage_fault`) is raised as a
-  :class:`StorageError` naming ``path``. Missing parent directories are
-  created. A URL ``path`` (``gs://...``, see :mod:`jaxfid.core.paths`) is
-  written to a local temporary file and uploaded whole when complete.
+  If the body raises, what it created is removed and ``path`` is untouched; a
+  storage fault is a StorageError naming ``path``. Parents are created; a URL
+  ``path`` is written locally and uploaded whole.
   """
   if paths.is_url(path):  # a bucket: write locally, then upload the object
     with tempfile.TemporaryDirectory(prefix="jaxfid-upload-") as staging:
@@ -146,17 +125,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w",
                  encoding: str | None = "utf-8") -> Iterator[IO]:
-  """Opens a temporary file next to ``path``; renames it to ``path`` on success.
+  """Yields an open temporary file next to ``path``; renamed to ``path`` on success.
 
-  Args:
-    path: the final file name (missing parent directories are created).
-    mode: ``"w"`` (text, with ``encoding``) or ``"wb"``.
-    encoding: text encoding; ignored in binary mode.
-
-  Yields:
-    The open temporary file. If the body raises, the temporary file is removed
-    and ``path`` is left untouched; a storage fault (full disk, ...) is raised
-    as a :class:`StorageError` naming ``path``.
+  ``mode``: ``"w"`` (text, ``encoding``) or ``"wb"``. On an exception it is
+  removed and ``path`` untouched; a storage fault is a StorageError.
   """
   exclusive = mode.replace("w", "x")
   with atomic_path(path) as tmp:
@@ -229,17 +201,9 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False, *,
                      ) -> Iterator[Path]:
   """Yields a temporary directory that becomes ``path`` on a clean exit.
 
-  On an exception the temporary directory is removed and ``path`` is left as
-  it was; a storage fault (full disk, ...) is raised as a
-  :class:`StorageError` naming ``path``.
-
-  Args:
-    path: the final directory.
-    overwrite: replace a non-empty existing ``path`` (by default only an
-      empty one is replaced; see :func:`check_destination`).
-    check: instead of that rule, a function of ``path`` that raises
-      :class:`InputError` when it must not be replaced (an index directory
-      may replace another index, say).
+  On an exception it is removed and ``path`` left as it was; a storage fault
+  is a StorageError. Only an empty ``path`` is replaced unless ``overwrite``,
+  or ``check(path)`` (raising InputError) decides instead.
   """
   path = Path(path)
   if check is None:

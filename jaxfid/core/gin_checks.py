@@ -1,41 +1,17 @@
 """Validating a parsed gin configuration before any work is done.
 
-A command parses its gin files and bindings (:func:`jaxfid.core.gin_files.
-parse_gin`), then calls :func:`validate` with what it reads (:class:`Reads`)
-and a :class:`Table` of checks; nothing is built, read or written. The first
-problem is raised as a one-line :class:`~jaxfid.core.errors.InputError`:
-
-1. a ``--gin.NAME=VALUE`` binding of a macro the gin files do not define
-   (``unknown macro TRAIN_STEPZ (did you mean TRAIN_STEPS?)``);
-2. a value bound on the command line that fails its :class:`Check` (type,
-   range, choice);
-3. a binding nothing the command runs reads: a macro no configurable it
-   calls refers to, or a parameter of a jaxfid configurable it never calls;
-4. any other value the command reads that fails its check or is
-   ``%gin.REQUIRED`` (``MODEL_DIR: required: ...``); then each config
-   dataclass (:class:`jaxfid.core.config.Config`) is built from its values,
-   so its own ``__post_init__`` rules run (``ACCUMULATION_STEPS`` divides
-   ``BATCH_SIZE``), then the rules of a configurable across the configs it
-   takes (its ``check_configs``); then the macros the command reads itself.
-
-A config dataclass's parameters need no table row: their checks come from
-the fields (:func:`jaxfid.core.config.field_checks`). Another configurable's
-parameter without a row is checked by its annotation (type, ``| None``; a
-jaxfid class such as a config dataclass or a Task is a gin reference): a row
-is only needed for ranges and choices of configurables that are not config
-dataclasses.
-
-What the command reads is found by following gin's references from its
-root configurables (``launch.run`` -> ``@loop.train`` -> ``%METHOD`` ->
-``@FidTask()`` -> ``%N_CONTEXT`` ...), so a macro is checked where it is used
-and not elsewhere: checks are keyed by (configurable, parameter), not by
-macro name, because two methods may read one macro name differently
-(``QUERY_MAXLENGTH``: 0 means "the whole row" to ReAtt, a length to the dual
-encoder). Whether MESH's devices exist, files exist or a checkpoint fits is
-left to the run: validation reads nothing but gin's parsed configuration.
-
-This module knows no configurable: the tables are the commands'
-(:mod:`jaxfid.commands.gin_specs`).
+:func:`validate` takes what a command reads (:class:`Reads`) and a
+:class:`Table` of checks and raises the first problem as a one-line
+:class:`~jaxfid.core.errors.InputError`: an unknown macro (with a
+suggestion), a command-line value failing its :class:`Check`, a binding
+nothing the command reads, or a value it reads that fails its check or is
+``%gin.REQUIRED``; then each config dataclass is built (its
+``__post_init__`` rules run) and each configurable's ``check_configs``.
+Config dataclass fields carry their own checks; other parameters are
+checked by annotation unless a row says more. Checks are keyed by
+(configurable, parameter), following gin references from the command's
+roots, since two methods may read one macro differently. Nothing but gin's
+parsed configuration is read.
 """
 from __future__ import annotations
 
@@ -83,12 +59,10 @@ class Reads:
 
   Attributes:
     roots: the configurables it calls (what they refer to is read too).
-    macros: macros it reads itself (``gin.query_parameter``), with their
-      checks (None: checked where a configurable reads them, or not at all).
+    macros: macros it reads itself, with their checks (None: not checked
+      here).
     needs: those of ``macros`` the gin files must define.
-    accepts: configurables whose bindings (and what they refer to) the
-      command accepts without reading them (``jaxfid bench`` takes the
-      ``train`` command's arguments); not checked.
+    accepts: configurables whose bindings the command accepts unread.
   """
   roots: tuple = ()
   macros: Mapping[str, Check | None] = dataclasses.field(default_factory=dict)

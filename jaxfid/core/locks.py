@@ -1,25 +1,11 @@
 """One writer per output: a lock file beside (or inside) a directory.
 
 ``with DirectoryLock(path, what="index"):`` creates a lock file atomically
-(written under a temporary name, then hard-linked to its final name, which
-fails if it exists; ``O_CREAT|O_EXCL`` where links are not supported) that
-records the holder: process id, host, start time and command. While it
-exists, a second ``DirectoryLock`` on the same path refuses with one line::
-
-  index /data/idx is in use by process 4242 on host h1 since
-  2025-01-31 12:00:03 (lock file /data/.idx.lock)
-
-A lock whose holder is dead (a process of this host that no longer runs:
-``kill -9``, a crash) is taken over silently, so an interrupted command can
-simply be rerun. A lock held from another host is never taken over (nothing
-can be known of that process); the message says which file to remove if
-that process is gone. The lock file is removed when the block ends.
-
-Where the lock file lives: beside the directory (``PARENT/.NAME.lock``, the
-default: for outputs that are replaced as a whole, such as index
-directories, which are built elsewhere and renamed into place), or inside
-it (``inside=True``: ``PATH/.jaxfid.lock``, for a directory that persists,
-such as a MODEL_DIR).
+recording the holder (pid, host, start time, command); a second lock on the
+path refuses in one line naming the holder. A dead holder's lock on this host
+is taken over; another host's never is. The lock file is
+``PARENT/.NAME.lock`` (default, for outputs replaced whole) or, with
+``inside=True``, ``PATH/.jaxfid.lock`` (a MODEL_DIR).
 """
 from __future__ import annotations
 
@@ -79,17 +65,9 @@ class LockedError(InputError):
 class DirectoryLock:
   """An exclusive lock on a directory for the duration of a ``with`` block.
 
-  Args:
-    path: the directory (it need not exist yet unless ``inside``).
-    what: what the directory is, for the message (``"MODEL_DIR"``,
-      ``"index"``).
-    inside: keep the lock file inside the directory (created if needed)
-      instead of beside it.
-
-  Raises (on entering):
-    LockedError: another live process holds the lock (an InputError: exit
-      status 2 on the command line).
-    StorageError: the lock file cannot be written (full disk, read-only).
+  ``what`` names the directory in messages; ``inside`` keeps the lock file in
+  the directory. On entering raises LockedError (an InputError) when a live
+  process holds it, StorageError when the lock file cannot be written.
   """
 
   def __init__(self, path: str | os.PathLike, what: str = "directory", *,

@@ -1,26 +1,12 @@
 """Jobs that every process of a multi-host run shares, led by process 0.
 
-``jaxfid index dense``, ``jaxfid index reatt`` and ``jaxfid reatt iterate``
-run on every process of a ``jax.distributed`` run: every process takes part
-in every device call, while process 0 alone reads the inputs in full and
-writes the outputs. Between device calls process 0 often works alone (it
-reads a corpus, trains FAISS, retrieves) for minutes or hours, and the
-others must wait for it without sitting in a device collective (XLA's CPU
-collectives give up after 30 s; GPU collectives have their own limits). So
-the processes talk through the coordination service of ``jax.distributed``
-(its key-value store), whose waits last :data:`WAIT_S`:
-
-* :class:`Channel`: JSON messages from process 0 to every other process, in
-  order (what to embed next; the end; or that process 0 failed);
-* :func:`agree`: every process says whether its part worked; if one did
-  not, every process stops (its own error, or :class:`PeerError` naming the
-  process that failed), instead of the others waiting for it forever;
-* :func:`on_leader`: process 0 runs a step alone, the others wait for it
-  and receive its (JSON) result, or stop with it.
-
-Keys are numbered in the order they are made, which is the same on every
-process as long as every process makes the same calls. With one process
-every function here is a plain local call.
+Every process takes part in every device call; process 0 alone reads inputs
+and writes outputs, and the others wait for it through the
+``jax.distributed`` key-value store (waits of :data:`WAIT_S`), not in a
+device collective: :class:`Channel` (ordered JSON messages from process 0),
+:func:`agree` (all stop if any part failed, :class:`PeerError`) and
+:func:`on_leader` (process 0 runs a step, the others get its result). Every
+process must make the same calls. With one process these are local calls.
 """
 from __future__ import annotations
 

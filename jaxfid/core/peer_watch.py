@@ -1,27 +1,12 @@
 """A multi-host process that loses another one stops at once, in one line.
 
-JAX's processes share fate: when one dies (SIGKILL, a crash, its host
-gone) the coordination service notices only when its heartbeats have been
-missing for 100 s, and then ends every other process with a fatal log and a
-C++ stack trace (jaxlib 0.10's client takes a ``missed_heartbeat_callback``,
-but calling a Python one aborts with ``std::bad_cast``, and
-``jax.distributed.initialize`` does not pass it on). Meanwhile a survivor
-inside a CPU collective gets ``Gloo ... Connection reset by peer`` with a
-Python traceback, and then waits at exit for the lost process until that
-same fatal end.
-
-:func:`start` (after ``jax.distributed.initialize``) connects every other
-process to process 0 with one TCP socket each (introduced by a token that
-only the run's processes read from the coordination service). A process
-that leaves through Python (done, an error, Ctrl-C, SIGTERM) says ``bye``
-first; a socket that closes without it means its process is gone, and the
-process at the other end prints one line naming it and what to do, and
-stops as JAX would have stopped it (SIGABRT), without the wait. Losing
-process 0 stops every other process; losing another one stops process 0,
-whose end then stops the rest. If the sockets cannot be set up (a
-firewall), nothing is watched and JAX's own handling stays.
-:func:`lost_peer` recognises the collective's error, for when it comes
-first or nothing is watched.
+JAX notices a dead process only after 100 s of missed heartbeats, and ends
+the others with a fatal log. :func:`start` (after
+``jax.distributed.initialize``) connects each process to process 0 by TCP; a
+process leaving through Python says ``bye`` first, so a socket closing
+without it means the peer is gone: the other end prints one line naming it
+and aborts (SIGABRT). If the sockets cannot be set up nothing is watched.
+:func:`lost_peer` recognises a collective's lost-peer error.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Is the process that wrote a file still running? (temporaries and locks)
 
-A temporary file name (:mod:`jaxfid.core.files`) and a lock file
-(:mod:`jaxfid.core.locks`) record the writer's process id and host. On the
-same host, :func:`is_running` tells whether that writer still lives: a
-process id that does not exist, or that now belongs to a zombie or to a
-process started *after* the file was written (the id was reused), is a dead
-writer. On another host nothing can be known, so callers treat the writer as
-alive.
+On this host, :func:`is_running` treats a missing pid, a zombie, or a
+process started after the file was written (a reused id) as dead; on
+another host the writer is assumed alive.
 """
 from __future__ import annotations
 
@@ -66,13 +62,8 @@ def _proc_stat(pid: int) -> tuple[str, float | None] | None:
 def is_running(pid: int, started_by: float | None = None) -> bool:
   """Whether process ``pid`` of this host lives (and is the same process).
 
-  Args:
-    pid: a process id of this host.
-    started_by: when known, a time (``time.time()``) by which the process
-      we mean had started (the time it wrote a file); a live process with
-      that id that started later is another process that reused the id
-      (this one too: a container restarted after a crash often gives the
-      new process the id of the old one).
+  ``started_by``: a time by which the process meant had started; a live
+  process with that id started later is another one (this one included).
   """
   if pid <= 0:
     return False

@@ -1,26 +1,12 @@
 """Process-wide runtime defaults of jaxfid's commands: the compilation cache.
 
-``apply_runtime_defaults()`` is called once by the CLI before any command
-runs. It turns on JAX's persistent compilation cache for single-process runs,
-so that a second ``jaxfid demo``, ``predict`` or ``train`` of the same shapes
-loads its compiled programs from disk instead of compiling them again (on
-this project's 2-core CPU: the t5-small train step compiles in 50-90 s,
-the demo's programs in about a minute in all).
-
-Where the cache lives:
-  * ``$JAXFID_COMPILATION_CACHE`` if set: a directory, or ``0`` / ``off`` /
-    ``false`` / ``no`` / an empty value to turn the cache off;
-  * otherwise ``$XDG_CACHE_HOME/jaxfid/xla`` (``~/.cache/jaxfid/xla``).
-A cache directory the user gave JAX itself (``JAX_COMPILATION_CACHE_DIR`` or
-``jax.config``) is left alone.
-
-Multi-process runs get no cache: on CPU only process 0 writes it, and a
-process that compiles while another loads falls behind until its collectives
-time out. The function therefore never initialises a JAX backend itself (so
-``jax.distributed.initialize`` may still follow) and decides from
-``jax.distributed``'s state and ``JAX_COORDINATOR_ADDRESS``: in a
-multi-process program call it (again) after ``jax.distributed.initialize``,
-which turns the cache it set off, or set ``JAXFID_COMPILATION_CACHE=0``.
+``apply_runtime_defaults()`` (called once by the CLI) turns on JAX's
+persistent compilation cache for single-process runs, at
+``$JAXFID_COMPILATION_CACHE`` (``0``/``off``/``false``/``no``/empty: off) or
+else ``$XDG_CACHE_HOME/jaxfid/xla``; a cache directory set for JAX itself is
+left alone. Multi-process runs get no cache (call it again after
+``jax.distributed.initialize``, or set ``JAXFID_COMPILATION_CACHE=0``); it
+never initialises a JAX backend.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Storage faults: a full disk, quota, read-only or unwritable place, as one line.
 
-A write that fails because of the storage should tell the user, in one line,
-*which output* could not be written and *why* (``/data/index: no space left
-on device``), leave no temporaries behind, and exit non-zero without a
-traceback. :func:`storage_fault` recognises such a fault in any exception
-(an OSError, numpy's short writes, FAISS's write errors, or one of these as
-the cause of another) and :func:`storage_errors` turns it into a
+:func:`storage_fault` recognises such a fault in any exception (or its
+causes); :func:`storage_errors` turns it into a
 :class:`~jaxfid.core.errors.StorageError` naming the output, after removing
-the block's temporaries. The atomic writers of :mod:`jaxfid.core.files` do
-this themselves.
+the block's temporaries.
 """
 from __future__ import annotations
 
@@ -99,22 +94,12 @@ def _one_fault(exc: BaseException, path) -> StorageError | None:
 
 def storage_fault(exc: BaseException, path: str | os.PathLike | None = None
                   ) -> StorageError | None:
-  """The storage fault behind ``exc`` (or its causes), as a StorageError.
+  """The storage fault behind ``exc`` (or its causes), as a StorageError, or None.
 
-  Recognised: an OSError of a full disk, quota, too large a file, a
-  read-only file system or an I/O error, anywhere; a permission error about
-  ``path`` or its directory; numpy's short write on a (nearly) full disk;
-  any exception whose message carries the system's text for a full disk or
-  quota (FAISS writers, orbax). Looks through ``__cause__``/``__context__``.
-
-  Args:
-    exc: the exception.
-    path: the output being written; the error names it (else the file the
-      OSError names, if any).
-
-  Returns:
-    A StorageError naming ``path`` and the cause, or None: not a storage
-    fault.
+  Recognised: an OSError of a full disk, quota, too large a file, a read-only
+  file system or an I/O error; a permission error about ``path`` or its
+  directory; numpy's short write; a message with the system's text for a full
+  disk or quota. The error names ``path`` (else the OSError's file).
   """
   seen = set()
   while exc is not None and id(exc) not in seen:

@@ -1,12 +1,7 @@
 """tensorboardX's ``SummaryWriter``, imported without PyTorch.
 
-tensorboardX's writer module runs ``import torch`` when it is imported (to
-accept torch tensors as values), which costs 2-3 s at the start of every
-jaxfid command on a machine where PyTorch is installed (the test extra, most
-research machines) although jaxfid logs Python floats only. While
-tensorboardX is imported, ``torch`` is hidden (an ImportError, which
-tensorboardX expects where PyTorch is absent) unless something imported it
-already; afterwards ``import torch`` works as ever.
+``torch`` is hidden while tensorboardX is imported (unless already
+imported), which saves its import time; jaxfid logs Python floats only.
 """
 import sys
 

@@ -37,13 +37,8 @@ def open_binary(path: str | os.PathLike, expected: str = "a file"
                 ) -> IO[bytes]:
   """Opens ``path`` for reading bytes, decompressing gzip transparently.
 
-  Args:
-    path: the file.
-    expected: what the file should be, for the message when it is a
-      directory (``"is a directory, expected {expected}"``).
-
-  Raises:
-    InputError: the file is missing, a directory, or cannot be opened.
+  Raises InputError for a missing file, a directory (``"is a directory,
+  expected {expected}"``) or an unopenable one.
   """
   try:
     f = open(path, "rb")
@@ -79,14 +74,8 @@ def iter_lines(path: str | os.PathLike, encoding: str = "utf-8"
                ) -> Iterator[tuple[int, str]]:
   """Yields (1-based line number, line without its newline) of a text file.
 
-  Args:
-    path: the file (gzip or not).
-    encoding: its text encoding (UTF-8 by default; any ASCII-compatible
-      one, such as cp1252 for legacy corpora).
-
-  Raises:
-    InputError: on bytes that are not valid in the encoding, or a corrupt
-      gzip stream.
+  ``encoding``: UTF-8 by default, or any ASCII-compatible one. Raises
+  InputError for undecodable bytes or a corrupt gzip stream.
   """
   encoding = "utf-8" if encoding == "utf-8" else check_encoding(encoding)
   what = "UTF-8" if encoding == "utf-8" else encoding

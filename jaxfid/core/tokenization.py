@@ -1,26 +1,11 @@
 """The T5 SentencePiece vocabulary, bundled, with T5's special ids.
 
-T5 (and every FiD / ReAtt / ReFusion checkpoint built on it) uses one
-32,000-piece SentencePiece model with ``pad=0, eos=1, unk=2`` and no BOS. On
-top of it sit 100 *sentinel* ids, 32000..32099, that stand for
-``<extra_id_99>`` .. ``<extra_id_0>`` (in reverse: id 32099 is
-``<extra_id_0>``), and the embedding table is padded to 32,128 rows; ids
-32100..32127 have no text.
-
-:class:`Tokenizer` extends the SentencePiece model with the sentinels the way
-seqio does (user-defined pieces ``"▁<extra_id_N>"`` appended in reverse), so
-that encoding and decoding agree with ``seqio.SentencePieceVocabulary`` and,
-for ordinary text, with Hugging Face's ``T5Tokenizer``. Decoding follows
-FiD's ``tokenizer.decode(ids, skip_special_tokens=True)``: it stops at the
-first EOS and drops PAD and UNK, but keeps sentinels as ``<extra_id_N>`` text
-(as seqio does) so that span-corruption outputs stay readable.
-
-Encoding never adds EOS; :func:`encode_padded` adds it and pads to a fixed
-length, keeping the EOS inside the length on truncation exactly like an HF
-tokenizer called with ``truncation=True``.
-
-Everything here is pure Python + NumPy; the seqio vocabulary of the same
-model is :func:`tasks.vocabulary.seqio_vocabulary`.
+32,000 pieces with ``pad=0, eos=1, unk=2``, no BOS; sentinels 32000..32099
+are ``<extra_id_99>`` .. ``<extra_id_0>`` (id 32099 is ``<extra_id_0>``),
+added as seqio does; the embedding has 32,128 rows. Encoding agrees with
+``seqio.SentencePieceVocabulary`` and never adds EOS; :func:`encode_padded`
+adds it as an HF tokenizer with ``truncation=True`` does. Decoding stops at
+EOS, drops PAD and UNK and keeps sentinels as text.
 """
 from __future__ import annotations
 
@@ -143,15 +128,8 @@ class Tokenizer:
   def decode(self, ids: Iterable[int]) -> str:
     """Text of ``ids`` up to the first EOS.
 
-    PAD, UNK, negative ids (e.g. a ``-100`` label pad) and ids past the
-    sentinels (the padding rows of a 32,128-row embedding) are dropped;
-    sentinel ids become ``<extra_id_N>``.
-
-    Args:
-      ids: a 1-D sequence or array of token ids.
-
-    Returns:
-      the decoded string.
+    PAD, UNK, negative ids and ids past the sentinels are dropped; sentinels
+    become ``<extra_id_N>``.
     """
     return self._sp.DecodeIds(self._clean(ids))
 
@@ -200,19 +178,9 @@ def pad_ids(token_lists: Sequence[Sequence[int]], max_length: int,
 
 def encode_padded(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
                   add_eos: bool = True) -> np.ndarray:
-  """Tokenizes ``texts`` into an int32 array ``[len(texts), max_length]``.
+  """Tokenizes ``texts`` into int32 ``[len(texts), max_length]``, EOS included.
 
-  Matches an HF T5 tokenizer called with ``max_length=max_length,
-  truncation=True, padding="max_length"``: EOS is appended and survives
-  truncation (``ids[:max_length - 1] + [EOS]``), and rows are padded with 0.
-
-  Args:
-    tokenizer: the tokenizer.
-    texts: the strings.
-    max_length: the fixed row length, EOS included.
-    add_eos: append EOS (True for T5 inputs and targets).
-
-  Returns:
-    np.ndarray of int32, shape ``[len(texts), max_length]``.
+  As an HF T5 tokenizer with ``truncation=True, padding="max_length"``: EOS
+  survives truncation (``ids[:max_length - 1] + [EOS]``); rows are 0-padded.
   """
   return pad_ids(tokenizer.encode_batch(texts), max_length, add_eos=add_eos)
