@@ -1,12 +1,9 @@
 """``jaxfid bench MODE``: benchmarks, one registered mode each.
 
-``compile`` (any method's train or decode program compiled for a TPU slice)
-is registered by :mod:`jaxfid.aot.plugin`; a method's plug-in registers its
-own modes (FiD: ``train``, ``decode``, ``memory``,
-:mod:`jaxfid.fid.commands.bench`) with :func:`register_mode`. Each mode is
-a subcommand with its own flags and the gin flags of ``jaxfid train``; its
-gin reads are registered under its gin command name (``"bench"`` for
-FiD's, ``"bench compile"``), which is what a validation error names.
+A plug-in registers modes with :func:`register_mode` (``compile``:
+:mod:`jaxfid.aot.plugin`; FiD's ``train``, ``decode``, ``memory``). Each mode
+is a subcommand with its own flags and ``jaxfid train``'s gin flags, its gin
+reads checked under its ``gin_command`` name.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """The configuration reference (``docs/configuration.md``), generated.
 
-``python -m jaxfid.commands.config_doc > docs/configuration.md`` writes, for
-every gin file under ``gin/`` that defines macros, each macro it sets: its
-value there, what it accepts and what it means. Both come from where the
-macro is bound: a config dataclass field (:mod:`jaxfid.core.config`: its
-annotation, :func:`~jaxfid.core.config.option` bounds and choices, and the
-field's line of the class docstring's ``Attributes:``), or a parameter of
-another configurable (its row of :data:`jaxfid.commands.gin_specs.TABLE`,
-else its annotation). A test compares the committed file with this output, so
-the reference cannot drift from the code.
+``python -m jaxfid.commands.config_doc > docs/configuration.md`` lists, per
+gin file under ``gin/``, each macro it sets with its value, what it accepts
+and what it means, from the config dataclass field (annotation, options and
+its ``Attributes:`` line) or the configurable's row of
+:data:`jaxfid.commands.gin_specs.TABLE`. tests/test_config_doc.py keeps the
+committed file equal to this output.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """Multi-process start-up for the commands that run on every host.
 
-``jaxfid train|eval|index dense|index reatt|reatt iterate --distributed``
-calls ``jax.distributed.initialize`` before anything touches a device:
-
-* with a coordinator, a process count and a process id — from the flags
-  ``--coordinator-address HOST:PORT --num-processes N --process-id I`` or,
-  when a flag is absent, the variables ``JAX_COORDINATOR_ADDRESS``,
-  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (jax 0.10 does not read the
-  last two itself) — it passes all three;
-* with none of them, it lets JAX detect the cluster (TPU pod slices, SLURM,
-  Open MPI, ...).
-
-Setting ``JAX_COORDINATOR_ADDRESS`` implies ``--distributed``. CPU
-processes exchange collectives over gloo (what a CPU test of a multi-host
-run uses: several processes on 127.0.0.1).
+``--distributed`` (implied by ``JAX_COORDINATOR_ADDRESS``) calls
+``jax.distributed.initialize`` before any device use, with
+``--coordinator-address``, ``--num-processes`` and ``--process-id`` (else
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``) when
+given, otherwise letting JAX detect the cluster. CPU processes use gloo.
 """
 from __future__ import annotations
 

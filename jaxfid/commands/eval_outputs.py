@@ -1,18 +1,14 @@
 """What ``jaxfid eval`` writes for each task: predictions, metrics, TensorBoard.
 
-:class:`EvalOutputs` is a seqio logger (``seqio.Evaluator(logger_cls=...)``
-calls it once per task with the task's metrics, dataset, decoded outputs
-and postprocessed targets); it needs no seqio import. Under
+:class:`EvalOutputs` is a seqio logger (no seqio import). Under
 ``EVAL_OUTPUT_DIR``:
 
-* ``<task>-<step>.jsonl``: one line per example, in dataset order:
-  ``index``, the example's own fields among ``id``, ``question``,
-  ``answers``, ``text_a``, ``text_b``, ``label``, then ``output`` (the
-  decoded model output), ``prediction`` (postprocessed, what the metrics
-  saw) and ``target`` (the postprocessed target: the gold answers of a QA
-  example, the class of a classification example); written atomically;
+* ``<task>-<step>.jsonl``: per example in dataset order, ``index``, its own
+  ``id``/``question``/``answers``/``text_a``/``text_b``/``label``, then
+  ``output`` (decoded), ``prediction`` (postprocessed) and ``target``;
+  written atomically;
 * ``metrics.jsonl``: one line appended per task, ``{"task", "split",
-  "step", <metric>: value, ...}`` (a non-finite value as a string);
+  "step", <metric>: value, ...}`` (non-finite values as strings);
 * ``tb/<task>/``: TensorBoard scalars ``<split>/<metric>`` at ``step``.
 """
 from __future__ import annotations

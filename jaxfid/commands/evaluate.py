@@ -4,8 +4,7 @@
     --gin.MIXTURE_OR_TASK_NAME="'trivia_qa_fid'" --gin.EVAL_OUTPUT_DIR="'ev'" \
     [--gin.EVAL_SPLIT="'validation'"] --gin.N_CONTEXT=3 ...
 
-Every method's gin file includes ``gin/evaluation.gin`` (through
-``gin/training.gin``), whose macros configure
+``gin/evaluation.gin`` (included by every method's gin) configures
 :func:`jaxfid.commands.seqio_eval.evaluate`.
 """
 from __future__ import annotations

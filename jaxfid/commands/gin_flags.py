@@ -1,12 +1,8 @@
 """t5x-style gin flags shared by ``jaxfid train``, ``eval``, ``bench`` and others.
 
 ``--gin_file=F`` (repeatable; later files override earlier ones) and
-``--gin.NAME=VALUE`` bindings (``--gin.MODEL_DIR="'out'"``), parsed by
-:func:`jaxfid.core.gin_files.parse_gin` (also available here as
-``parse_gin``). A command parses them with :func:`parse_checked`, which
-validates the run for what that command reads (its
-:class:`~jaxfid.core.gin_checks.Reads`, :mod:`jaxfid.commands.gin_specs`)
-before it does anything else.
+``--gin.NAME=VALUE``; :func:`parse_checked` parses them and validates what
+the command reads (:mod:`jaxfid.commands.gin_specs`) before anything else.
 """
 from __future__ import annotations
 

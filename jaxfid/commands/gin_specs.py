@@ -1,22 +1,12 @@
 """What every gin-driven command reads, and what each value may be.
 
-:data:`TABLE` holds one row per parameter of each configurable the gin files
-bind that are neither config dataclasses (whose fields carry their checks:
-:mod:`jaxfid.core.config`) nor annotated with a jaxfid class (a gin
-reference: ``ReAttTask.reader``, ``ReFusionTask.fusion``): the run's launch
-and ``jaxfid eval``'s options (a method's ``jaxfid eval`` evaluator adds
-its rows from the method's plug-in); the macro a row checks is named in its
-comment. :data:`COMMANDS` says which configurables each command calls and
-which macros it reads itself, as the commands registered them
-(:mod:`jaxfid.commands.registry`).
-
-:func:`check` validates a parsed run (see :mod:`jaxfid.core.gin_checks`):
-unknown or unread bindings, wrong types, out-of-range values, bad choices and
-missing REQUIRED values are one-line errors before anything is built or
-written. ``tests/test_gin_validation.py`` checks that every parameter the
-shipped gin files bind has a check (a row here or its field's), and that
-each row agrees with the parameter's annotation (type, and None only where
-the default is None).
+:data:`TABLE` has a check per parameter of the configurables that are
+neither config dataclasses (their fields carry checks) nor annotated with a
+jaxfid class (a gin reference); a method's evaluator adds rows from its
+plug-in. :data:`COMMANDS` says what each registered command calls and reads.
+:func:`check` validates a parsed run (:mod:`jaxfid.core.gin_checks`).
+tests/test_gin_validation.py checks that every shipped binding has a check
+that agrees with its annotation.
 """
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """The command line's plug-ins: commands and ``jaxfid index`` types.
 
-Every ``jaxfid <command>`` is a :class:`Command` registered in
-:data:`COMMANDS`: the shared commands by :mod:`jaxfid.cli`, a method's own
-commands by the method's plug-in module (``jaxfid/<method>/plugin.py``,
-imported by :mod:`jaxfid.methods`). A method adds a type to the shared
-``jaxfid index`` command by registering the function that adds its
-subparsers in :data:`INDEX_COMMANDS`. ``jaxfid eval``'s evaluators have
-their own registry beside the command
-(:data:`jaxfid.commands.seqio_eval.METHODS`).
-
-``jaxfid --help`` lists the commands by :attr:`Command.order`: the shared
-and FiD commands hold 10..110 in steps of 10 (convert, predict, train, eval,
-index, retrieve, corpus, eval-retrieval, plot, bench, demo), FiD's serve
-115, ReAtt 120, FiD's distill 125, ReFusion 130; a new method takes the
-next free number. ``jaxfid index
---help`` lists ``bm25`` (shared) first, then the registered types in
-registration order (the order :mod:`jaxfid.methods` imports the methods).
+Every ``jaxfid <command>`` is a :class:`Command` in :data:`COMMANDS`,
+registered by :mod:`jaxfid.cli` or a method's ``plugin.py``; a method adds
+``jaxfid index`` types through :data:`INDEX_COMMANDS`. ``jaxfid --help``
+lists commands by :attr:`Command.order` (shared and FiD commands 10..110 in
+steps of 10, FiD's serve 115, ReAtt 120, FiD's distill 125, ReFusion 130; a
+new method takes the next free number); ``jaxfid index --help`` lists
+``bm25`` first, then types in registration order.
 """
 from __future__ import annotations
 
@@ -34,17 +25,13 @@ class Command:
 
   Attributes:
     name: the command's name on the command line.
-    add_parser: ``add_parser(subparsers)`` adds the command's parser (and
-      its subcommands); each parser's ``set_defaults(func=run)`` names the
-      function :func:`jaxfid.cli.main` calls with the parsed arguments.
+    add_parser: ``add_parser(subparsers)``; each parser's
+      ``set_defaults(func=run)`` names what :func:`jaxfid.cli.main` calls.
     order: its place in ``jaxfid --help`` (module docstring).
-    model: its time goes into XLA programs (train and decode steps): on a
-      CPU it runs with :func:`jaxfid.core.host_memory.tune_cpu_malloc`.
-    gin: what each gin-driven (sub)command reads, by its name after
-      ``jaxfid`` (``"train"``, ``"reatt iterate"``): a
-      :class:`~jaxfid.core.gin_checks.Reads`, or a function returning one
-      when it depends on other registrations (``eval``'s evaluators).
-      :data:`jaxfid.commands.gin_specs.COMMANDS` collects them.
+    model: it runs XLA programs (on a CPU, with
+      :func:`jaxfid.core.host_memory.tune_cpu_malloc`).
+    gin: per gin-driven (sub)command name (``"train"``, ``"reatt iterate"``),
+      its :class:`~jaxfid.core.gin_checks.Reads` or a function returning them.
   """
   name: str
   add_parser: AddParser

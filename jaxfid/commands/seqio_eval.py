@@ -2,39 +2,21 @@
 
 ``gin/evaluation.gin`` binds :func:`evaluate` (``CHECKPOINT_PATH``,
 ``EVAL_OUTPUT_DIR``, ``MIXTURE_OR_TASK_NAME``, ``EVAL_SPLIT``,
-``EVAL_BATCH_SIZE``, ``EVAL_MAX_EXAMPLES``); ``gin/training.gin`` includes
-it, so every method's gin file offers ``jaxfid eval``. :func:`evaluate` runs
-``seqio.Evaluator`` on the split with the checkpoint's model functions and
-writes what :mod:`jaxfid.commands.eval_outputs` describes.
+``EVAL_BATCH_SIZE``, ``EVAL_MAX_EXAMPLES``), which runs ``seqio.Evaluator``
+with the model functions of the checkpoint's method (:data:`METHODS`, filled
+by the plug-ins; other formats are FiD readers) and writes what
+:mod:`jaxfid.commands.eval_outputs` describes. An evaluator gets NumPy
+batches of ``EVAL_BATCH_SIZE`` rows (the last padded with its first row)
+and provides:
 
-The model functions come from the checkpoint's method (``method`` in its
-``jaxfid_config.json``; any other checkpoint format is a FiD reader),
-looked up in :data:`METHODS`, which each method's plug-in module fills
-(``jaxfid/<method>/plugin.py``): FiD and ReAtt generate answers over passages
-for the QA tasks (:class:`jaxfid.fid.checkpoint_eval.
-FidCheckpointEvaluator`, configured by the FiD gin macros; the passages end
-with EOS or not as the checkpoint was trained, which this module binds in
-``tasks.config.fid_passage_eos``), ReFusion ranks
-the label words of the LM-BFF / GLUE prompt tasks with its fused neighbours
-(:class:`jaxfid.refusion.checkpoint_eval.ReFusionCheckpointEvaluator`,
-configured by its run). A method evaluator gets seqio-free NumPy batches of
-the feature converter's model features (``EVAL_BATCH_SIZE`` rows, the last
-batch padded by repeating its first row) and answers
-
-* ``kinds``: the task kinds it evaluates (:mod:`jaxfid.evaluation.
-  task_kinds`: ``"qa"``, ``"classification"``);
-* ``step``: the step of the loaded parameters (``metrics.jsonl``'s
-  ``step``);
+* ``kinds``: the task kinds it evaluates (:mod:`jaxfid.evaluation.task_kinds`);
+* ``step``: the step of the loaded parameters;
 * ``sequence_length(task_spec)``: seqio's task feature lengths;
-* ``prepare(examples, task_spec)``: once per task, its examples (dicts of
-  NumPy values, evaluation order) and LM-BFF spec (None for QA);
-* ``predict(indices, batch)``: int32 ``[B, T]`` ids (one length: NumPy 2
-  refuses ragged predictions); ``score(indices, batch)``: float32 ``[B]``
-  target log-likelihoods.
+* ``prepare(examples, task_spec)``: once per task;
+* ``predict(indices, batch)``: int32 ``[B, T]`` ids;
+  ``score(indices, batch)``: float32 ``[B]`` target log-likelihoods.
 
-This module imports nothing heavy at its top (gin imports it when parsing
-``gin/evaluation.gin``); seqio and the tasks are imported by
-:func:`evaluate`.
+seqio and the tasks are imported only inside :func:`evaluate`.
 """
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
 """Loading a dual encoder from any checkpoint jaxfid reads.
 
-:func:`load_dual_encoder` accepts
-
-* a **jaxfid MODEL_DIR** (``jaxfid_config.json``): a dual encoder trained by
-  :mod:`jaxfid.dual_encoder.task` (``"method": "dual_encoder"``; its
-  pooling, projection and towers come from the file), or any other jaxfid
-  model (a FiD reader, ...), whose encoder is then mean-pooled;
-* a **Hugging Face T5 directory**: ``T5ForConditionalGeneration`` (the
-  decoder is not read), ``T5EncoderModel`` (encoder-only weights), or the
-  original FiD readers' layout;
-* a **sentence-transformers** directory (GTR, Sentence-T5): the T5 weights
-  at the top (or in the ``Transformer`` module's folder named by
-  ``modules.json``), pooling from ``1_Pooling/config.json``, the projection
-  from ``2_Dense/`` (``model.safetensors`` or ``pytorch_model.bin``: its
-  ``linear.weight`` [out, in] and optional ``linear.bias``), and L2
-  normalisation when a ``Normalize`` module is listed (or ``3_Normalize/``
-  exists);
-* a **T5X checkpoint** (via :func:`jaxfid.checkpoints.load_flat`).
-
-The vocabulary is the checkpoint's ``spiece.model`` when it has one, else the
-bundled T5 vocabulary. Reading HF weights goes through the same tensor readers
-and rename table as :mod:`jaxfid.checkpoints.hf`, restricted to the encoder
-(``read_hf`` itself requires a decoder).
+:func:`load_dual_encoder` accepts a jaxfid MODEL_DIR (a trained dual
+encoder, or any other model's encoder, mean-pooled), a HF T5 directory
+(``T5ForConditionalGeneration``, ``T5EncoderModel`` or FiD readers), a
+sentence-transformers directory (GTR, Sentence-T5: pooling, ``2_Dense``
+projection and ``Normalize`` from its modules) or a T5X checkpoint. The
+vocabulary is the checkpoint's ``spiece.model``, else the bundled one.
 """
 from __future__ import annotations
 
@@ -61,8 +45,7 @@ class LoadedEncoder:
     tokenizer: the vocabulary.
     source: the checkpoint path.
     kind: 'dual_encoder', 'jaxfid', 'hf', 'sentence-transformers' or 't5x'.
-    fingerprint: :func:`params_fingerprint` of the parameters and T5 config
-      (settings such as pooling are not included).
+    fingerprint: :func:`params_fingerprint` of the parameters and T5 config.
   """
   encoder: DualEncoder
   params: dict
@@ -244,16 +227,10 @@ def load_dual_encoder(path, *, dtype: str | None = None,
                       which: str = "auto", **overrides) -> LoadedEncoder:
   """A dual encoder from any supported checkpoint (see the module docstring).
 
-  Args:
-    path: the checkpoint.
-    dtype: activation dtype ('float32', 'bfloat16'); parameters stay float32.
-    which: for a jaxfid MODEL_DIR: 'best', 'latest' or 'auto'.
-    **overrides: :class:`DualEncoderConfig` fields to change (None values are
-      ignored), e.g. ``normalize=True`` or ``passage_maxlength=128``; fields
-      that shape the parameters (projection, towers) cannot be changed.
-
-  Raises:
-    InputError: a missing or unreadable checkpoint.
+  ``dtype``: activation dtype (parameters stay float32); ``which``: 'best',
+  'latest' or 'auto' for a MODEL_DIR; ``overrides``: :class:`DualEncoderConfig`
+  fields (None ignored) except those that shape the parameters. Raises
+  InputError for a missing or unreadable checkpoint.
   """
   source = os.fspath(path)
   path = Path(source)

@@ -1,16 +1,10 @@
 """The dual encoder's commands: `jaxfid index dense` and `index import-embeddings`.
 
 ``jaxfid index dense --checkpoint DIR --corpus CORPUS --output INDEX_DIR
-[--faiss-factory STRING]`` embeds every passage with a T5 dual encoder (a HF
-T5 / GTR / Sentence-T5 directory or a jaxfid MODEL_DIR, mean-pooled) and
-builds a FAISS index; ``jaxfid index import-embeddings --embeddings
-'wiki_passages_*' --corpus psgs_w100.tsv --output INDEX_DIR`` builds one from
-DPR's precomputed passage embeddings. ``jaxfid retrieve --index INDEX_DIR``
-searches either. ``index dense`` takes the multi-host launch flags of
-:mod:`jaxfid.commands.distributed`. The logic lives in :mod:`jaxfid.dual_encoder.index` (with
-:mod:`jaxfid.retrieval.dense.index` and
-:mod:`jaxfid.retrieval.dense.dpr_import`). :mod:`jaxfid.dual_encoder.plugin`
-adds both to ``jaxfid index`` (``add_parser(index_subparsers)``).
+[--faiss-factory STRING]`` embeds every passage (multi-host launch flags
+accepted); ``jaxfid index import-embeddings --embeddings 'wiki_passages_*'
+--corpus psgs_w100.tsv --output INDEX_DIR`` imports DPR's embeddings
+(:mod:`jaxfid.dual_encoder.index`).
 """
 from __future__ import annotations
 

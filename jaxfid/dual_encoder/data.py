@@ -1,25 +1,13 @@
 """Training data for the dual encoder: questions, positives, hard negatives.
 
-Two input formats (JSON list or JSONL, optionally gzipped):
-
-* **FiD JSON** (``jaxfid retrieve ... --output run.json``, FiD's data):
-  ``{"question", "answers", "ctxs": [{"title", "text", "has_answer"}]}``.
-  The positive is the best-ranked ctx with ``has_answer`` true (computed
-  with DPR's answer match when the key is absent), or the first ctx when none
-  has the answer; hard negatives are the ctxs without the answer — with BM25
-  runs, DPR's "BM25 hard negatives".
-* **DPR's retriever training JSON**: ``{"question", "positive_ctxs",
-  "hard_negative_ctxs", "negative_ctxs"}``; the first positive is used, hard
-  negatives (else the plain negatives) as negatives.
-
-:class:`PairBatcher` turns examples into fixed-shape batches as a pure
-function of (seed, step): questions ``[B, Lq]`` and passages ``[B*(1+H), Lp]``
-laid out as each question's positive followed by its H hard negatives. A
-question without enough negatives gets empty rows that are masked out of the
-softmax (``passage_mask``). Each epoch is cut into whole batches
-(:func:`jaxfid.training.sampling.epoch_batch_indices`: no example twice in
-one batch, which is its own pool of negatives); a process builds only its
-rows of the global batch.
+Inputs (JSON list or JSONL, maybe gzipped): FiD JSON (the positive is the
+best ctx with ``has_answer``, else the first; hard negatives are the ctxs
+without the answer) or DPR's retriever training JSON (first positive; hard
+negatives, else negatives). :class:`PairBatcher` makes batches as a pure
+function of (seed, step): questions ``[B, Lq]`` and passages
+``[B*(1+H), Lp]`` (each question's positive, then its H negatives; missing
+ones masked by ``passage_mask``). No example appears twice in one batch; a
+process builds only its rows.
 """
 from __future__ import annotations
 
@@ -160,16 +148,9 @@ class QuestionBatcher:
 
 
 class PairBatcher(QuestionBatcher):
-  """Deterministic batches of questions, positives and hard negatives.
+  """Deterministic batches of questions, positives and ``hard_negatives`` (H) each.
 
-  Args:
-    examples: the training examples.
-    tokenizer: the T5 tokenizer.
-    batch_size: questions per batch.
-    hard_negatives: hard negatives per question (H).
-    query_maxlength / passage_maxlength: token lengths.
-    passage_format: see :func:`jaxfid.dual_encoder.model.passage_text`.
-    seed: data order and negative choice depend on (seed, step) only.
+  Data order and negative choice depend on (seed, step) only.
   """
 
   def __init__(self, examples: Sequence[PairExample], tokenizer, *,

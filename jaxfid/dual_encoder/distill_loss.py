@@ -5,23 +5,10 @@ Per question, over its N passages::
   KL( softmax(gold / temperature_gold) || softmax(s / temperature_score) ),
   s = q . p / sqrt(d)   (``scale_by_sqrt_dim``; d the embedding size)
 
-as the original computes it (FiD ``src/model.py``: ``Retriever.forward``
-divides ``score`` by ``np.sqrt(question_output.size(-1))``;
-``Retriever.kldivloss`` is ``torch.nn.KLDivLoss()(torch.log_softmax(score,
--1), torch.softmax(gold_score, -1))``; the temperatures are Atlas's
-``kldivloss`` generalisation, 1 in FiD). The gold scores are constants: the
-retriever learns through its own scores only.
-
-``reduction``: ``'mean'`` is ``KLDivLoss``'s default -- the summed
-pointwise terms ``t * (log t - log p)`` divided by the number of elements
-(questions x passages; masked passages count in neither); ``'batchmean'``
-divides by the number of questions (the KL per question).
-
-With ``in_batch_negatives`` each question is scored against every passage
-of the global batch (the other questions' passages as extra candidates of
-the retriever's softmax, with no gold mass: they add nothing to the sum,
-only to the normaliser), so ``'mean'`` still divides by the question's own
-passages.
+as FiD's ``Retriever``; gold scores are constants. ``reduction='mean'``
+divides the summed terms by questions x passages (``KLDivLoss``'s default),
+``'batchmean'`` by questions. With ``in_batch_negatives`` other questions'
+passages join the softmax with no gold mass.
 """
 from __future__ import annotations
 
@@ -39,19 +26,10 @@ def distill_loss(q: Array, p: Array, passage_mask: Array, gold: Array, *,
                  in_batch_negatives: bool = False) -> tuple[Array, dict]:
   """KL of the retriever's passage distribution from the reader's.
 
-  Args:
-    q: float32 [B, D] question embeddings.
-    p: float32 [B*N, D] passage embeddings; question b's are rows b*N..b*N+N-1.
-    passage_mask: bool [B*N]; False rows are no passages.
-    gold: float32 [B*N] the reader's scores of those passages.
-    temperature_gold / temperature_score: the two softmax temperatures.
-    scale_by_sqrt_dim: divide q . p by sqrt(D) (FiD's retriever).
-    reduction: 'mean' (KLDivLoss's default) or 'batchmean'.
-    in_batch_negatives: also score every other question's passages.
-
-  Returns:
-    (loss, metrics): ``accuracy`` (the retriever ranks the reader's best
-    passage first among the question's candidates), ``mean_rank`` (its rank).
+  ``q`` float32 [B, D]; ``p`` float32 [B*N, D] (question b's rows b*N..);
+  ``passage_mask`` bool [B*N]; ``gold`` float32 [B*N]. Returns (loss, metrics)
+  with ``accuracy`` (the reader's best passage ranked first) and
+  ``mean_rank``.
   """
   b, d = q.shape
   n = p.shape[0] // b

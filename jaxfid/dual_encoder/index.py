@@ -1,22 +1,11 @@
 """Dense indexes embedded by a T5 dual encoder: index type ``"dense"``.
 
-``jaxfid index dense --checkpoint CKPT --corpus CORPUS --output INDEX_DIR``
-(:func:`build_dense_index`) embeds every passage with a dual encoder (any
-checkpoint :func:`~jaxfid.dual_encoder.checkpoint.load_dual_encoder` reads)
-on all devices and writes a dense index directory
-(:mod:`jaxfid.retrieval.dense.index`: layout, resuming, reuse of
-embeddings); the encoder is recorded in ``meta.json`` as ``encoder`` and
-``query_encoder``. :func:`import_dpr_embeddings` imports DPR's embeddings,
-optionally recording a T5 query encoder. Run on every process of a
-multi-host job, :func:`build_dense_index` embeds on all their devices and
-process 0 writes the index.
-
-Importing this module registers the ``"dense"`` index type of
-:func:`jaxfid.retrieval.search.open_index`: a
-:class:`~jaxfid.retrieval.dense.index.DenseSearcher` whose queries are
-embedded by the recorded query encoder (loaded once, checked against the
-fingerprint recorded at indexing), or by another checkpoint given as the
-``query_encoder=CKPT`` search option.
+:func:`build_dense_index` embeds every passage on all devices and writes a
+dense index (:mod:`jaxfid.retrieval.dense.index`), recording the encoder as
+``encoder`` and ``query_encoder``; :func:`import_dpr_embeddings` imports DPR's
+embeddings. Importing this module registers ``"dense"``: queries are
+embedded by the recorded query encoder (checked against its fingerprint) or
+the ``query_encoder=CKPT`` search option.
 """
 from __future__ import annotations
 
@@ -136,39 +125,14 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
                       encoding: str = "utf-8", **settings) -> dict:
   """Indexes ``corpus`` into the directory ``output``; returns a summary.
 
-  Args:
-    checkpoint: any checkpoint :func:`~jaxfid.dual_encoder.checkpoint
-      .load_dual_encoder` reads (ignored when ``encoder`` is given).
-    corpus: a corpus or sentence file (see
-      :func:`jaxfid.retrieval.dense.index.read_dense_corpus`).
-    output: the index directory (replaced if it already holds an index).
-    factory: FAISS factory string; "Flat" is exact search.
-    metric: 'ip' (inner product) or 'l2'.
-    index_shards: FAISS sub-indexes over contiguous row ranges.
-    batch_size: passages per device call (over all devices).
-    shard_size: passages per embedding shard file.
-    embedding_dtype: 'float32' or 'float16' storage of the embeddings.
-    dtype: activation dtype of the encoder ('bfloat16' on accelerators).
-    mesh: device mesh (default: every device on ``data``).
-    train_size: vectors to train IVF/PQ indexes on.
-    progress: show progress bars (None: only on a terminal).
-    encoder: an already loaded encoder.
-    encoding: the corpus's text encoding.
-    **settings: DualEncoderConfig overrides (passage_maxlength, normalize,
-      pooling, ...; None = the checkpoint's).
-
-  Returns:
-    ``{"index", "num_passages", "dim", "embedded", "reused", ...}`` (with
-    several processes, on process 0; the others return ``{"index",
-    "process"}``).
-
-  With several processes (``jax.distributed``) every process calls this
-  with the same arguments: every process loads the encoder and takes part
-  in every embedding call, while process 0 alone reads the corpus and
-  writes the index (locking, resuming and reusing as one process does);
-  the others read the passages process 0 stored in ``.NAME.partial/``, so
-  ``output`` must be on a file system they all share. Every process returns
-  when the index is published, or raises when any of them failed.
+  ``checkpoint`` is ignored when ``encoder`` is given; ``batch_size`` counts
+  passages per device call over all devices; ``settings`` are
+  DualEncoderConfig overrides; the rest as
+  :func:`jaxfid.retrieval.dense.index.write_dense_index`. Returns ``{"index",
+  "num_passages", "dim", "embedded", "reused", ...}`` on process 0 and
+  ``{"index", "process"}`` elsewhere. Multi-host: every process calls it with
+  the same arguments and embeds; process 0 reads the corpus and writes
+  (``output`` must be on a shared file system); all raise if any failed.
   """
   leader = multihost.is_leader()
 

@@ -1,31 +1,14 @@
 """A T5 dual encoder (GTR / Sentence-T5): mean-pooled encoder outputs.
 
-A text is embedded by the T5 *encoder* alone: its final hidden states (after
-the final RMS norm) are averaged over the non-padding tokens, EOS included,
-as sentence-transformers' ``Pooling(mean)`` does over HF's attention mask
-(``pooling="first"`` takes the first token instead: Sentence-T5's
-"ST5-Enc first"). GTR and Sentence-T5 checkpoints then apply a bias-free
-dense projection and L2-normalise; both are optional here.
-
-Parameters are one nested dict (so they checkpoint, shard and restore like
-every jaxfid model):
-
-* ``token_embedder``, ``encoder``, ``decoder``: the parameters of a
-  :class:`~jaxfid.t5.model.EncoderDecoderModel` whose config has no decoder layers
-  and a tied output (:func:`encoder_config`), i.e. the encoder plus a
-  two-array decoder stub. A dual encoder's ``MODEL_DIR`` therefore also
-  loads with :func:`jaxfid.checkpoints.load.load_checkpoint` (shared towers, no
-  projection), which is what the ReFusion code expects of an encoder;
-* ``projection`` (optional): ``{"kernel": [D, P]}`` and optionally ``bias``;
-* ``query_tower`` (optional, DPR-style separate encoders): the same tree
-  again (T5 part and projection) for questions; passages always use the
-  top-level tower.
-
-Texts: passages are embedded as ``title + " " + text`` (``passage_format=
-"title_text"``, what sentence-transformers' BEIR evaluation feeds GTR), or
-``"title: T context: P"`` (``"fid"``, the reader's format); questions as
-their text. Both end with EOS and are truncated to ``passage_maxlength`` /
-``query_maxlength`` tokens.
+A text's vector is the mean of the T5 encoder's final states over its
+non-padding tokens, EOS included (``pooling="first"``: the first token),
+optionally projected (``projection``: ``{"kernel": [D, P]}``, maybe
+``bias``) and L2-normalised. Parameters are those of an
+:class:`~jaxfid.t5.model.EncoderDecoderModel` with no decoder layers
+(:func:`encoder_config`), so a MODEL_DIR also loads as a T5, plus the
+optional ``projection`` and ``query_tower`` (separate question encoder).
+Passages are ``title + " " + text`` (``"title_text"``) or ``"title: T
+context: P"`` (``"fid"``); both end with EOS and are truncated.
 """
 from __future__ import annotations
 
@@ -260,18 +243,10 @@ def _round_up(n: int, multiple: int) -> int:
 class Embedder:
   """Embeds texts on all devices: batch sharded over a ``data`` mesh, jitted.
 
-  Args:
-    encoder: the dual encoder.
-    params: its parameters (host or device arrays).
-    tokenizer: the T5 tokenizer.
-    mesh: a device mesh (default: every device on ``data``); parameters are
-      placed by the T5 logical axis rules, so ``model``/``fsdp`` meshes shard
-      large encoders. With several processes every process passes the same
-      texts and gets every vector (outputs are replicated).
-    batch_size: texts per device call (rounded up to the data-parallel size).
-    length_bucket: token lengths are padded to a multiple of this (at most
-      the max length), so a batch of short texts costs less, with few
-      compilations.
+  Parameters are placed by the T5 logical axis rules; with several processes
+  each passes the same texts and gets every vector. ``batch_size`` is rounded
+  up to the data-parallel size; lengths are padded to a multiple of
+  ``length_bucket``.
   """
 
   def __init__(self, encoder: DualEncoder, params: dict, tokenizer, *,

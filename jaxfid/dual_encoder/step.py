@@ -1,23 +1,10 @@
 """The dual encoder's train step: in-batch negatives, exact accumulation.
 
-Every question of the global batch is scored against *all* B*(1+H) passages
-of the batch -- its own positive, the other questions' positives and
-everyone's hard negatives (DPR's in-batch negatives) -- and the loss is the
-mean cross-entropy of picking its positive, ``softmax(q . p / temperature)``.
-The batch is sharded over the mesh's data axes; the similarity matrix is
-global, so the negatives come from every device.
-
-With ``accumulation_steps = A > 1`` the negatives still span the whole batch
-(GradCache, :mod:`jaxfid.training.microbatches`): the B + B*(1+H)
-embeddings are computed in A microbatches without gradients, the loss and
-its gradient with respect to them over the whole batch, and each
-microbatch's encoder again to back-propagate its share. Loss and gradient
-equal the A = 1 step's (up to float rounding), while activation memory is
-that of one microbatch.
-
-The distillation objective (:mod:`jaxfid.dual_encoder.distill_loss`) runs
-through the same step: any loss of the batch's embeddings (``loss_fn(q, p,
-batch)``) gets the same exact accumulation.
+Each question is scored against all B*(1+H) passages of the global batch
+(``softmax(q . p / temperature)``, cross-entropy of its positive). With
+``accumulation_steps > 1`` the negatives still span the whole batch
+(GradCache, :mod:`jaxfid.training.microbatches`). Any loss of the batch's
+embeddings (``loss_fn(q, p, batch)``, e.g. distillation) runs through it.
 """
 from __future__ import annotations
 
@@ -41,13 +28,8 @@ def in_batch_loss(q: Array, p: Array, passage_mask: Array,
                   temperature: float = 1.0) -> tuple[Array, dict]:
   """In-batch-negative cross-entropy of embeddings; returns (loss, metrics).
 
-  Args:
-    q: float32 [B, D] question embeddings.
-    p: float32 [B*(1+H), D] passage embeddings; question b's positive is row
-      ``b*(1+H)``.
-    passage_mask: bool [B*(1+H)]; False rows (missing negatives) are no
-      candidates.
-    temperature: the softmax temperature.
+  ``q`` float32 [B, D]; ``p`` float32 [B*(1+H), D], question b's positive at
+  row ``b*(1+H)``; ``passage_mask`` False rows are no candidates.
   """
   scores = jnp.einsum("qd,pd->qp", q, p) / temperature   # [B, B*(1+H)]
   scores = jnp.where(passage_mask[None, :], scores, -1e9)

@@ -1,33 +1,11 @@
 """Classification and regression scores: accuracy, binary F1, MCC, correlations.
 
-LM-BFF (and so ReFusion) reports accuracy for most tasks, the F1 of the
-positive class for MRPC and QQP, and the Matthews correlation coefficient for
-CoLA (``TaskSpec.metric`` in :mod:`jaxfid.refusion.lmbff`).
-:func:`classification_metrics` always returns ``accuracy`` and adds the
-task's own metric; :func:`primary` picks the number a task is judged by.
-GLUE's regression task (STS-B) is scored with :func:`pearson` and
-:func:`spearman`.
-
-Definitions (those of scikit-learn and SciPy, which GLUE's scorer uses):
-
-* :func:`accuracy`: the fraction of predictions equal to their label.
-* :func:`binary_f1`: ``2 TP / (2 TP + FP + FN)`` for the positive class (1
-  by default); 0 when there is no true positive.
-* :func:`matthews_corrcoef`: over the confusion matrix ``C`` of the classes
-  seen in either sequence, ``(c s - sum_k p_k t_k) / sqrt((s^2 - sum_k
-  p_k^2) (s^2 - sum_k t_k^2))`` with ``s`` examples, ``c`` correct,
-  ``p_k``/``t_k`` the predicted/true counts of class ``k`` (Gorodkin's R_K;
-  the usual binary formula for two classes), in exact integer arithmetic.
-* :func:`pearson`, :func:`spearman` (ranks, ties averaged as
-  ``scipy.stats.rankdata`` does).
-
-Where a score is undefined (no positive class, a constant input) it is 0.0
-rather than NaN, so that "best checkpoint" comparisons stay well defined.
-Predictions and labels may be any comparable values (class indices, label
-strings). A prediction may be -1 (generated text that is no label word): it
-is wrong for accuracy, not the positive class for F1 and a class of its own
-for MCC. Scores are fractions (0.5 is 50%), as everywhere in jaxfid. NumPy
-only.
+Definitions are scikit-learn's and SciPy's: :func:`binary_f1` is
+``2 TP / (2 TP + FP + FN)`` for the positive class; :func:`matthews_corrcoef`
+is Gorodkin's R_K over the classes seen, in exact integer arithmetic;
+:func:`spearman` averages tied ranks. An undefined score is 0.0, not NaN. A
+prediction of -1 (no label word) is wrong for accuracy, never positive for F1
+and its own class for MCC. Scores are fractions. NumPy only.
 """
 from __future__ import annotations
 
@@ -119,13 +97,7 @@ def classification_metrics(metric: str, predictions: Sequence[int],
                            labels: Sequence[int]) -> dict[str, float]:
   """``{"accuracy": ...}`` plus ``"f1"`` or ``"mcc"`` when ``metric`` says.
 
-  Args:
-    metric: ``'accuracy'``, ``'f1'`` or ``'mcc'`` (the task's metric).
-    predictions: predicted class indices (-1 for no class).
-    labels: gold class indices, as many as ``predictions``.
-
-  Raises:
-    ValueError: an unknown metric, different lengths, or no examples.
+  Raises ValueError for an unknown metric, different lengths or no examples.
   """
   _check(metric)
   predictions = np.asarray(predictions, dtype=np.int64).reshape(-1)

@@ -1,21 +1,9 @@
-"""Answer metrics: SQuAD exact match / F1 for QA.
+"""Answer metrics: SQuAD v1.1 exact match / F1, as DPR and FiD compute them.
 
-QA metrics reproduce the SQuAD v1.1 evaluation script, which DPR copied and FiD
-(``src/evaluation.py``) uses unchanged:
-
-* :func:`normalize_answer`: lower-case, delete every character in
-  ``string.punctuation`` (ASCII only: curly quotes, dashes and accented letters
-  survive), delete the whole words ``a``, ``an``, ``the``, collapse whitespace.
-* :func:`exact_match`: 1.0 if the normalised prediction equals any normalised
-  gold answer.
-* :func:`f1_score`: bag-of-tokens F1 on the normalised strings, maximised over
-  the gold answers. As in SQuAD v1.1, no shared token means 0 (also when both
-  sides normalise to the empty string).
-
-Classification and regression scores (accuracy, MCC, binary F1, Pearson,
-Spearman) are in :mod:`jaxfid.evaluation.classification`.
-
-All scores are fractions (EM 0.5 is 50%).
+:func:`normalize_answer` lower-cases, deletes ASCII punctuation and the words
+``a``/``an``/``the`` and collapses whitespace; :func:`exact_match` and
+:func:`f1_score` (bag of tokens; no shared token is 0) take the best gold
+answer. Scores are fractions.
 """
 from __future__ import annotations
 

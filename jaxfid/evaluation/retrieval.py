@@ -1,27 +1,11 @@
 """Retrieval metrics: answer recall for QA, nDCG/recall/MRR for qrels.
 
-**Answer recall** (DPR's "top-k retrieval accuracy", reported as R@k or
-Top-k by DPR and FiD): the fraction of questions with at least one passage
-among the first k that contains an answer (``has_answer``, see
-:mod:`jaxfid.retrieval.text.answer_match`). A question with fewer than k passages
-counts those it has.
-
-**Qrels metrics**, computed as trec_eval (and so pytrec_eval, BEIR and
-pyserini) computes them:
-
-* each query's documents are ordered by score descending, then docid
-  descending (trec_eval ignores the rank column);
-* ``nDCG@k`` (trec_eval ``ndcg_cut``): gain = relevance grade, discount
-  log2(rank + 1), normalised by the DCG of the judged documents sorted by
-  grade; documents with grade <= 0 gain nothing;
-* ``R@k`` (``recall_k``): relevant documents (grade > 0) in the first k over
-  all relevant documents;
-* ``MRR@k`` (BEIR's ``mrr_cut``): 1 / rank of the first relevant document
-  within the first k, else 0.
-
-Averages are over the queries present in both the run and the qrels, as
-trec_eval does without ``-c``; a query of the qrels that the run lacks is
-reported in ``queries_without_results``.
+Answer recall R@k: the fraction of questions with an answer-bearing passage
+(``has_answer``) among the first k. Qrels metrics are trec_eval's: documents
+ordered by score, then docid descending; ``nDCG@k`` with gain = grade
+(grade <= 0 gains nothing); ``R@k`` over relevant (grade > 0) documents;
+``MRR@k`` as BEIR's ``mrr_cut``. Averages are over queries in both run and
+qrels.
 """
 from __future__ import annotations
 

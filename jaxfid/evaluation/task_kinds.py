@@ -1,15 +1,10 @@
 """Kinds of seqio task that ``jaxfid eval`` evaluates, registered by ``tasks/``.
 
-A kind says which registered seqio tasks it covers (``spec(task_name)``:
-None when the task is not of this kind, else the kind's per-task spec, which
-reaches the evaluator's ``prepare``) and which feature converter turns its
-task features into the model's (``converter(evaluator)``, after the
-evaluator is built: FiD's converter follows the checkpoint's passage
-format). ``tasks/qa.py`` registers ``"qa"``, ``tasks/lmbff.py``
-``"classification"``; a method's checkpoint evaluator names the kinds it
-accepts (``kinds``), and ``jaxfid eval`` asks this registry, so a new kind
-of task is one registration here and one evaluator, not an edit of the
-command.
+A kind has ``spec(task_name)`` (None when the task is not of this kind, else
+the spec passed to the evaluator's ``prepare``) and ``converter(evaluator)``
+(its feature converter). ``tasks/qa.py`` registers ``"qa"``,
+``tasks/lmbff.py`` ``"classification"``; evaluators name the kinds they
+accept.
 """
 from __future__ import annotations
 

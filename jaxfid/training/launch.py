@@ -25,12 +25,9 @@ def run(train_fn: Callable[[], dict], use_hardware_rng: bool = False) -> dict:
 
   Args:
     use_hardware_rng: as t5x's ``USE_HARDWARE_RNG``: every key the run makes
-      (initialisation, dropout, Gumbel noise) is an ``unsafe_rbg`` key, whose
-      bits come from XLA's RngBitGenerator instead of threefry hashing —
-      much cheaper for the dropout masks of long FiD inputs on GPUs and TPUs.
-      The stream is deterministic (a resumed run stays step-for-step
-      identical) but differs from a threefry run's, and XLA does not promise
-      the same bits under another mesh or backend.
+      is an ``unsafe_rbg`` key (XLA's RngBitGenerator), much cheaper for
+      dropout masks on GPUs and TPUs; deterministic on one mesh and backend,
+      but not threefry's stream.
   """
   with prng_context(use_hardware_rng):
     return train_fn()

@@ -1,13 +1,8 @@
 """Metrics to ``MODEL_DIR/metrics.jsonl`` (one JSON object a line) and TensorBoard.
 
-Only process 0 writes. On resume the lines of steps after the restored
-checkpoint (written by the run that crashed) are dropped, so the file reads as
-one uninterrupted run.
-
-A ``MODEL_DIR`` on a bucket (``gs://...``; :mod:`jaxfid.core.paths`) takes
-the same code: objects cannot be appended to, so there the whole file is
-uploaded again after each record, and TensorBoard events are written to a
-local directory whose files are uploaded to ``MODEL_DIR/tb`` at each flush.
+Only process 0 writes. On resume, lines of steps after the restored
+checkpoint are dropped. On a bucket (``gs://...``) the file is re-uploaded
+after each record and TensorBoard events are uploaded at each flush.
 """
 from __future__ import annotations
 

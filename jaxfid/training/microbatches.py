@@ -1,20 +1,10 @@
 """Microbatches: the one split of a global batch, and GradCache over it.
 
-Microbatch ``i`` of ``A`` holds rows ``i, i + A, i + 2A, ...``: a global batch
-sharded over the data axes stays spread over all of them in every
-microbatch (a contiguous cut would put each microbatch on ``1/A`` of the
-devices).
-
-:func:`grad_cache` is the two-pass gradient cache (Gao et al. 2021) for a
-loss that couples the rows of the whole batch (in-batch negatives): pass 1
-runs each microbatch's forward without gradients and keeps its
-representations; the coupling loss and its gradient with respect to those
-representations are computed over the whole batch; pass 2 runs each
-microbatch again (the same dropout keys) and back-propagates its cached
-gradient. Loss and gradient equal the one-pass step's (up to float
-rounding), with the activation memory of one microbatch and one more
-forward pass. The dual encoder (embeddings) and ReAtt (retrieval queries
-and keys) train through it.
+Microbatch ``i`` of ``A`` holds rows ``i, i + A, ...``, so it stays spread
+over every data-parallel device. :func:`grad_cache` is the two-pass gradient
+cache (Gao et al. 2021) for a loss coupling the whole batch's rows: loss and
+gradient equal the one-pass step's, with one microbatch's activation memory
+and one more forward pass.
 """
 from __future__ import annotations
 
@@ -58,19 +48,13 @@ def grad_cache(encode: Encode, couple: Couple, params: Any, micro: Any,
   """The gradient of ``sum_i local_i + couple(reps of every microbatch)``.
 
   Args:
-    encode: ``(params, i, microbatch) -> (local, reps, aux)``: microbatch
-      ``i``'s own scalar loss term ``local`` (zero for none), the
-      representations ``reps`` whose gradient is cached, and outputs
-      ``aux`` that take no gradient; it draws its dropout keys from ``i``,
-      so both passes see the same masks.
-    couple: ``(params, reps, aux) -> (loss, metrics)``: the loss of the
-      whole batch's representations (``merge``d) and of every microbatch's
-      ``aux`` (stacked ``[A, ...]``); differentiated with respect to
-      ``params`` and ``reps``.
-    micro: the batch split into ``n`` microbatches (``[A, ...]`` leaves).
+    encode: ``(params, i, microbatch) -> (local, reps, aux)``; its dropout
+      keys derive from ``i``, so both passes see the same masks.
+    couple: ``(params, reps, aux) -> (loss, metrics)`` over the merged
+      ``reps`` and stacked ``aux`` ``[A, ...]``.
+    micro: the batch split into microbatches (``[A, ...]`` leaves).
     merge / split: ``reps`` of stacked microbatches to the whole batch's
-      and back (default: :func:`merge_microbatches` /
-      :func:`split_microbatches` on every leaf).
+      and back (default: on every leaf).
 
   Returns:
     ``(locals [A], coupled loss, its metrics, aux [A, ...], grads)``.

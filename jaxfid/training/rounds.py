@@ -1,12 +1,8 @@
 """Bookkeeping shared by the commands that train in explicit rounds.
 
-``jaxfid reatt iterate`` and ``jaxfid distill iterate`` run rounds whose
-outputs are ordinary files in a work directory; a round is finished when
-its record (a JSON file, written last and atomically) exists, and a rerun
-skips finished rounds. This module holds what both need and nothing of
-either method: claiming a work directory for one run (so a rerun with other
-settings is refused instead of mixing two runs' files), reading and writing
-round records, and a MODEL_DIR's latest step (to resume a round's training).
+A round is finished when its record (written last, atomically) exists. Here:
+claiming a work directory for one run's settings, reading and writing round
+records, and a MODEL_DIR's latest step.
 """
 from __future__ import annotations
 

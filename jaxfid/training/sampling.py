@@ -1,15 +1,9 @@
 """Which examples a training step sees: a pure function of (seed, step).
 
-Epoch ``e`` visits the examples in ``permutation(seed, e)``. No iterator
-state is checkpointed: a run resumed at step ``s`` draws exactly the
-examples an uninterrupted run would have drawn.
-
-* :func:`stream_indices` -- the epochs are concatenated into one endless
-  stream and step ``s`` takes positions ``[s*B, (s+1)*B)`` (a batch may
-  straddle two epochs; FiD, ReAtt, ReFusion).
-* :func:`epoch_batch_indices` -- each epoch is cut into whole batches and
-  the remainder is dropped, so no example appears twice in one batch (the
-  dual encoder, whose batch is its own pool of negatives).
+Epoch ``e`` visits ``permutation(seed, e)``. :func:`stream_indices`
+concatenates epochs and gives step ``s`` positions ``[s*B, (s+1)*B)``;
+:func:`epoch_batch_indices` cuts each epoch into whole batches, so no
+example appears twice in a batch.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """A run's device state: mesh, shardings, global batches, init or restore.
 
-Everything here is method-agnostic; the loop (:mod:`jaxfid.training.loop`)
-calls it for every method. The train state is a dict pytree
-``{"step", "params", "opt_state", ...}`` (a method may add optimizer states
-of its own, e.g. ReFusion's architecture optimizer).
-
-Shardings come from the logical axis names the model puts on its parameters
-(:mod:`jaxfid.core.sharding`): a parameter is sharded by its own axes, an
-optimizer-state leaf like the parameter it mirrors (found by its parameter
-path inside the state's key path, with the same shape), anything else (step
-counters, masked groups' placeholders) is replicated. One rule for every
-optimizer, optax's ``multi_transform`` included.
+The train state is a dict ``{"step", "params", "opt_state", ...}``. A
+parameter is sharded by its logical axes, an optimizer-state leaf like the
+parameter it mirrors (same path suffix and shape), anything else
+replicated.
 """
 from __future__ import annotations
 

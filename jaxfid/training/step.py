@@ -1,15 +1,10 @@
 """The train step: a pure function of (state, batch), jit-compiled with shardings.
 
-``state`` is a dict pytree ``{'step', 'params', 'opt_state'}``. The loss is
-the mean cross-entropy per target token over the *whole* global batch: with
-``accumulation_steps = A`` the batch is cut into A microbatches whose losses
-are token sums divided by the whole batch's token count, so the accumulated
-gradient equals the full-batch gradient exactly. Microbatch ``i`` holds rows
-``i, i + A, i + 2A, ...`` (:mod:`jaxfid.training.microbatches`).
-
-Dropout randomness is ``fold_in(key(seed), step)``: a resumed run draws the
-same masks as an uninterrupted one. A non-finite loss or gradient leaves
-params and optimizer state untouched (the trainer then stops or skips).
+The loss is the mean cross-entropy per target token over the whole global
+batch: with ``accumulation_steps = A`` microbatch losses are token sums over
+the whole batch's token count, so the gradient equals the full batch's.
+Dropout keys are ``fold_in(key(seed), step)``. A non-finite loss or gradient
+leaves params and optimizer state untouched.
 """
 from __future__ import annotations
 
@@ -40,12 +35,9 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   """``train_step(state, batch) -> (state, metrics)``.
 
   ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``
-  must return its loss summed over the (micro)batch and divided by
-  ``normalizer`` (the whole batch's count, e.g. of target tokens), so that
-  microbatch losses and gradients add up to the full batch's. Under
-  accumulation the metrics named in ``additive`` (divided by the whole
-  batch's normalizer too, or counts) are summed over the microbatches, the
-  others (ratios within a microbatch) averaged; ``loss`` is always the sum.
+  returns its loss summed and divided by ``normalizer`` (the whole batch's
+  count). Under accumulation, metrics in ``additive`` are summed over
+  microbatches, others averaged.
   """
   base_key = jax.random.key(seed)
 
