@@ -1,14 +1,9 @@
 """seqio tasks for jaxfid; importing this package registers them.
 
-See :mod:`tasks.qa` for the FiD open-domain QA tasks (``nq_open_fid``,
-``trivia_qa_fid``, ``squad_open_fid`` from FiD files; ``natural_questions_open
-_fid``, ``trivia_qa_unfiltered_fid``, ``squad_v1_1_fid`` from TFDS plus
-retrieval results) and :mod:`tasks.config` for their gin settings, and
-:mod:`tasks.lmbff` for ReFusion's few-shot classification tasks
-(``lmbff_<task>_16_<seed>`` from LM-BFF's files, ``glue_<task>_prompt`` from
-TFDS). Importing also registers the ``seqio`` example source of jaxfid's FiD
-trainer (:mod:`tasks.fid_examples`: ``jaxfid train`` with
-``MIXTURE_OR_TASK_NAME``). Importing imports seqio and TensorFlow.
+FiD open-domain QA tasks (:mod:`tasks.qa`, settings in :mod:`tasks.config`),
+ReFusion's few-shot classification tasks (:mod:`tasks.lmbff`) and the
+``seqio`` example source of jaxfid's FiD trainer (:mod:`tasks.fid_examples`).
+Importing imports seqio and TensorFlow.
 """
 from tasks import fid_examples
 from tasks.lmbff import TASK_NAMES as LMBFF_TASK_NAMES

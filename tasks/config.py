@@ -1,30 +1,20 @@
 """Where the FiD seqio tasks find their files, and how many passages they keep.
 
-Every setting is a gin configurable, read when a dataset is built (never when
-the tasks are registered), so bindings made after ``import tasks`` apply:
+Gin configurables, read when a dataset is built (so later bindings apply):
 
-* :func:`fid_data_dir` -- the directory of FiD-format question files, with one
-  subdirectory per dataset (``nq``, ``trivia_qa``, ``squad``) holding
-  ``{split}.jsonl`` or ``{split}.json`` (optionally ``.gz``); the validation
-  split may also be called ``dev``. Bind ``fid_data_dir.path`` (for example
-  ``fid_data_dir.path = %FID_DATA_DIR`` with the macro ``FID_DATA_DIR =
-  "/data/fid"``) or set the environment variable ``JAXFID_DATA_DIR``; the
-  gin binding wins.
-* :func:`fid_retrieval_dir` / :func:`fid_retrieval_files` -- the retrieval
-  results (FiD JSON/JSONL written by ``jaxfid retrieve``) that the
-  TFDS-backed tasks join with their questions: the same layout under
-  ``fid_retrieval_dir.path`` (or ``JAXFID_RETRIEVAL_DIR``), or an explicit
-  file per task and split, ``fid_retrieval_files.files = {"squad_v1_1_fid":
-  {"validation": "/runs/squad_dev.jsonl"}}``, which wins over the directory.
-* :func:`fid_n_context` -- the number of passages per question (default 100,
-  FiD's setting).
-* :func:`fid_passage_eos` -- whether passage rows end with EOS (default
-  True, seqio's and T5's format; ``jaxfid eval`` binds it to the evaluated
-  checkpoint's setting: False for the original FiD readers).
-* :func:`fid_join_key` -- what the join matches on: ``"question"`` (the
-  question text with runs of whitespace collapsed, the default: ``jaxfid
-  retrieve`` numbers questions by position, so its ids are not TFDS ids) or
-  ``"id"`` (the TFDS id: SQuAD ``id``, TriviaQA ``question_id``).
+* :func:`fid_data_dir`: FiD-format question files, one subdirectory per
+  dataset (``nq``, ``trivia_qa``, ``squad``) with ``{split}.json[l][.gz]``
+  (validation may be ``dev``); ``fid_data_dir.path`` or ``JAXFID_DATA_DIR``
+  (gin wins).
+* :func:`fid_retrieval_dir` / :func:`fid_retrieval_files`: the ``jaxfid
+  retrieve`` results the TFDS-backed tasks join (same layout under the
+  directory or ``JAXFID_RETRIEVAL_DIR``; an explicit file per task and split
+  wins).
+* :func:`fid_n_context`: passages per question (default 100).
+* :func:`fid_passage_eos`: passage rows end with EOS (default True; ``jaxfid
+  eval`` binds the checkpoint's setting).
+* :func:`fid_join_key`: ``"question"`` (whitespace-collapsed text, default)
+  or ``"id"`` (the TFDS id).
 """
 from __future__ import annotations
 

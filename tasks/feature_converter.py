@@ -1,36 +1,19 @@
 """FiD task features -> the model batch features jaxfid trains and predicts on.
 
-seqio's standard converters handle rank-1 features only; FiD's encoder input
-is rank 2 (passages x tokens). :func:`fid_feature_converter` turns the task
-features
-
-* ``inputs``: int32 ``[p, L]`` (one EOS-terminated row per passage, padded
-  with 0, as :func:`tasks.preprocessors.encode_fid` makes them; ragged
-  ``[p, None]`` rows work too) and
-* ``targets``: int32 ``[None]`` (EOS-terminated)
-
-into fixed-shape model features, the same arrays as
-``jaxfid.fid.batches.FidBatcher`` builds from a FiD file:
+:func:`fid_feature_converter` maps ``inputs`` int32 ``[p, L]`` (or ragged)
+and ``targets`` int32 ``[None]`` to the arrays ``jaxfid.fid.batches.
+FidBatcher`` builds:
 
 * ``encoder_input_tokens``: int32 ``[n_context, text_maxlength]``;
 * ``passage_mask``: bool ``[n_context]``, True for real passages;
 * ``decoder_target_tokens``: int32 ``[answer_maxlength]``.
 
-Rows are cut to their first ``n_context``; a token row longer than its
-length keeps its first ``length - 1`` tokens followed by EOS (so a row that
-already fits is unchanged, and ``jaxfid.fid.inputs.encode_example`` /
-``encode_target`` give the same ids) -- unless ``passage_eos`` is False
-(rows of a checkpoint trained without a passage EOS, such as the original
-FiD readers): then a passage row is just cut; missing passages are all-zero
-rows with a False mask; padding is 0.
-
-:class:`FidFeatureConverter` wraps it as a ``seqio.FeatureConverter`` for
-``seqio.get_dataset`` and ``seqio.Evaluator``. Its ``task_feature_lengths``
-are ``{"inputs": (n_context, text_maxlength) or text_maxlength, "targets":
-answer_maxlength}`` (with an int, ``n_context`` comes from the
-constructor). Packing is not supported. seqio's own length assertions
-assume one length per feature, so they are off: the converter pads and
-truncates to exact shapes itself.
+A too-long row keeps its first ``length - 1`` tokens and EOS (passage rows
+are just cut when ``passage_eos`` is False); missing passages are zero rows;
+padding is 0. :class:`FidFeatureConverter` wraps it for seqio, with
+``task_feature_lengths`` ``{"inputs": (n_context, text_maxlength) or
+text_maxlength, "targets": answer_maxlength}``; no packing, and seqio's
+length assertions are off since it pads and truncates itself.
 """
 from __future__ import annotations
 
@@ -88,13 +71,7 @@ def fid_feature_converter(ds: tf.data.Dataset, n_context: int,
                           passage_eos: bool = True) -> tf.data.Dataset:
   """Maps FiD task examples to fixed-shape model features (unbatched).
 
-  Args:
-    ds: examples with ``inputs`` (``[p, L]`` or ragged ``[p, None]``) and
-      ``targets``.
-    n_context: passages per example.
-    text_maxlength: tokens per passage, EOS included.
-    answer_maxlength: target tokens, EOS included.
-    passage_eos: a passage row cut to ``text_maxlength`` ends with EOS.
+  ``passage_eos``: a passage row cut to ``text_maxlength`` ends with EOS.
   """
   for name, value in (("n_context", n_context),
                       ("text_maxlength", text_maxlength),

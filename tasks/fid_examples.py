@@ -1,14 +1,9 @@
 """jaxfid's FiD trainer on a seqio task or mixture: the ``seqio`` example source.
 
-``MIXTURE_OR_TASK_NAME`` makes :class:`jaxfid.fid.task.FidTask` ask
-``jaxfid.fid.task.EXAMPLE_SOURCES`` for ``"seqio"``, which importing
-:mod:`tasks` registers as :func:`read_components`: every FiD QA task of the
-mixture (a task alone is a mixture of one, rate 1) is read from its *source*
-(its raw fields, :mod:`tasks.sources`) into ``FidExample``s, unshuffled and
-in file order, with its mixing rate and dataset. The trainer then builds the
-batches itself with the same Python preprocessing as for FiD files
-(``jaxfid.fid.batches.FidBatcher``: deterministic per (seed, step),
-resumable, mixtures sampled by rate), so a task over a file trains on
+With ``MIXTURE_OR_TASK_NAME``, :class:`jaxfid.fid.task.FidTask` asks
+``EXAMPLE_SOURCES["seqio"]`` (:func:`read_components`) for every FiD QA task
+of the mixture's source examples, in file order, with its rate; the trainer
+then batches them as it batches FiD files, so a task over a file trains on
 exactly the batches ``TRAIN_DATA=<that file>`` gives.
 """
 from __future__ import annotations

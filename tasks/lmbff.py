@@ -1,51 +1,21 @@
 """seqio tasks for ReFusion's few-shot classification (LM-BFF prompts on T5).
 
-Two families, both text-to-text with the prompts of
-:mod:`jaxfid.refusion.lmbff` (ReFusion's Table 5, LM-BFF's templates with the
-``[MASK]`` as T5's sentinel ``<extra_id_0>``):
-
-* ``lmbff_<task>_16_<seed>`` -- LM-BFF's 16-shot splits, for the 15 tasks
-  (``sst_2``, ``sst_5``, ``mr``, ``cr``, ``mpqa``, ``subj``, ``trec``,
-  ``cola``, ``mnli``, ``mnli_mm``, ``snli``, ``qnli``, ``rte``, ``mrpc``,
-  ``qqp``) and the seeds 13, 21, 42, 87, 100, e.g. ``lmbff_sst_2_16_13``,
-  ``lmbff_mnli_mm_16_100``. The files are read from
-  ``<k-shot root>/<lmbff_dir>/16-<seed>/`` in LM-BFF's layout (``train``,
-  ``dev`` as seqio's ``validation``, ``test``); the root is
+* ``lmbff_<task>_16_<seed>`` (e.g. ``lmbff_sst_2_16_13``): LM-BFF's 16-shot
+  splits of the 15 tasks and seeds 13, 21, 42, 87, 100, read from
+  ``<root>/<lmbff_dir>/16-<seed>/`` (``dev`` is ``validation``); the root is
   :func:`lmbff_data_dir` (gin ``tasks.lmbff.lmbff_data_dir.path`` or
-  ``$JAXFID_LMBFF_DIR``; the gin binding wins), read when a dataset is built.
-* ``glue_<task>_prompt`` -- the full GLUE training sets from TFDS with the
-  same prompts: ``glue_sst_2_prompt`` (``glue/sst2``), ``glue_cola_prompt``,
-  ``glue_mnli_prompt`` (validation = ``validation_matched``, test =
-  ``test_matched``), ``glue_mnli_mm_prompt`` (``validation_mismatched``,
-  ``test_mismatched``), ``glue_qnli_prompt``, ``glue_rte_prompt``,
-  ``glue_mrpc_prompt``, ``glue_qqp_prompt`` and ``glue_snli_prompt``
-  (``snli``). TFDS class indices are mapped to the task's classes
-  (``glue/mnli`` and ``snli`` number entailment, neutral, contradiction;
-  LM-BFF's order is contradiction, entailment, neutral). GLUE test labels are
-  hidden (-1): such examples keep ``label`` -1 and an empty target; SNLI's
-  examples without a gold label (-1) are dropped.
+  ``$JAXFID_LMBFF_DIR``; gin wins).
+* ``glue_<task>_prompt``: full GLUE (and SNLI) sets from TFDS with the same
+  prompts, TFDS class indices mapped to the task's; hidden test labels stay
+  -1 with an empty target; SNLI examples without a gold label are dropped.
 
-Every example has ``inputs`` (the rendered prompt) and ``targets`` (the label
-word), tokenized with T5's vocabulary with EOS appended, their
-``*_pretokenized`` strings, the class index ``label`` (int32), the raw
-``text_a``/``text_b`` (``""`` for single sentences: ReFusion's retrieval
-queries) and ``id`` (``"<file>:<line>"``, or the GLUE ``idx``). The prompt is
-rendered after the source (:func:`render_prompts`) so that it can be fitted
-to ``sequence_length["inputs"]`` by cutting the sentences, never the
-template: the mask sits at the end of most templates and would be cut off
-by trimming tokens.
-
-Metrics: a predict metric that maps the generated text to a class (a label
-word, exact or ignoring case; anything else counts as class -1, i.e. wrong)
-and reports :func:`jaxfid.evaluation.classification.classification_metrics`:
-``accuracy`` plus ``f1`` (MRPC, QQP) or ``mcc`` (CoLA). jaxfid's ReFusion
-trainer does not generate: it ranks the label words by log-likelihood itself
-and scores with the same functions; the seqio metric is for ``seqio.Evaluator``
-users with a generating ``predict_fn``.
-
-Registration opens no file and asks TFDS for nothing (TFDS data must be
-prepared before those tasks' ``get_dataset``); :func:`register_tasks`
-replaces earlier registrations, so calling it again never fails.
+Examples have ``inputs`` (prompt) and ``targets`` (label word) with EOS,
+their ``*_pretokenized`` strings, ``label`` (int32), ``text_a``/``text_b``
+and ``id``. Prompts are fitted to ``sequence_length["inputs"]`` by cutting
+the sentences, never the template (:func:`render_prompts`). The predict
+metric maps generated text to a class (a label word, any case; else -1) and
+reports :func:`jaxfid.evaluation.classification.classification_metrics`.
+Registration opens no file; :func:`register_tasks` may be called again.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """Postprocessing and metrics of the FiD QA tasks, for ``seqio.Evaluator``.
 
-* :func:`postprocess_answer` is the tasks' ``postprocess_fn``: a decoded
-  prediction is returned as text; for a target it returns the example's gold
-  ``answers`` (all of them, so that scores take the best match, as FiD does),
-  or ``[target]`` when the example has a target but no answers, or ``[]``.
-* :func:`exact_match` and :func:`f1` are seqio metric functions
-  ``fn(targets, predictions) -> {name: value}`` wrapping
-  ``jaxfid.evaluation.qa.exact_match`` / ``f1_score`` (SQuAD normalisation, max
-  over the gold answers). Scores are fractions (0.5 is 50%), like the rest of
-  jaxfid; examples without gold answers are left out of the mean (NaN when
-  none has any).
-
-With predictions from a model, ``seqio.Evaluator`` turns them into a NumPy
-array before decoding: under NumPy 2 the token rows must all have one length
-(pad them, e.g. with 0, to the decode length).
+:func:`postprocess_answer` returns a prediction as text and a target as the
+example's gold ``answers`` (or ``[target]``, or ``[]``). :func:`exact_match`
+and :func:`f1` take the best gold answer (SQuAD normalisation); examples
+without answers are left out of the mean (NaN when none has any). Scores are
+fractions. Prediction token rows must share one length (NumPy 2).
 """
 from __future__ import annotations
 

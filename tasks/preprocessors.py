@@ -1,39 +1,21 @@
 """The FiD QA tasks' one preprocessor: jaxfid's own Python FiD preprocessing.
 
-Every task's data source yields an example's raw fields (see
-:mod:`tasks.sources`): ``question``, ``answers``, ``target``, ``id`` and the
-passages' ``titles``, ``texts`` and ``scores``. :func:`encode_fid` maps
-``tf.numpy_function`` over the functions jaxfid's FiD-file path uses
-(``jaxfid.fid.examples``: ``format_passages``, ``encode_example``,
-``choose_target``, ``encode_target``), so passage order and format,
-truncation with EOS kept, the target choice and TriviaQA's casing exist
-once, in Python. It adds:
+:func:`encode_fid` maps ``tf.numpy_function`` over ``jaxfid.fid.examples``
+(``format_passages``, ``encode_example``, ``choose_target``,
+``encode_target``), adding:
 
-* ``inputs``: int32 ``[p, text_maxlength]``, the encoder rows of the
-  example's ``p = min(n_context, passages)`` best passages (one row,
-  ``"question: Q"``, without passages), each EOS-terminated within
-  ``text_maxlength`` (unless gin's :func:`tasks.config.fid_passage_eos` is
-  False: then cut at ``text_maxlength`` without EOS, as the original FiD
-  readers were trained) and padded with 0: ``encode_example``'s real rows;
-* ``targets``: int32 ``[t]``, the target's ids with EOS (``t <=
-  answer_maxlength``), ``encode_target`` without its 0 padding. The target is
-  ``target`` when given, else an answer drawn from a per-example seed that
-  seqio derives from ``get_dataset(seed=...)`` (seqio repeats the data
-  before this step, so every epoch draws afresh); for TriviaQA an
-  all-uppercase drawn answer is title-cased. An example with neither gets
-  ``""`` (just EOS; prediction-only data);
-* ``inputs_pretokenized`` (string ``[p]``, the FiD strings ``"question: Q
-  title: T context: P"``) and ``targets_pretokenized`` (the target text).
+* ``inputs``: int32 ``[p, text_maxlength]``, rows of the
+  ``p = min(n_context, passages)`` best passages (one ``"question: Q"`` row
+  without passages), each ending with EOS unless
+  :func:`tasks.config.fid_passage_eos` is False, 0-padded;
+* ``targets``: int32 ``[t]`` with EOS: ``target``, else an answer drawn from
+  seqio's per-example seed (title-cased for all-uppercase TriviaQA answers),
+  else ``""``;
+* ``inputs_pretokenized`` (string ``[p]``) and ``targets_pretokenized``.
 
-The raw passage fields are dropped; ``question``, ``answers``, ``target``
-and ``id`` stay (the metrics score against ``answers``).
-
-``n_context`` is gin's :func:`tasks.config.fid_n_context` (default 100),
-capped by the first entry of ``sequence_length["inputs"]``, which is a pair
-``(n_context, text_maxlength)`` because ``inputs`` is rank 2 (a single int
-is refused: seqio would cut the passage axis with it). Without a length
-nothing is cut: rows are padded to the example's longest passage and the
-target is not truncated.
+Raw passage fields are dropped. ``sequence_length["inputs"]`` must be a pair
+``(n_context, text_maxlength)``; its first entry caps
+:func:`tasks.config.fid_n_context`. Without lengths nothing is cut.
 """
 from __future__ import annotations
 
@@ -112,15 +94,9 @@ def encode_fid(dataset: tf.data.Dataset,
                passage_eos: bool | None = None) -> tf.data.Dataset:
   """Adds ``inputs``, ``targets`` and their ``*_pretokenized`` strings.
 
-  Args:
-    dataset: examples with the raw fields of :mod:`tasks.sources`.
-    sequence_length: seqio's lengths: ``{"inputs": (n_context,
-      text_maxlength), "targets": answer_maxlength}`` (entries may be None).
-    dataset_name: ``"trivia_qa"`` title-cases all-uppercase drawn answers.
-    n_context: passages to keep; None reads the gin setting
-      :func:`tasks.config.fid_n_context` when the dataset is built.
-    passage_eos: rows end with EOS; None reads the gin setting
-      :func:`tasks.config.fid_passage_eos` when the dataset is built.
+  ``sequence_length``: ``{"inputs": (n_context, text_maxlength), "targets":
+  answer_maxlength}`` (entries may be None). ``n_context`` and
+  ``passage_eos`` of None read the gin settings when the dataset is built.
   """
   n = config.fid_n_context() if n_context is None else int(n_context)
   eos = config.fid_passage_eos() if passage_eos is None else bool(passage_eos)

@@ -1,7 +1,6 @@
 """seqio tasks for Fusion-in-Decoder open-domain QA.
 
-FiD-format files (``question``/``answers``/``target``/``ctxs``) under the
-data directory (:func:`tasks.config.fid_data_dir`):
+FiD-format files under :func:`tasks.config.fid_data_dir`:
 
 =================  ==================================================
 ``nq_open_fid``    ``{data_dir}/nq/{train,validation|dev,test}.json[l]``
@@ -9,9 +8,8 @@ data directory (:func:`tasks.config.fid_data_dir`):
 ``squad_open_fid`` ``{data_dir}/squad/...``
 =================  ==================================================
 
-TFDS question sets joined with retrieval results (FiD JSON/JSONL from
-``jaxfid retrieve``) under :func:`tasks.config.fid_retrieval_dir` (same
-layout) or named per split in :func:`tasks.config.fid_retrieval_files`:
+TFDS question sets joined with ``jaxfid retrieve`` results
+(:func:`tasks.config.fid_retrieval_dir` / ``fid_retrieval_files``):
 
 =============================  ========================================
 ``natural_questions_open_fid``  ``natural_questions_open:1.0.0``
@@ -19,23 +17,11 @@ layout) or named per split in :func:`tasks.config.fid_retrieval_files`:
 ``squad_v1_1_fid``              ``squad/v1.1:3.0.0``
 =============================  ========================================
 
-Every task has the output features ``inputs`` (rank 2: passages x tokens)
-and ``targets``, made by the one preprocessor :func:`tasks.preprocessors.
-encode_fid` (jaxfid's Python FiD preprocessing over the sources' raw
-fields), the ``exact_match`` and ``f1`` metrics of :mod:`tasks.metrics` and
-seqio's default shuffle buffer. Get a dataset with
-``sequence_length={"inputs": (n_context, text_maxlength), "targets":
-answer_maxlength}`` and batch it through
-:func:`tasks.feature_converter.fid_feature_converter` (or
-``FidFeatureConverter`` with ``seqio.get_dataset`` / ``seqio.Evaluator``).
-:data:`FID_TASKS` maps every registered FiD task to its dataset (``nq``,
-``trivia_qa``, ``squad``: TriviaQA title-cases drawn answers); jaxfid's
-trainer reads their sources (:mod:`tasks.fid_examples`).
-
-Registration only builds the task objects: no file is opened and no TFDS
-call is made until ``get_dataset``. :func:`register_tasks` replaces existing
-registrations, so calling it again (for instance after changing gin
-bindings in a notebook) never fails.
+Every task outputs ``inputs`` (passages x tokens) and ``targets`` via
+:func:`tasks.preprocessors.encode_fid`, with ``exact_match`` and ``f1``
+metrics. Batch with :func:`tasks.feature_converter.fid_feature_converter`.
+:data:`FID_TASKS` maps each task to its dataset. Registration opens no file;
+:func:`register_tasks` may be called again.
 """
 from __future__ import annotations
 

@@ -1,35 +1,14 @@
 """Data sources of the FiD QA tasks: FiD files, and TFDS questions + retrieval.
 
-Sources yield an example's raw fields, nothing formatted or tokenized:
-``question``, ``answers`` (string ``[k]``), ``target`` (``""`` when absent),
-``id`` (``""`` when absent) and its retrieved passages as ``titles``,
-``texts`` (string ``[n]``) and ``scores`` (float64 ``[n]``, NaN for a
-passage without a score), in retrieval order. The one FiD preprocessing
-(passage order and format, truncation, target choice; Python, in
-``jaxfid.fid.examples``) runs on them in :mod:`tasks.preprocessors`, and
-jaxfid's trainer reads the same fields back into ``FidExample``s
-(:func:`source_examples`, :func:`example_from_features`).
-
-* :class:`FidFileSource` reads ``{data dir}/{subdir}/{split}.json[l]`` with
-  ``jaxfid.fid.examples.iter_fid_examples`` (validated; a bad record fails
-  the iteration with the file and line in the message). The training split
-  requires a target or an answer in every record.
-* :class:`RetrievalTfdsSource` reads a TFDS question set
-  (``natural_questions_open``, ``trivia_qa/unfiltered.nocontext``,
-  ``squad/v1.1``), maps its features to the common ones
-  (:func:`tfds_to_common`) and joins each question with its retrieved
-  passages (:func:`join_retrieval`). The join needs the split's retrieval
-  file, which a seqio preprocessor does not know, so the source applies it in
-  ``get_dataset(split=...)``; both steps are plain ``tf.data`` transforms
-  that work on any dataset shaped like the TFDS features.
-
-TFDS features used: NQ-open ``question``, ``answer`` (sequence); TriviaQA
-``question``, ``question_id``, ``answer.aliases`` (the answers) and
-``answer.value`` (the target, title-cased when all upper case, as FiD's
-``preprocess.py`` does: ``jaxfid.fid.inputs.title_case_if_upper``); SQuAD
-``id``, ``question``, ``answers.text``. Nothing touches the data before
-``get_dataset``: registering the tasks works without TFDS data or retrieval
-files.
+Sources yield raw fields in retrieval order: ``question``, ``answers``
+(string ``[k]``), ``target`` and ``id`` (``""`` when absent), ``titles``,
+``texts`` (string ``[n]``) and ``scores`` (float64 ``[n]``, NaN when
+missing). :class:`FidFileSource` reads ``{data dir}/{subdir}/{split}.json[l]``
+(validated; training records need a target or an answer).
+:class:`RetrievalTfdsSource` maps a TFDS question set to these fields
+(:func:`tfds_to_common`; TriviaQA targets title-cased when all upper case)
+and joins the split's retrieval file (:func:`join_retrieval`) in
+``get_dataset``. Nothing is read before ``get_dataset``.
 """
 from __future__ import annotations
 
@@ -112,15 +91,9 @@ def example_from_features(features: Mapping[str, object]) -> FidExample:
 
 def fid_file_dataset(path: str, require_answers: bool = False
                      ) -> tf.data.Dataset:
-  """A FiD JSON/JSONL file as a dataset of the raw fields.
+  """A FiD JSON/JSONL file (read lazily) as a dataset of the raw fields.
 
-  Args:
-    path: the file (read lazily, on each iteration).
-    require_answers: every record must have a target or an answer.
-
-  Raises:
-    InputError: the file does not exist (malformed records fail the
-      iteration instead).
+  Raises InputError for a missing file; malformed records fail the iteration.
   """
   if not tf.io.gfile.exists(path):
     raise InputError(path, "no such file")
@@ -227,14 +200,10 @@ def load_retrieval(path: str, n_context: int, key: str
                    ) -> tuple[list[str], list[Passage], list[int]]:
   """Reads a retrieval results file for :func:`join_retrieval`.
 
-  Returns:
-    ``(keys, passages, row_splits)``: one key per distinct question (the
-    first record wins), and the passages of record ``i`` (its
-    ``n_context`` best by score, best first) in
-    ``passages[row_splits[i]:row_splits[i + 1]]``.
-
-  Raises:
-    InputError: a malformed file, or (``key == "id"``) a record without id.
+  Returns ``(keys, passages, row_splits)``: one key per distinct question (the
+  first record wins); record ``i``'s ``n_context`` best passages are
+  ``passages[row_splits[i]:row_splits[i + 1]]``. Raises InputError for a
+  malformed file or, with ``key == "id"``, a record without id.
   """
   keys, passages, splits, seen = [], [], [0], set()
   for number, ex in enumerate(fid_format.iter_fid_examples(path), start=1):
@@ -259,19 +228,10 @@ def join_retrieval(dataset: tf.data.Dataset, retrieval_path: str, *,
                    key: str | None = None) -> tf.data.Dataset:
   """Adds each question's retrieved ``titles``, ``texts`` and ``scores``.
 
-  Each example's ``question`` (or ``id``) is looked up among the file's
-  records and gets that record's passages, best score first, at most
-  ``n_context`` of them (none for a record without passages); the question
-  text stays the dataset's own. A question missing from the file fails the
-  iteration with an error naming it and the file.
-
-  Args:
-    dataset: examples with ``question`` and ``id`` strings.
-    retrieval_path: FiD JSON/JSONL from ``jaxfid retrieve``; read now.
-    n_context: passages to keep per question (default: gin
-      :func:`tasks.config.fid_n_context`).
-    key: ``"question"`` or ``"id"`` (default: gin
-      :func:`tasks.config.fid_join_key`).
+  Each example's ``question`` (or ``id``, per ``key``) gets its record's
+  ``n_context`` best passages; a question missing from the file fails the
+  iteration naming it and the file. ``n_context`` and ``key`` default to the
+  gin settings.
   """
   n_context = config.fid_n_context() if n_context is None else n_context
   key = config.fid_join_key() if key is None else key
