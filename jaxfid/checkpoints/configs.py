@@ -115,12 +115,11 @@ def _hf_feed_forward_proj(cfg: Mapping, path) -> str:
 def config_from_hf_json(cfg: Mapping, path="config.json") -> dict:
   """jaxfid fields from a parsed HF T5 ``config.json``.
 
-  ``tie_word_embeddings`` here is what the configuration says (transformers 5:
-  ``scale_decoder_outputs``; older: ``tie_word_embeddings``, default true);
-  :func:`jaxfid.checkpoints.hf.read_hf` reconciles it with the tensors.
+  Raises InputError for a non-T5 configuration or an unsupported value.
 
-  Raises:
-    InputError: not a T5 configuration, or a bad or unsupported value.
+  ``tie_word_embeddings`` is what the configuration says (transformers 5:
+  ``scale_decoder_outputs``); :func:`jaxfid.checkpoints.hf.read_hf`
+  reconciles it with the tensors.
   """
   if not isinstance(cfg, Mapping):
     raise InputError(path, "config.json must hold a JSON object")

@@ -93,12 +93,7 @@ for _fmt in ("t5x", "t5x-orbax"):
 
 
 def load_flat(path) -> tuple[dict, dict[str, np.ndarray], Path | None]:
-  """Loads any supported checkpoint.
-
-  Returns:
-    ``(fields, flat_params, spiece_path_or_None)``: T5Config fields, jaxfid
-    path -> float32 numpy, and a ``spiece.model`` found beside it.
-  """
+  """Loads any checkpoint: ``(fields, flat_params, spiece_path_or_None)``."""
   path = Path(path)
   fmt = detect_format(path)
   if fmt not in _LOADERS:

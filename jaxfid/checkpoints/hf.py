@@ -98,13 +98,7 @@ def safetensors_header(path) -> dict:
 
 
 def read_safetensors(path, wanted=None, header=None) -> dict[str, np.ndarray]:
-  """Tensors of a safetensors file as numpy (bfloat16 via ml_dtypes).
-
-  Args:
-    path: the file.
-    wanted: names to read (default: all).
-    header: the file's :func:`safetensors_header`, if already read.
-  """
+  """Tensors (``wanted``, default all) of a safetensors file as numpy."""
   path = Path(path)
   header = safetensors_header(path) if header is None else header
   start = header["__data_start__"]
@@ -134,8 +128,7 @@ class WeightFiles:
 
   Attributes:
     directory: the checkpoint directory.
-    source: the file that lists the tensors (weights file or shard index),
-      named in errors about missing tensors.
+    source: the weights file or shard index, named in missing-tensor errors.
     files: tensor name -> file holding it.
   """
 
@@ -299,9 +292,8 @@ def read_hf(directory) -> tuple[dict, dict[str, np.ndarray]]:
 def check_params(config: Any, flat: Mapping[str, Any]) -> dict:
   """Checks a parameter set against a config; returns the config's fields.
 
-  Raises:
-    ValueError: missing, unexpected or mis-shaped parameters (a programming
-      error: readers validate user files themselves).
+  Raises ValueError (a programming error) for missing, unexpected or
+  mis-shaped parameters.
   """
   fields = as_fields(config)
   shapes = names.param_shapes(fields)

@@ -290,12 +290,10 @@ def _to_jaxfid_shapes(flat: dict, shapes: Mapping, file: Path) -> dict:
 def read_t5x(path) -> tuple[dict, dict[str, np.ndarray]]:
   """Reads a T5X checkpoint (msgpack + TensorStore, or orbax).
 
-  Args:
-    path: a ``checkpoint_<step>`` directory (or its ``checkpoint`` file), or
-      a model directory with several (the latest step is read).
+  Returns ``(fields, flat_params)``.
 
-  Returns:
-    ``(fields, flat_params)`` as :func:`jaxfid.checkpoints.hf.read_hf`.
+  ``path``: a ``checkpoint_<step>`` directory or its ``checkpoint`` file, or a
+  model directory (the latest step is read).
   """
   ckpt_dir, kind = locate(path)
   flat, file = (_read_orbax(ckpt_dir) if kind == "orbax"

@@ -198,12 +198,7 @@ def _elements(path, storage: _Storage, raw: bytes) -> np.ndarray:
 
 
 def read_torch_bin(path) -> dict[str, np.ndarray]:
-  """Tensors of a ``pytorch_model.bin`` (a state dict saved by torch.save).
-
-  Raises:
-    InputError: a missing or malformed file, or one holding anything but a
-      mapping of names to tensors.
-  """
+  """Tensors of a ``pytorch_model.bin`` (InputError if not a state dict)."""
   path = Path(path)
   if not path.is_file():
     raise InputError(path, "file not found")

@@ -60,12 +60,7 @@ def predictions_path(output_dir: str, task: str, step: int) -> str:
 
 
 class EvalOutputs:
-  """A seqio logger writing the files of the module docstring.
-
-  Args:
-    output_dir: ``EVAL_OUTPUT_DIR`` (created when needed).
-    split: the evaluated split (recorded in ``metrics.jsonl``).
-  """
+  """A seqio logger writing the module docstring's files to ``output_dir``."""
 
   def __init__(self, output_dir: str, *, split: str):
     self.output_dir = output_dir

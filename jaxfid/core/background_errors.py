@@ -104,12 +104,11 @@ def install() -> None:
 
 @contextlib.contextmanager
 def settled_on_failure(timeout_s: float = 10.0) -> Iterator[None]:
-  """When the block raises, first waits (at most ``timeout_s``) for the
-  threads it started to end: the rest of a failed orbax call goes on
-  writing or reading until its own parts fail or finish, and must not find
-  the block's temporaries removed under it (nor write them anew). The
-  threads of an abandoned event loop's executor end when the loop is
-  garbage-collected, hence the collections."""
+  """On an exception, waits (``timeout_s`` at most) for the block's threads.
+
+  The rest of a failed orbax call goes on until its parts end and must not
+  find the block's temporaries removed under it.
+  """
   before = set(threading.enumerate())
   try:
     yield

@@ -42,12 +42,7 @@ _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})"
 
 def temporary_writer(name: str, target: str | None = None
                      ) -> tuple[int, str] | None:
-  """(pid, host tag) of the writer of a temporary file name, else None.
-
-  Args:
-    name: a file name (no directory).
-    target: if given, only temporaries of this target name count.
-  """
+  """(pid, host tag) of temporary ``name``'s writer (for ``target``) or None."""
   match = _TEMP_NAME.match(name)
   if match is None or (target is not None and match["name"] != target):
     return None
@@ -125,7 +120,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w",
                  encoding: str | None = "utf-8") -> Iterator[IO]:
-  """Yields an open temporary file next to ``path``; renamed to ``path`` on success.
+  """Yields an open temporary file next to ``path``, renamed to it on success.
 
   ``mode``: ``"w"`` (text, ``encoding``) or ``"wb"``. On an exception it is
   removed and ``path`` untouched; a storage fault is a StorageError.
@@ -171,11 +166,9 @@ def _publishable(directory: Path) -> None:
 
 def replace_directory(source: str | os.PathLike,
                       path: str | os.PathLike) -> None:
-  """Moves the finished directory ``source`` to ``path``, replacing it.
+  """Moves the finished sibling directory ``source`` to ``path``, replacing it.
 
-  ``source`` must be a sibling of ``path`` (the same file system). An
-  existing ``path`` is first renamed into a temporary directory and deleted
-  after the swap, so ``path`` always holds either the old tree or the new one.
+  ``path`` always holds either the old tree or the new one.
   """
   source, path = Path(source), Path(path)
   _publishable(source)

@@ -144,9 +144,8 @@ class DirectoryLock:
   def _take_over(self, raw: bytes) -> None:
     """Removes the stale lock file whose content is ``raw``.
 
-    The file is first moved to a private name, so that of two processes
-    taking over the same stale lock only one removes it, and a fresh lock
-    created meanwhile is put back rather than deleted.
+    It is first moved to a private name, so only one of two racing processes
+    removes it, and a fresh lock created meanwhile is put back.
     """
     private = self.lock.parent / (f"{self.lock.name}.{os.getpid()}."
                                   f"{host_tag()}.{secrets.token_hex(6)}.tmp")

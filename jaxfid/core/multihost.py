@@ -159,12 +159,10 @@ def on_leader(fn: Callable[[], Any], what: str) -> Any:
 
 
 def put(tree: Any, sharding: Any) -> Any:
-  """``jax.device_put`` of host values that every process holds in full.
+  """``jax.device_put`` of host values every process holds in full.
 
-  With several processes each process places its own devices' parts
-  (``jax.make_array_from_callback``): no value travels between processes
-  and nothing is compared. ``sharding``: one sharding for every leaf, or a
-  tree of them.
+  Each process places its own devices' parts; nothing travels between
+  processes. ``sharding``: one for every leaf, or a tree of them.
   """
   if process_count() == 1:
     return jax.device_put(tree, sharding)

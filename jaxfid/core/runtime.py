@@ -42,11 +42,10 @@ def compilation_cache_dir(environ=None) -> str | None:
 
 
 def process_count_without_backend() -> int:
-  """The number of processes ``jax.distributed`` was initialised with (else 1).
+  """The process count ``jax.distributed`` was initialised with (else 1).
 
-  Unlike ``jax.process_count()`` this does not start a backend, so
-  ``jax.distributed.initialize`` can still be called afterwards. An
-  initialised runtime whose count cannot be read counts as several.
+  Starts no backend. An initialised runtime whose count cannot be read
+  counts as several.
   """
   if not jax.distributed.is_initialized():
     return 1
@@ -64,10 +63,9 @@ def _set_cache_dir(path: str | None) -> None:
 def apply_runtime_defaults(environ=None) -> dict:
   """Turn on the persistent compilation cache where it is safe (see module doc).
 
-  Returns what was decided: ``{'compilation_cache': dir or None, 'reason':
-  str}``. Call it before the first compilation; calling it again (as ``jaxfid
-  train`` does after ``jax.distributed.initialize``) revises the decision,
-  turning a cache it set off when the run turns out to be multi-process.
+  Returns ``{'compilation_cache': dir or None, 'reason': str}``. Calling it
+  again after ``jax.distributed.initialize`` turns the cache off for a
+  multi-process run.
   """
   environ = os.environ if environ is None else environ
   current = jax.config.jax_compilation_cache_dir

@@ -91,11 +91,9 @@ def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
 def mesh_axis_sizes(spec: str) -> dict[str, int]:
   """The axis sizes a ``MESH`` string asks for, without asking for devices.
 
-  The grammar: '' (every device on ``data``: returns ``{}``) or
-  ``axis=size,...`` with axes from :data:`MESH_AXES` (missing ones are 1),
-  sizes >= 1 and at most one -1 (the remaining devices; kept as -1 here).
-  Raises ValueError naming the problem. The one parser of MESH: the gin
-  checks call it before any work, :func:`parse_mesh` when it builds the mesh.
+  '' (every device on ``data``: ``{}``) or ``axis=size,...`` with axes from
+  :data:`MESH_AXES` (missing ones 1), sizes >= 1 and at most one -1 (the
+  remaining devices, kept as -1). Raises ValueError naming the problem.
   """
   spec = (spec or "").strip()
   if not spec:
@@ -161,13 +159,11 @@ def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
 
 
 def gathered_for_use(kernel: jax.Array, axes: Sequence[str | None]):
-  """A parameter constrained to its layout at use: the ``fsdp`` shards of
-  its ``embed`` axis gathered, tensor-parallel axes kept; a no-op without a
-  mesh. Called on the parameter where a layer uses it (inside the layer's
-  remat), so each use gathers its own copy, the backward pass gathers
-  again, and the gradient is reduce-scattered back to the shard (ZeRO-3);
-  left to propagation, XLA may instead move activations to the weight's
-  layout or keep gathered weights across the step.
+  """A parameter constrained to its layout at use; a no-op without a mesh.
+
+  Its ``embed`` axis's ``fsdp`` shards are gathered and tensor-parallel axes
+  kept, at each use inside the layer's remat, so the gradient is
+  reduce-scattered back (ZeRO-3) rather than XLA moving activations.
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty:

@@ -94,7 +94,7 @@ def _one_fault(exc: BaseException, path) -> StorageError | None:
 
 def storage_fault(exc: BaseException, path: str | os.PathLike | None = None
                   ) -> StorageError | None:
-  """The storage fault behind ``exc`` (or its causes), as a StorageError, or None.
+  """The storage fault behind ``exc`` (or its causes) as StorageError, or None.
 
   Recognised: an OSError of a full disk, quota, too large a file, a read-only
   file system or an I/O error; a permission error about ``path`` or its
@@ -120,12 +120,10 @@ def storage_fault(exc: BaseException, path: str | os.PathLike | None = None
 @contextlib.contextmanager
 def storage_errors(path: str | os.PathLike,
                    remove: Iterable[str | os.PathLike] = ()) -> Iterator[None]:
-  """Turns a storage fault raised inside the block into a StorageError.
+  """Turns a storage fault inside the block into a StorageError naming ``path``.
 
-  The error names ``path`` (the output the block writes) and the cause
-  (``/data/index: no space left on device``); before it is raised the files
-  or directories in ``remove`` (the block's temporaries) are deleted. Other
-  exceptions pass through untouched. Usable as a decorator too.
+  ``remove`` (the block's temporaries) is deleted first; other exceptions pass
+  through. Usable as a decorator too.
   """
   try:
     yield

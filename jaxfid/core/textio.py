@@ -54,12 +54,7 @@ def open_binary(path: str | os.PathLike, expected: str = "a file"
 
 
 def check_encoding(encoding: str) -> str:
-  """The canonical name of a text encoding lines can be read in.
-
-  Raises:
-    InputError: the encoding is unknown, or not ASCII-compatible (lines are
-      split on the byte ``\\n``, as in UTF-8, cp1252 or latin-1).
-  """
+  """Canonical name of an ASCII-compatible encoding; InputError otherwise."""
   try:
     name = codecs.lookup(encoding).name
   except LookupError:

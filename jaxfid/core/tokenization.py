@@ -60,10 +60,9 @@ class Tokenizer:
   """T5 SentencePiece tokenizer with 100 sentinel ids.
 
   Attributes:
-    path: the ``spiece.model`` file this tokenizer was loaded from.
-    vocab_size: number of SentencePiece pieces (32000 for T5), without the
-      sentinels.
-    num_extra_ids: number of sentinel ids after the pieces (100).
+    path: the ``spiece.model`` file it was loaded from.
+    vocab_size: SentencePiece pieces (32000 for T5), without the sentinels.
+    num_extra_ids: sentinel ids after the pieces (100).
   """
 
   def __init__(self, path: str | os.PathLike | None = None,
@@ -140,15 +139,7 @@ class Tokenizer:
 
 def load_tokenizer(checkpoint_dir: str | os.PathLike | None = None
                   ) -> Tokenizer:
-  """The tokenizer for a checkpoint: its own ``spiece.model`` if it has one.
-
-  Args:
-    checkpoint_dir: a checkpoint directory, or None for the bundled T5 vocab.
-
-  Returns:
-    a :class:`Tokenizer` for ``checkpoint_dir/spiece.model`` when that file
-    exists, else for the bundled vocabulary.
-  """
+  """The tokenizer of ``checkpoint_dir/spiece.model``, else the bundled one."""
   if checkpoint_dir is not None:
     own = os.path.join(os.fspath(checkpoint_dir), SPIECE_FILENAME)
     if os.path.isfile(own):

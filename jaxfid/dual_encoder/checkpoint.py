@@ -67,12 +67,8 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
   """T5Config fields and the encoder's flat parameters of a HF directory.
 
-  Reads ``T5ForConditionalGeneration``, ``T5EncoderModel`` and FiD-layout
-  checkpoints; decoder tensors are ignored (not read).
-
-  Raises:
-    InputError: missing config or weights, missing or mis-shaped encoder
-      tensors, or encoder tensors that are no T5 parameter.
+  Decoder tensors are not read. Raises InputError for missing config or
+  weights, or missing, mis-shaped or unknown encoder tensors.
   """
   directory = Path(directory)
   config_path = directory / "config.json"

@@ -148,7 +148,7 @@ class QuestionBatcher:
 
 
 class PairBatcher(QuestionBatcher):
-  """Deterministic batches of questions, positives and ``hard_negatives`` (H) each.
+  """Deterministic batches of questions, positives and H hard negatives each.
 
   Data order and negative choice depend on (seed, step) only.
   """
@@ -183,12 +183,11 @@ class PairBatcher(QuestionBatcher):
     return out
 
   def batch(self, step: int, rows: slice | None = None) -> dict:
-    """Rows ``rows`` (default: all) of the global batch of step ``step``.
+    """Rows ``rows`` (default: all) of step ``step``'s global batch.
 
-    Returns ``query_tokens [b, Lq]``, ``passage_tokens [b*(1+H), Lp]`` and
-    ``passage_mask [b*(1+H)]`` (bool) for the b questions of ``rows``:
-    question q's passages are rows ``q*(1+H) .. q*(1+H)+H`` (its positive,
-    then its hard negatives).
+    ``query_tokens [b, Lq]``, ``passage_tokens [b*(1+H), Lp]`` and
+    ``passage_mask [b*(1+H)]``; question q's passages are rows
+    ``q*(1+H) .. q*(1+H)+H``, positive first.
     """
     indices = self.indices(step)
     rows = rows if rows is not None else slice(0, self.batch_size)

@@ -18,14 +18,7 @@ from jaxfid.dual_encoder.model import DualEncoder, passage_text
 
 
 class PairEvaluator:
-  """Ranks eval positives among every eval passage (see the module docstring).
-
-  Args:
-    encoder: the dual encoder being trained.
-    tokenizer: its tokenizer.
-    examples: the eval examples.
-    batch_size: texts per device call (rounded up to the data-parallel size).
-  """
+  """Ranks eval positives among every eval passage (module docstring)."""
 
   def __init__(self, encoder: DualEncoder, tokenizer,
                examples: Sequence[PairExample], *, batch_size: int = 64):

@@ -52,11 +52,9 @@ def encoder_entry(loaded: LoadedEncoder) -> dict:
 class EncoderPassages:
   """A loaded dual encoder as the passage encoder of a dense index.
 
-  The device embedder is made on first use, so an index whose embeddings
-  are all reused never touches the devices (nor parses ``mesh``). With
-  several processes, process 0's passages carry a ``channel``: before
-  embedding rows it tells the other processes which, and they embed the
-  same rows with it (:func:`follow_dense_build`).
+  The device embedder is made on first use (reused embeddings touch no
+  device). Multi-host: process 0's ``channel`` tells the others which rows to
+  embed with it (:func:`follow_dense_build`).
   """
 
   def __init__(self, loaded: LoadedEncoder, *, batch_size: int = 128,

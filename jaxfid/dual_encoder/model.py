@@ -217,9 +217,8 @@ class DualEncoder:
 def params_fingerprint(params: Any, *extra: Any) -> str:
   """A short hash of parameter shapes and sampled values (plus ``extra``).
 
-  Used to recognise embeddings computed by the same encoder: it reads every
-  leaf but hashes at most ~4096 values of each, so it is cheap for large
-  models and changes whenever a trained checkpoint does.
+  Hashes at most ~4096 values per leaf: cheap, and it changes whenever a
+  trained checkpoint does.
   """
   h = hashlib.blake2b(digest_size=12)
   for item in extra:

@@ -1,4 +1,4 @@
-"""What the T5 dual encoder offers, registered by name (imported by :mod:`jaxfid.methods`).
+"""What the T5 dual encoder offers, registered by name.
 
 Its task (``gin/retrieval/dual_encoder_*.gin``), MODEL_DIR loader
 ``"dual_encoder"``, index type ``"dense"`` and ``jaxfid index dense`` /

@@ -107,12 +107,8 @@ def make_contrastive_step(encoder: DualEncoder,
                           loss_fn: EmbeddingLoss | None = None):
   """``step(state, batch) -> (state, metrics)`` (pure; the loop jits it).
 
-  ``loss_fn``: the loss of the embeddings (default: in-batch negatives at
-  ``temperature``).
-
-  Dropout keys are ``fold_in(key(seed), step)`` (a resumed run draws the
-  same masks); a non-finite loss or gradient leaves params and optimizer
-  state untouched (:func:`jaxfid.training.step.apply_gradients`).
+  ``loss_fn`` defaults to in-batch negatives at ``temperature``. Dropout keys
+  are ``fold_in(key(seed), step)``; a non-finite update is dropped.
   """
   base_key = jax.random.key(seed)
 

@@ -116,12 +116,7 @@ def classification_metrics(metric: str, predictions: Sequence[int],
 
 
 def primary(metric: str, scores: Mapping[str, float]) -> float:
-  """The score a task is judged by: ``scores[metric]``.
-
-  Raises:
-    ValueError: an unknown metric.
-    KeyError: ``scores`` lacks it.
-  """
+  """``scores[metric]``: the score a task is judged by."""
   _check(metric)
   if metric not in scores:
     raise KeyError(f"scores have no {metric!r} (have "

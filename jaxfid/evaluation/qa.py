@@ -34,15 +34,7 @@ def _as_answers(answers: str | Sequence[str]) -> list[str]:
 
 
 def exact_match(prediction: str, answers: str | Sequence[str]) -> float:
-  """1.0 if ``prediction`` matches any gold answer after normalisation.
-
-  Args:
-    prediction: the predicted answer.
-    answers: one gold answer or a non-empty list of them.
-
-  Returns:
-    1.0 or 0.0.
-  """
+  """1.0 if ``prediction`` matches a gold answer once normalised, else 0.0."""
   pred = normalize_answer(prediction)
   return float(any(pred == normalize_answer(a) for a in _as_answers(answers)))
 
@@ -66,14 +58,9 @@ def f1_score(prediction: str, answers: str | Sequence[str]) -> float:
 
 def qa_metrics(predictions: Sequence[str],
                answers: Sequence[Sequence[str]]) -> dict[str, float]:
-  """Mean exact match and F1 over examples.
+  """Mean exact match and F1 over examples (each with non-empty gold answers).
 
-  Args:
-    predictions: one predicted string per example.
-    answers: the gold answers of each example (each non-empty).
-
-  Returns:
-    ``{"exact_match": ..., "f1": ..., "count": n}`` (fractions; count as float).
+  Returns ``{"exact_match", "f1", "count"}`` (fractions; count as float).
   """
   if len(predictions) != len(answers):
     raise ValueError(f"{len(predictions)} predictions for {len(answers)} "

@@ -31,11 +31,9 @@ def answer_recall(hits: Sequence[Sequence[bool]],
 
 
 def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
-  """Reads TREC qrels (``qid 0 docid grade``) or BEIR TSV qrels.
+  """Reads TREC qrels (``qid 0 docid grade``) or BEIR TSV qrels (with header).
 
-  BEIR's ``qrels/test.tsv`` has three columns (``query-id corpus-id score``)
-  and a header line, which is skipped. A file without any judgement is an
-  InputError.
+  A file without any judgement is an InputError.
   """
   qrels: dict[str, dict[str, int]] = {}
   for lineno, line in iter_lines(path):
@@ -98,10 +96,8 @@ def evaluate_run(run: Mapping[str, Sequence[tuple[str, float]]], qrels: Qrels,
                  recall_ks: Sequence[int] = (100,)) -> dict:
   """Mean nDCG@ndcg_k, MRR@mrr_k and R@k over the queries of run and qrels.
 
-  Args:
-    run: qid -> [(docid, score)] already in trec_eval order
-      (:func:`jaxfid.retrieval.runs.read_trec_run`).
-    qrels: qid -> {docid: grade}.
+  ``run``: qid -> [(docid, score)] in trec_eval order; ``qrels``: qid ->
+  {docid: grade}.
   """
   qids = [q for q in run if q in qrels]
   sums = {f"nDCG@{ndcg_k}": 0.0, f"MRR@{mrr_k}": 0.0}

@@ -20,13 +20,10 @@ Array = jax.Array
 
 def target_distribution(cross_logits: Array, encoder_mask: Array,
                         num_passages: int) -> Array:
-  """P_tgt [B, P] from one decoder layer's cross-attention logits.
+  """P_tgt [B, P] from a decoder layer's cross-attention logits [B, H, T, P*L].
 
-  Args:
-    cross_logits: float32 [B, H, T, P*L] pre-softmax (masked = float32 min).
-    encoder_mask: bool [B, P*L].
-  The first decoder position's softmax over all P*L tokens, summed per row,
-  averaged over heads.
+  The first decoder position's softmax over all P*L tokens (``encoder_mask``
+  bool [B, P*L]), summed per row, averaged over heads.
   """
   first = cross_logits[:, :, 0, :]                                # [B, H, P*L]
   probs = jax.nn.softmax(first, axis=-1)

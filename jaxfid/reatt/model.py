@@ -110,12 +110,9 @@ def add_head_weights(t5_params: dict, num_heads: int,
 class ReAttModel(EncoderDecoderModel):
   """FiD's model with the split encoder, retrieval attention and the KL loss.
 
-  ``params`` is the T5 parameter dict plus ``{"reatt": {"head_weights": [H]}}``;
-  the T5 part keeps T5X names, so any T5 checkpoint initialises it.
-  The split encoder is the base's encode hook (:meth:`encode`), so the
-  base's ``logits``, ``score``, ``predict`` and ``passage_scores`` run it;
-  they take FiD inputs: the question prefix of each row is found from the
-  ``title:`` tokens (``logits`` also takes ``question_length``).
+  ``params`` is the T5 dict plus ``{"reatt": {"head_weights": [H]}}``, so any
+  T5 checkpoint initialises it. :meth:`encode` is the base's encode hook; on
+  FiD inputs the question prefix is found from the ``title:`` tokens.
   """
 
   # under accumulation these add up over microbatches (see training/step.py)
@@ -173,10 +170,8 @@ class ReAttModel(EncoderDecoderModel):
              with_retrieval: bool = False) -> SplitEncoding:
     """Encode [B, P, L] rows: bi-encoder, then cross-encoder (FiD layout).
 
-    The base model's encode hook. Dropout keys follow ``T5.encode`` (embedding ``fold(rng, 0)``, layers
-    ``fold(fold(rng, 1), i)``); with ``with_retrieval`` also returns layer
-    ``n``'s question queries (from each question's first row) and every
-    row's document keys.
+    Dropout keys as ``T5.encode``; ``with_retrieval`` also returns layer ``n``'s
+    question queries and every row's document keys.
     """
     tokens = as_passages(tokens)
     b, p, l = tokens.shape
@@ -211,12 +206,8 @@ class ReAttModel(EncoderDecoderModel):
                        ) -> tuple[Array, Array]:
     """Head-mixed relevance and validity: [B, B*P] (in-batch) or [B, P].
 
-    Args:
-      queries: [B, Q, H, E] and ``query_mask`` bool [B, Q] (SplitEncoding's).
-      keys: [B*P, L, H, E] and ``key_mask`` bool [B*P, L], rows grouped by
-        question.
-      position_bias: add the relative position bias (the training scores
-        under ``ReAttConfig.position_bias``; the index's never have it).
+    ``queries`` [B, Q, H, E] / ``query_mask`` [B, Q]; ``keys`` [B*P, L, H, E] /
+    ``key_mask`` [B*P, L], rows grouped by question.
     """
     probs = self.head_probabilities(params)                       # [H]
     b = queries.shape[0]
@@ -247,12 +238,10 @@ class ReAttModel(EncoderDecoderModel):
 
   def forward(self, params, batch: dict, dropout_rng: Array | None = None,
               extras: Any = None) -> tuple[SplitEncoding, Array, Array]:
-    """The teacher-forced pass: (encoding with retrieval, logits, P_tgt).
+    """Teacher-forced pass: (encoding, logits [B, T, V], P_tgt [B, P]).
 
-    Returns the split encoding (with layer ``n``'s queries and keys), the
-    decoder logits float32 [B, T, V] and the target distribution [B, P] of
-    each question over its own rows, under a stop-gradient. Dropout keys:
-    encoder ``fold(rng, 0)``, decoder ``fold(rng, 1)``.
+    P_tgt is under a stop-gradient. Dropout keys: encoder ``fold(rng, 0)``,
+    decoder ``fold(rng, 1)``.
     """
     inputs = decoder_inputs(batch)
     tokens = as_passages(batch["encoder_input_tokens"])
@@ -275,11 +264,8 @@ class ReAttModel(EncoderDecoderModel):
                      kl_weight: float = 0.0) -> tuple[Array, dict]:
     """The KL term and retrieval metrics of B questions and their rows.
 
-    Args:
-      queries, query_mask, keys, key_mask: as :meth:`retrieval_scores`.
-      target: P_tgt [B, P] (:meth:`forward`).
-      kl_weights: per-question weights [B]: the term is
-        ``sum_b kl_weights[b] * KL_b``; None: ``kl_weight * mean_b KL_b``.
+    ``target``: P_tgt [B, P]. ``kl_weights`` [B]: the term is
+    ``sum_b kl_weights[b] * KL_b``; None: ``kl_weight * mean_b KL_b``.
     """
     b, p = target.shape
     in_batch = self.reatt.in_batch_negatives
@@ -310,12 +296,9 @@ class ReAttModel(EncoderDecoderModel):
            kl_weight: float = 0.0) -> tuple[Array, dict]:
     """``QA + KL`` and metrics.
 
-    The KL term is ``sum_b batch["kl_weight"][b] * KL_b`` when the batch
-    carries per-question weights (the trainer puts ``alpha / global batch``
-    there, 0 during the QA-only warm-up, so microbatches add up), else
-    ``kl_weight * mean_b KL_b``. With in-batch negatives the KL couples the
-    questions of the batch: for accumulation over microbatches see
-    :mod:`jaxfid.reatt.step`.
+    The KL term is ``sum_b batch["kl_weight"][b] * KL_b`` when the batch has
+    per-question weights (so microbatches add up), else
+    ``kl_weight * mean_b KL_b``.
     """
     enc, logits, target = self.forward(params, batch, dropout_rng, extras)
     qa_loss, n, acc = cross_entropy(logits, batch["decoder_target_tokens"],

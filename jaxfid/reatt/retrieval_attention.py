@@ -25,10 +25,7 @@ def question_lengths_from_tokens(tokens: Array, separator_ids: Sequence[int]
                                  ) -> Array:
   """int32 [...]: index of the first ``separator_ids`` run in each row.
 
-  Rows without it (a question alone, or a question filling the row) are all
-  question: the length is the row's number of real tokens. A question that
-  itself contains ``title:`` is cut there — batches built for training carry
-  the exact ``question_length`` instead.
+  Rows without it are all question (the row's real token count).
   """
   sep = jnp.asarray(separator_ids, jnp.int32)
   m = sep.shape[0]

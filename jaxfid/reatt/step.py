@@ -95,10 +95,9 @@ def make_grad_cache_step(model: ReAttModel,
                          seed: int, accumulation_steps: int):
   """``step(state, batch) -> (state, metrics)`` (pure; the loop jits it).
 
-  :func:`grad_cache` over ``accumulation_steps`` microbatches, normalised by
-  the global batch's target tokens; dropout keys ``fold_in(key(seed),
-  step)`` as :func:`jaxfid.training.step.make_train_step`'s, and the same
-  non-finite guard (:func:`jaxfid.training.step.apply_gradients`).
+  :func:`grad_cache` over ``accumulation_steps`` microbatches, with
+  :func:`jaxfid.training.step.make_train_step`'s dropout keys and non-finite
+  guard.
   """
   if not model.reatt.in_batch_negatives:
     raise ValueError("GradCache is for in-batch negatives; without them "

@@ -92,15 +92,7 @@ class ReAttTraining(Config):
 
 
 class ReAttTask(Task):
-  """Train ReAtt (see the module docstring).
-
-  Args:
-    reader: FiD's task: data, batches, QA evaluation (its ``model_config``
-      is the T5).
-    reatt: the model's switches (``separator_ids`` come from the reader's
-      tokenizer).
-    training: the loss weight, schedule and iterative refresh.
-  """
+  """Train ReAtt (see the module docstring); ``reader`` is FiD's task."""
   name = "reatt"
   description = "train reatt"
   best_metric = "eval_em"

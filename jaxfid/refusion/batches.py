@@ -68,9 +68,7 @@ def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int,
                 seed: int, rows: slice | None = None) -> dict[str, np.ndarray]:
   """Rows ``rows`` (default: all) of global batch ``step`` (labels dropped).
 
-  The global batch is stream positions ``[step*B, (step+1)*B)`` of
-  :func:`jaxfid.training.sampling.stream_indices`; ``rows`` is the share a
-  process supplies (``Placement.batch_rows``).
+  The batch is stream positions ``[step*B, (step+1)*B)``.
   """
   lo, hi = (0, batch_size) if rows is None else (rows.start, rows.stop)
   order = stream_indices(len(arrays["labels"]), seed, step * batch_size + lo,

@@ -65,10 +65,8 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
 class NeighbourVectors:
   """Adds each batch's ``neighbours`` vectors float32 [B, S, K, R].
 
-  'input' mode swaps the batch's ``neighbour_rows`` for their stored
-  vectors; 'hidden' mode searches the database with the current backbone's
-  mean-pooled encoder states (one segment: S = 1); without fusion a batch
-  passes unchanged.
+  'input': the stored vectors of ``neighbour_rows``; 'hidden': a search with
+  the backbone's mean-pooled encoder states (S = 1); no fusion: unchanged.
   """
 
   def __init__(self, model: ReFusionModel, retrieval_db: str | None, *,

@@ -143,9 +143,8 @@ class FusionConfig(Config):
 def parse_targets(spec: str) -> tuple[str, ...]:
   """``'key,value'`` -> ``('encoder.key', 'encoder.value')``; ``'none'`` -> ().
 
-  Items are ``module`` (encoder), ``encoder.module`` or ``decoder.module``;
-  modules: query, key, value, output (attention output projection), ffn
-  (feed-forward output projection). Raises ValueError on anything else.
+  Items: ``[encoder.|decoder.]module``, module one of query, key, value,
+  output, ffn. Raises ValueError on anything else.
   """
   spec = (spec or "").strip().lower()
   if spec in ("", "none"):

@@ -244,7 +244,7 @@ def _column_index(path, header: list[str], name, spec: TaskSpec,
 
 
 def read_split(spec: TaskSpec, data_dir, split: str) -> list[Example]:
-  """The examples of ``split`` (train/dev/test) of the task's files in ``data_dir``.
+  """The examples of ``split`` (train/dev/test) of the task in ``data_dir``.
 
   Raises InputError for a missing file or a bad header, row or label.
   """
@@ -337,7 +337,7 @@ def render_input(spec: TaskSpec, example: Example,
 def render_text_fitted(spec: TaskSpec, text_a: str, text_b: str | None,
                        max_tokens: int, count_tokens: Callable[[str], int],
                        mask: str = SENTINEL) -> str:
-  """:func:`render_text` with whole words dropped so the prompt fits ``max_tokens``.
+  """:func:`render_text` with words dropped so the prompt fits ``max_tokens``.
 
   Every sentence is cut to at most ``L`` words, for the largest ``L`` that fits
   (bisection), so the template and mask survive. ``count_tokens`` counts a

@@ -244,7 +244,7 @@ def gather_vectors(searcher, rows: np.ndarray) -> np.ndarray:
 
 def neighbour_texts(db_dir: str | os.PathLike,
                     rows: np.ndarray) -> list[list[str]]:
-  """Per example, its neighbours' texts: segment 0's in rank order, then 1's, ...
+  """Per example, its neighbours' texts: segment 0's by rank, then 1's, ...
 
   ``rows``: int [N, S, K] (or [N, K]); -1 entries are skipped.
   """

@@ -29,10 +29,8 @@ def predicted_classes(spec: lmbff.TaskSpec, tokenizer: Tokenizer,
                       generated: np.ndarray) -> list[int]:
   """The class of each generated row int32 [N, T] (-1: no label word).
 
-  As the original's ``tokenizer.decode(skip_special_tokens=True)`` and
-  ``pre.strip().lower() == gold.strip().lower()``: the text up to EOS
-  without sentinels, matched to a label word ignoring case and whitespace
-  at its ends (:func:`lmbff.word_label`).
+  The text up to EOS without special tokens, matched to a label word ignoring
+  case and outer whitespace (:func:`lmbff.word_label`).
   """
   rows = [[i for i in row if i < tokenizer.vocab_size]
           for row in np.asarray(generated).tolist()]

@@ -215,10 +215,10 @@ class ReFusionTask(Task):
             for name in ("DATA_DIR", "RETRIEVAL_DB") if macro(name) is None}
 
   def prepare_shapes(self, settings: Settings) -> None:
-    """The model and shapes from the configuration alone (reads no data or checkpoint).
+    """The model and shapes from the configuration alone (reads no data).
 
-    Before a search the structure is unknown: retrain and evaluation compile with
-    ``FusionConfig.structure`` when given, else the ordered mask everywhere.
+    Before a search the structure is unknown: retrain and evaluation compile
+    with ``FusionConfig.structure`` when given, else the ordered mask.
     """
     self.settings = settings
     data, fused = self.data, self.fusion.enabled

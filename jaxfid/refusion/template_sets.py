@@ -57,12 +57,10 @@ def input_eos(templates: str) -> bool:
 
 
 def overrides(task: str, templates: str) -> dict:
-  """The :class:`~jaxfid.refusion.lmbff.TaskSpec` fields that template set
-  ``templates`` changes for ``task`` (a canonical name): ``template`` and,
-  for ``'original_t5'``, ``label_words``; ``{}`` for ``'paper'``.
+  """The TaskSpec fields template set ``templates`` changes for ``task``.
 
-  Raises:
-    ValueError: an unknown template set.
+  ``template`` and, for ``'original_t5'``, ``label_words``; ``{}`` for
+  ``'paper'``. Raises ValueError for an unknown set.
   """
   if templates not in TEMPLATE_SETS:
     raise ValueError(f"template set {templates!r}: one of {TEMPLATE_SETS}")

@@ -67,7 +67,7 @@ def load_array(path: str | os.PathLike,
                shape: Sequence[int | None] | None = None,
                dtypes: Sequence | None = None,
                mmap: bool = True) -> np.ndarray:
-  """A checked ``.npy`` array (memory-mapped read-only unless ``mmap`` is False).
+  """A checked ``.npy`` array (mapped read-only unless ``mmap`` is False).
 
   ``shape`` entries of None match any length; ``dtypes`` None accepts any.
   Raises InputError for a missing, truncated or over-long file or another

@@ -96,12 +96,8 @@ def read_trec_run(path: str | os.PathLike, order: str = "trec_eval"
                   ) -> dict[str, list[tuple[str, float]]]:
   """Reads a TREC run: qid -> [(docid, score)].
 
-  Args:
-    path: the run file.
-    order: ``"trec_eval"``: by score descending, then docid descending, as
-      trec_eval orders documents (it ignores the rank column) — for qrels
-      metrics; ``"rank"``: by the rank column, as the retriever ranked them —
-      for answer recall, which DPR computes on the retriever's list.
+  ``order``: ``"trec_eval"`` (score descending, then docid descending; for
+  qrels metrics) or ``"rank"`` (the rank column; for answer recall).
   """
   if order not in ("trec_eval", "rank"):
     raise ValueError(f"order must be 'trec_eval' or 'rank', got {order!r}")

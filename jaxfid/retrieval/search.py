@@ -71,7 +71,7 @@ def open_index(directory: str | os.PathLike, device: bool = False
 def search_all(searcher: Searcher, texts: Sequence[str], top_k: int,
                progress: bool | None = None, threads: int | None = None,
                **options) -> list[Sequence[tuple[int, float]]]:
-  """Runs all queries in batches, with a progress bar on stderr (None: on a tty).
+  """Runs all queries in batches, with a progress bar (None: on a tty).
 
   ``threads``: CPUs where the searcher can use them (None: all).
   """

@@ -87,11 +87,9 @@ def cross_entropy(logits: Array, targets: Array,
                   normalizer: Array | None = None) -> tuple[Array, Array, Array]:
   """Token cross-entropy over non-padding targets (EOS included).
 
-  Returns (loss, number of target tokens, token accuracy). The loss is the
-  mean over this batch's target tokens, or the sum divided by ``normalizer``
-  (the whole batch's token count, when this is one microbatch of it). A token
-  counts as correct when its target's logit is the largest (ties, which
-  argmax would break by index, count as correct).
+  Returns (loss, target tokens, token accuracy). The loss is the mean over
+  the batch's target tokens, or the sum over ``normalizer``. A token is
+  correct when its target's logit is the largest (ties count as correct).
   """
   nll = _token_nll(logits, targets)                                   # [B, T]
   weights = (targets > 0).astype(jnp.float32)
@@ -240,11 +238,9 @@ class EncoderDecoderModel:
   def passage_scores(self, params, encoder_input_tokens: Array, *,
                      passage_mask: Array | None = None,
                      mode: str = "probs") -> Array:
-    """Cross-attention passage relevance float32 [B, P] (FiD-KD / Atlas / ReAtt).
+    """Cross-attention passage relevance float32 [B, P].
 
-    At the first decoder position (input = the start token), from every
-    decoder layer's cross-attention over the :meth:`encode` output (see
-    :func:`~jaxfid.t5.passages.first_position_scores`).
+    See :func:`~jaxfid.t5.passages.first_position_scores`.
     """
     tokens = fid.as_passages(encoder_input_tokens)
     net = self.network(params)

@@ -35,9 +35,7 @@ def encode_passages(net: T5, tokens: Array, *, passage_mask: Array | None = None
                     **stack_kwargs) -> StackOutput:
   """Encode [B, P, L] passages independently -> hidden [B, P*L, D], mask [B, P*L].
 
-  Args:
-    passage_mask: optional bool [B, P]; False masks a whole passage (padding
-      passages are also all-zero tokens, which masks them anyway).
+  ``passage_mask`` (bool [B, P]), optional, masks whole passages.
   """
   tokens = as_passages(tokens)
   b, p, l = tokens.shape

@@ -98,10 +98,8 @@ class Placement:
   def shard(self, host_batch: Any) -> Any:
     """An evaluation batch, sharded over the data axes.
 
-    Every process passes the same whole host batch (evaluation batches are
-    small and cheap to build); functions that evaluate it must return
-    replicated outputs (``out_shardings=self.replicated``), which every
-    process can fetch.
+    Every process passes the same whole batch; evaluating functions must return
+    replicated outputs.
     """
     return jax.device_put(host_batch, self.batch)
 
@@ -163,13 +161,12 @@ def fresh_state(make_state: Callable[[Any, int], Any], params: Any, step: int,
 
 
 class Preemption:
-  """Turns SIGTERM (preemption) and Ctrl-C into a flag the loop checks after
-  each step: the step finishes, a checkpoint is written, the run stops.
+  """SIGTERM and Ctrl-C as a flag the loop checks after each step.
 
-  A second Ctrl-C stops at once (``KeyboardInterrupt``). With several
-  processes a signal may reach only some of them (a preempted host):
-  :meth:`agreed` all-gathers the flags after every step, so every process
-  sees the request at the same step and all save that step.
+  The step finishes, a checkpoint is written and the run stops.
+
+  A second Ctrl-C stops at once. :meth:`agreed` all-gathers the flags so every
+  process stops at the same step.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)

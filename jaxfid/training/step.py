@@ -84,10 +84,9 @@ def apply_gradients(optimizer: optax.GradientTransformation, state: dict,
                     ) -> tuple[dict, dict]:
   """The update every train step ends with, behind the non-finite guard.
 
-  Returns ``(new_state, metrics)``: the state one step on with the optimizer's
-  update applied, unless ``loss`` or the gradient norm is not finite, in
-  which case params and optimizer state are the old ones; ``metrics`` gains
-  ``loss``, ``grad_norm`` and ``finite`` (1.0 or 0.0).
+  Returns ``(new_state, metrics)``; a non-finite loss or gradient norm keeps
+  the old params and optimizer state. ``metrics`` gains ``loss``,
+  ``grad_norm`` and ``finite`` (1.0 or 0.0).
   """
   params = state["params"]
   grad_norm = optax.tree.norm(grads)

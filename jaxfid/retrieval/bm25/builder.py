@@ -33,11 +33,8 @@ _FIELDS = ("terms", "docs", "tfs")
 class BM25Builder:
   """Incremental indexing: ``add_batch``/``add`` documents, then ``finish()``.
 
-  Args:
-    analyzer: the analyzer (Lucene English by default).
-    flush_tokens: tokens buffered before they are reduced to a chunk.
-    spill_dir: if given, chunks are saved there (and deleted by ``finish``)
-      instead of being kept in memory.
+  ``flush_tokens`` tokens are buffered per chunk; with ``spill_dir`` chunks
+  are saved there (and deleted by ``finish``).
   """
 
   def __init__(self, analyzer: EnglishAnalyzer | None = None,

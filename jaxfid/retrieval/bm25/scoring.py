@@ -82,8 +82,8 @@ class BM25Params:
   Attributes:
     k1: term-frequency saturation.
     b: length normalisation.
-    lucene_norms: quantise document lengths to one byte as Lucene does
-      (needed for scores equal to Lucene's; off gives bm25s's "lucene").
+    lucene_norms: one-byte document lengths, as Lucene (needed for equal
+      scores).
   """
   k1: float = 0.9
   b: float = 0.4

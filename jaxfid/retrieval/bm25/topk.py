@@ -99,14 +99,10 @@ _ONE = {np.dtype(np.float32): np.ones(1, np.float32),
 
 def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
                 ) -> None:
-  """``acc[rows] += values`` for distinct ``rows`` within ``acc`` (one term's
-  postings, checked when the index hands them out).
+  """``acc[rows] += values`` for distinct in-range ``rows`` (a term's postings).
 
-  scipy's CSC product with one column of ones (``y += A x``) is a compiled
-  loop over the postings, 1.5-1.8x as fast as ``np.add.at``; each sum is
-  the same float32 (or uint16) addition in the same order, so the results
-  are the same bits. ``np.add.at`` where that kernel is missing or the
-  dtypes differ.
+  scipy's compiled CSC product, the same additions in the same order as
+  ``np.add.at`` (used where the kernel is missing or dtypes differ).
   """
   one = _ONE.get(acc.dtype)
   if (_csc_matvec is not None and one is not None

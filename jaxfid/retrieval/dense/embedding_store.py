@@ -164,13 +164,7 @@ class EmbeddingStore:
 
 
 class ShardWriter:
-  """Writes the shards of one directory, keeping valid ones already there.
-
-  Args:
-    directory: where the shards go.
-    num_rows, dim, dtype, shard_size: the layout.
-    source: what the vectors are (compared to decide what is reusable).
-  """
+  """Writes one directory's shards, keeping valid ones (same ``source``)."""
 
   def __init__(self, directory: str | os.PathLike, num_rows: int, dim: int,
                *, dtype: str = "float32",

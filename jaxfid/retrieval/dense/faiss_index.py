@@ -77,10 +77,8 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
                       progress: bool | None = None) -> dict:
   """Builds (and, unless flat, writes) the FAISS index of ``store``'s rows.
 
-  Returns:
-    The ``faiss`` entry of ``meta.json``: factory, metric, and the parts
-    (``{"start", "end", "file", "bytes"}``; ``file`` is None for flat
-    indexes, ``bytes`` the size of a written file, checked when opened).
+  Returns the ``faiss`` entry of ``meta.json``: factory, metric and parts
+  ``{"start", "end", "file", "bytes"}`` (``file`` None for flat).
   """
   directory = Path(directory)
   ranges = split_rows(len(store), index_shards)
@@ -156,13 +154,10 @@ def order_ties(s: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def check_faiss_files(directory: str | os.PathLike, info: dict,
                       num_rows: int) -> None:
-  """Checks the parts of a ``faiss`` meta.json entry without reading them.
+  """Checks a ``faiss`` meta.json entry's parts without reading them.
 
-  The parts must cover rows [0, num_rows) in order, and every written part
-  file must exist with the size recorded at indexing (when recorded).
-
-  Raises:
-    InputError: naming the file (or meta.json) and what is wrong.
+  They must cover rows [0, num_rows) in order, and written files must have
+  their recorded sizes. Raises InputError naming the file.
   """
   directory = Path(directory)
   position = 0
@@ -195,11 +190,9 @@ class ShardedIndex:
   def load(cls, directory: str | os.PathLike, info: dict,
            store: EmbeddingStore | None = None,
            mmap: bool = False) -> "ShardedIndex":
-    """Opens the index described by ``info`` (see :func:`build_faiss_index`).
+    """Opens the index ``info`` describes; flat parts are filled from ``store``.
 
-    Flat parts are filled from ``store``; ``mmap`` maps written indexes
-    instead of reading them (for indexes larger than memory; FAISS supports
-    it for flat codes and inverted lists).
+    ``mmap`` maps written indexes instead of reading them.
     """
     directory = Path(directory)
     parts = []

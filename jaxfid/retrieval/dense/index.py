@@ -108,11 +108,10 @@ def staging_dir(output: str | os.PathLike) -> Path:
 
 def write_store(corpus, staging: Path, progress: bool | None = None,
                 encoding: str = "utf-8") -> PassageStore:
-  """Reads the corpus (text in ``encoding``) into the staging directory's
-  passage store.
+  """Reads the corpus into the staging directory's passage store.
 
-  On a malformed corpus the staging directory is removed (its embeddings, if
-  any, belong to another corpus) and the InputError propagates.
+  On a malformed corpus the staging directory is removed and the InputError
+  propagates.
   """
   try:
     with PassageStoreWriter(staging, source=corpus) as writer:
@@ -226,13 +225,9 @@ def hit_lists(scores: np.ndarray, rows: np.ndarray) -> list[Hits]:
 
 
 class DenseSearcher:
-  """Searches a dense index directory.
+  """Searches a dense index directory (``meta`` read when None).
 
-  Args:
-    directory: the index directory.
-    meta: its ``meta.json`` (read when None).
-    query_embedder: embeds query texts; without one, queries need
-      precomputed vectors (the ``query_vectors`` search option).
+  Without ``query_embedder`` queries need the ``query_vectors`` option.
   """
 
   def __init__(self, directory: str | os.PathLike, meta: dict | None = None,
@@ -270,13 +265,7 @@ class DenseSearcher:
   def embed_queries(self, texts: Sequence[str],
                     query_vectors: str | None = None,
                     **options) -> np.ndarray:
-    """float32 [len(texts), dim] query vectors.
-
-    Args:
-      texts: the queries.
-      query_vectors: a file of precomputed vectors, looked up by text.
-      **options: options of the query embedder.
-    """
+    """float32 [len(texts), dim]: from ``query_vectors`` or the embedder."""
     if query_vectors is not None:
       if query_vectors not in self._query_vectors:
         self._query_vectors[query_vectors] = read_query_vectors(

@@ -95,10 +95,8 @@ def read_query_vectors(path: str | os.PathLike, dim: int
                        ) -> dict[str, np.ndarray]:
   """Query text -> float32 vector, from a file of precomputed query vectors.
 
-  Formats: ``.jsonl`` with ``{"question": TEXT, "vector": [...]}`` per line
-  (``text``/``query`` accepted for ``question``), or a pickle of
-  ``(question text, vector)`` pairs (DPR's embedding format, keyed by text).
-  Vectors are looked up by the exact query text ``jaxfid retrieve`` reads.
+  ``.jsonl`` of ``{"question" (or text/query), "vector"}``, or a pickle of
+  ``(text, vector)`` pairs; looked up by the exact query text.
   """
   table = {}
   for where, text, vector in _query_pairs(path):

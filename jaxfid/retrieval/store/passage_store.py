@@ -61,12 +61,9 @@ class _SortedIds(Sequence):
 class PassageStore:
   """Read-only, memory-mapped passages of one index directory.
 
-  ``store[i]`` is the i-th passage (a :class:`Passage`), ``store.id(i)`` its
-  id, ``store.index_of(docid)`` the inverse.
-
-  Args:
-    directory: the index (or store) directory.
-    num_passages: the count ``meta.json`` records, checked when given.
+  ``store[i]`` is a :class:`Passage`, ``store.id(i)`` its id,
+  ``store.index_of(docid)`` the inverse; ``num_passages`` is checked when
+  given.
   """
 
   def __init__(self, directory: str | os.PathLike,
@@ -178,9 +175,8 @@ def _sort_ids(ids_path: Path,
               id_offsets: np.ndarray) -> tuple[np.ndarray, tuple | None]:
   """Sorts the ids of ``ids.txt`` bytewise (stable).
 
-  Returns:
-    (order, duplicate): passage indices in id order, and the indices (i, j),
-    i < j, of one pair of passages with equal ids, or None.
+  Returns (passage indices in id order, one duplicate pair (i, j) with i < j
+  or None).
   """
   n = len(id_offsets) - 1
   if n == 0:
@@ -214,12 +210,7 @@ def _sort_ids(ids_path: Path,
 
 
 class PassageStoreWriter:
-  """Streams passages into a store directory; ``close()`` finalises it.
-
-  Args:
-    directory: where the store files go (created if needed).
-    source: the corpus file, named in duplicate-id errors.
-  """
+  """Streams passages into ``directory``; ``close()`` finalises it."""
 
   def __init__(self, directory: str | os.PathLike,
                source: str | os.PathLike | None = None):

@@ -216,12 +216,7 @@ def iter_queries(path: str | os.PathLike) -> Iterator[tuple[int | str, Query]]:
 
 
 def read_queries(path: str | os.PathLike) -> list[Query]:
-  """All queries of a file, checked for duplicate ids.
-
-  Raises:
-    InputError: on a malformed record, a repeated id, or a file without
-      any query.
-  """
+  """All queries of a file; InputError for a bad record, repeated id or none."""
   seen: dict[str, int | str] = {}
   queries = []
   for where, query in iter_queries(path):

@@ -30,13 +30,9 @@ def split_document(doc: Passage, words: int = 100) -> list[tuple[str, str]]:
 
 def split_into_passages(docs: Iterable[Passage], words: int = 100,
                         sequential_ids: bool = False) -> Iterator[Passage]:
-  """Yields the passages of every document, in order.
+  """Yields every document's passages of ``words`` words, in order.
 
-  Args:
-    docs: documents (``Passage`` tuples: id, title, text).
-    words: passage length in whitespace-separated words.
-    sequential_ids: number passages 1, 2, ... (DPR) instead of
-      ``{doc_id}_{k}``.
+  Ids are ``{doc_id}_{k}``, or 1, 2, ... with ``sequential_ids``.
   """
   counter = 0
   for doc in docs:

@@ -176,8 +176,7 @@ def split_words(text: str) -> list[str]:
 class EnglishAnalyzer:
   """Lucene EnglishAnalyzer: ``analyze(text)`` returns the indexed terms.
 
-  Stemming results are cached per surface word, so analysing a large corpus
-  costs one dictionary lookup per token after the first occurrence of a word.
+  Stems are cached per surface word.
 
   Attributes:
     stopwords: the stop words removed (Lucene's English list by default).

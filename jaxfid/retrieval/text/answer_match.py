@@ -28,12 +28,7 @@ def _sigma_fold(text: str) -> str:
 
 
 class PreparedText:
-  """A passage normalised for matching, reusable across questions.
-
-  Retrieval returns the same passages for many questions; preparing each
-  passage once (NFD, lowercase, tokens on first need) and caching it saves
-  most of the matching time.
-  """
+  """A passage normalised for matching once, reused across questions."""
   __slots__ = ("haystack", "_nfd", "_words")
 
   def __init__(self, text: str):
