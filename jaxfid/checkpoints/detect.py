@@ -36,11 +36,7 @@ def _has_hf_weights(directory: Path) -> bool:
 
 
 def detect_format(path) -> str:
-  """One of :data:`FORMATS` for ``path``.
-
-  Raises:
-    InputError: the path does not exist or holds no recognised checkpoint.
-  """
+  """One of :data:`FORMATS` for ``path``; InputError if none is recognised."""
   path = Path(path)
   if not path.exists():
     raise InputError(path, "does not exist")

@@ -61,8 +61,7 @@ def step_dirs(model_dir) -> list[tuple[int, Path]]:
 def locate(path) -> tuple[Path, str]:
   """The checkpoint directory to read and its kind ('msgpack' or 'orbax').
 
-  ``path`` may be a ``checkpoint_<step>`` directory, its ``checkpoint`` file,
-  or a model directory holding several (the latest step is taken).
+  ``path`` as :func:`read_t5x` takes it.
   """
   path = Path(path)
   if not path.exists():
@@ -194,11 +193,7 @@ def _read_msgpack(ckpt_dir: Path) -> tuple[dict[str, np.ndarray], Path]:
 
 
 def _numpy_restore_args(checkpointer, path: str):
-  """Orbax restore args reading every array as host numpy.
-
-  Arrays saved sharded carry their device mesh in the metadata; restoring
-  them as numpy avoids needing that mesh here.
-  """
+  """Orbax restore args reading every array as host numpy (needs no mesh)."""
   metadata = checkpointer.metadata(path)
   item = getattr(metadata, "item_metadata", metadata)
   tree = getattr(item, "tree", item)

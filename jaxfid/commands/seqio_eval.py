@@ -9,12 +9,10 @@ by the plug-ins; other formats are FiD readers) and writes what
 batches of ``EVAL_BATCH_SIZE`` rows (the last padded with its first row)
 and provides:
 
-* ``kinds``: the task kinds it evaluates (:mod:`jaxfid.evaluation.task_kinds`);
-* ``step``: the step of the loaded parameters;
-* ``sequence_length(task_spec)``: seqio's task feature lengths;
-* ``prepare(examples, task_spec)``: once per task;
-* ``predict(indices, batch)``: int32 ``[B, T]`` ids;
-  ``score(indices, batch)``: float32 ``[B]`` target log-likelihoods.
+``kinds`` (:mod:`jaxfid.evaluation.task_kinds`), ``step``,
+``sequence_length(task_spec)``, ``prepare(examples, task_spec)`` (once per
+task), ``predict(indices, batch)`` (int32 ``[B, T]``) and
+``score(indices, batch)`` (float32 ``[B]`` log-likelihoods).
 
 seqio and the tasks are imported only inside :func:`evaluate`.
 """
@@ -174,8 +172,7 @@ def evaluate(*, checkpoint_path: str, output_dir: str,
              max_examples: int | None = None, progress: bool = True) -> dict:
   """Evaluates a checkpoint on a seqio task or mixture (module docstring).
 
-  Returns:
-    ``{"step", "split", "output_dir", "metrics": {task: {name: value}}}``.
+  Returns ``{"step", "split", "output_dir", "metrics": {task: {name: value}}}``.
   """
   if not mixture_or_task_name:
     raise InputError("MIXTURE_OR_TASK_NAME", "required: the seqio task or "

@@ -26,10 +26,9 @@ def gin_macro(name: str, default=None):
 
 
 def import_tasks(where: str = MIXTURE_OR_TASK_NAME):
-  """Imports (and so registers) jaxfid's seqio tasks; returns the package.
+  """Imports (so registers) jaxfid's seqio tasks; returns the package.
 
-  Raises:
-    InputError: seqio, TensorFlow or the ``tasks`` package is missing.
+  Raises InputError if seqio, TensorFlow or ``tasks`` is missing.
   """
   try:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

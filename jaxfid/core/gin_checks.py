@@ -1,17 +1,12 @@
 """Validating a parsed gin configuration before any work is done.
 
-:func:`validate` takes what a command reads (:class:`Reads`) and a
-:class:`Table` of checks and raises the first problem as a one-line
-:class:`~jaxfid.core.errors.InputError`: an unknown macro (with a
-suggestion), a command-line value failing its :class:`Check`, a binding
-nothing the command reads, or a value it reads that fails its check or is
-``%gin.REQUIRED``; then each config dataclass is built (its
-``__post_init__`` rules run) and each configurable's ``check_configs``.
-Config dataclass fields carry their own checks; other parameters are
-checked by annotation unless a row says more. Checks are keyed by
-(configurable, parameter), following gin references from the command's
-roots, since two methods may read one macro differently. Nothing but gin's
-parsed configuration is read.
+:func:`validate` raises the first problem as a one-line
+:class:`~jaxfid.core.errors.InputError`: an unknown macro, a command-line
+value failing its :class:`Check`, a binding the command never reads, or a
+read value failing its check or ``%gin.REQUIRED``; then config dataclasses
+are built (``__post_init__`` runs) and ``check_configs`` applied. Checks are
+keyed by (configurable, parameter), following gin references from the
+command's roots (:class:`Reads`); only gin's parsed configuration is read.
 """
 from __future__ import annotations
 

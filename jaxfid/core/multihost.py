@@ -65,11 +65,7 @@ def exit_code(error: BaseException | None) -> int:
 
 
 class Channel:
-  """JSON messages from process 0 to every other process, in order.
-
-  Args:
-    what: what the messages are about (named in :class:`PeerError`).
-  """
+  """JSON messages about ``what`` from process 0 to the others, in order."""
 
   def __init__(self, what: str):
     self.what = what

@@ -64,8 +64,7 @@ def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
                     mesh: Mesh | None = None) -> PartitionSpec:
   """PartitionSpec for logical axis names; a mesh axis is used at most once.
 
-  Mesh axes of size 1 (or absent from ``mesh``) are dropped, so the same rules
-  serve any mesh shape.
+  Mesh axes of size 1 (or absent) are dropped, so the rules serve any mesh.
   """
   table = dict(rules)
   used: set[str] = set()

@@ -4,15 +4,11 @@ Einsum letters / shapes: A microbatches, B questions of the global batch,
 b = B/A questions per microbatch, P rows (documents) per question, L tokens
 per row, Q question-token positions, H heads, E head width.
 
-The negatives must span the whole global batch, so the step uses two-pass
-GradCache: pass 1 (no gradients) keeps every microbatch's queries
-[b, Q, H, E], keys [b*P, L, H, E] and P_tgt [b, P]; the whole batch's KL and
-its gradient wrt queries, keys and head weights follow; pass 2 reruns each
-microbatch with the same dropout keys and takes ``jax.vjp`` with those
-cotangents. Loss and gradient equal the A = 1 step's up to rounding.
-Microbatch ``i`` holds questions ``i, i + A, ...``. Pass 1 keeps
-``B*P*L*H*E`` keys and their gradient; ``RELEVANCE_CHUNK`` and
-``QUERY_MAXLENGTH`` bound the [B, H, Q, B*P, L] scores.
+Two-pass GradCache keeps the negatives spanning the global batch: pass 1
+(no gradients) keeps each microbatch's queries [b, Q, H, E], keys
+[b*P, L, H, E] and P_tgt [b, P]; the whole batch's KL gives their
+cotangents; pass 2 reruns each microbatch (same dropout keys) under
+``jax.vjp``. Loss and gradient equal the A = 1 step's up to rounding.
 """
 from __future__ import annotations
 

@@ -4,15 +4,13 @@ Layout of ``INDEX_DIR`` (``jaxfid index reatt``)::
 
   meta.json          {"type": "reatt", "num_passages", "num_tokens", "dim",
                       "head", "faiss": "flat" | "ivfpq", "doc_maxlength",
-                      "query_maxlength", "model": T5Config, "reatt": ReAttConfig, ...}
-  passages.bin ...   the passage store (jaxfid.retrieval.store.passage_store)
+                      "query_maxlength", "model", "reatt", ...}
+  passages.bin ...   the passage store
   keys.f32           float32 [num_tokens, dim]: every real token's key
-  doc_offsets.npy    int64 [num_passages + 1]: passage i owns key rows
-                     [o[i], o[i+1])
+  doc_offsets.npy    int64 [num_passages + 1]: passage i has rows [o[i], o[i+1])
   bi_encoder.npz     the query side of the model
   spiece.model       the vocabulary
-  tokens.faiss       the IVF-PQ index (``ivfpq`` only; ``flat`` is built
-                     from keys.f32 when opened)
+  tokens.faiss       the IVF-PQ index (``ivfpq`` only)
 
 Documents are ``title: T context: P`` + EOS (``doc_maxlength``), queries
 ``question: Q`` (``query_maxlength``); no position bias. Search: each query

@@ -87,7 +87,7 @@ class FusionConfig(Config):
     mask_temperature: tau of the ordered mask's Gumbel-softmax.
     mask_clip: beta is clipped to [-clip, clip] before the sigmoid.
     init: ``'zeros'`` (reranker, beta and architecture weights start at 0)
-    or ``'xavier'`` (the original's ``xavier_uniform_``).
+      or ``'xavier'`` (the original's ``xavier_uniform_``).
     mask_sampler: ``'soft'``, ``'straight_through'`` or ``'original'``
       (module docstring).
     mask_eval_samples: draws averaged for the ``'soft'`` evaluation mask.

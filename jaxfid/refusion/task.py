@@ -1,19 +1,13 @@
 """ReFusion's training task (Wu et al., ICLR 2024) for the one loop.
 
 gin binds ``METHOD = @ReFusionTask()`` with ``data = @ReFusionData()``,
-``fusion = @FusionConfig()`` and ``search = @SearchConfig()``; each checks
-its own fields, :meth:`ReFusionTask.check_configs` the rules across them.
-
-With ``search`` (and fusion modules), steps ``[0, TRAIN_STEPS)`` are the
-bi-level search (:mod:`jaxfid.refusion.search`); then every module takes its
-argmax scheme, written to ``MODEL_DIR/refusion_structure.json``, and with
-``retrain`` that structure is trained again from the initial weights for
-``TRAIN_STEPS`` more steps. Without search every module uses
-``fusion_scheme``. Evaluation is rank classification over the label words
-(or ``SCORING='generate'``) on dev every ``EVAL_EVERY`` steps, and at the end
-one line with ``test_accuracy`` (and ``test_f1``/``test_mcc``),
-``test_examples`` and ``flops_per_example``. The last checkpoint is the
-result.
+``fusion = @FusionConfig()`` and ``search = @SearchConfig()``.
+With ``search``, steps ``[0, TRAIN_STEPS)`` are the bi-level search
+(:mod:`jaxfid.refusion.search`), whose argmax structure is written to
+``MODEL_DIR/refusion_structure.json`` and, with ``retrain``, trained again
+from the initial weights for ``TRAIN_STEPS`` more steps. Dev is scored every
+``EVAL_EVERY`` steps; the last line has ``test_accuracy`` (and
+``test_f1``/``test_mcc``), ``test_examples`` and ``flops_per_example``.
 """
 from __future__ import annotations
 
@@ -83,8 +77,9 @@ class ReFusionData(Config):
   Attributes:
     task: ``TASK``, one of :data:`jaxfid.refusion.lmbff.TASK_NAMES`.
     data_dir: ``DATA_DIR``, LM-BFF's ``k-shot/<TASK>/16-<seed>``.
-    templates: ``TEMPLATES``, ``'paper'``, ``'original'`` or ``'original_t5'``
-      (:func:`jaxfid.refusion.lmbff.get_task`).
+    templates: ``TEMPLATES``, ``'paper'`` (Table 5), ``'original'`` (the
+      original code's RoBERTa templates) or ``'original_t5'`` (its T5
+      script's instruction templates and label words).
     max_length: ``MAX_LENGTH``, tokens of an input.
     eval_batch_size: ``EVAL_BATCH_SIZE``, examples per scoring batch.
     retrieval_db: ``RETRIEVAL_DB``, the ``jaxfid index dense`` output (needed

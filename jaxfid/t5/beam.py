@@ -19,9 +19,8 @@ when to stop and what to return:
 ``"t5x"`` (:class:`T5xUpdate`, t5x ``decoding.beam_search``): every EOS
 candidate finishes with ``logprob / ((5 + length) / 6) ** alpha``; the loop
 stops at ``max_decode_len`` or when no live beam can beat the worst finished
-one (t5x's bound); an example with nothing finished returns its live beams.
-``early_stopping`` is ignored; masking uses -1e9; results are best first;
-forced prompt decoding is not supported.
+one; an example with nothing finished returns its live beams. Results are
+best first; ``early_stopping`` and forced prompt decoding are not supported.
 
 ``"hf"`` (:class:`HfUpdate`, transformers' vectorised
 ``GenerationMixin._beam_search``, one EOS id, no logits processors): a
@@ -29,10 +28,8 @@ candidate ends on EOS or at ``max_decode_len``; only ending candidates within
 the top K of the 2K finish, with ``sum_logprobs / length ** alpha``;
 ``early_stopping`` (True, False, "never") and HF's sticky per-example
 "improvable" heuristic decide when to stop; length penalties are computed in
-float64 and rounded to float32 once. Differences from HF only at exact ties
-(``lax.top_k`` prefers lower indices), with ``vocab_size < 2 * num_beams``
-(dead initial beams), and in padding after EOS (0 here).
-``tests/test_decoding.py`` compares tokens and scores with ``generate``.
+float64 and rounded to float32 once. Results differ from HF's only at exact
+ties, with ``vocab_size < 2 * num_beams``, and in padding after EOS (0).
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """What a method gives the one training loop: a :class:`Task`.
 
-The loop (:func:`jaxfid.training.loop.train`) owns everything every method
-needs the same way — the mesh, shardings, init or restore, step-for-step
-resume, SIGTERM checkpoints, the non-finite-loss policy, gradient
-accumulation, multi-host batches, metrics.jsonl + TensorBoard, the progress
-bar. A task owns what differs: its model, its data and batches, its loss and
-train step (one per :class:`Phase`), its evaluation, and events between
-steps (ReAtt's index refresh, ReFusion's searched structure).
+The loop (:func:`jaxfid.training.loop.train`) owns what every method shares
+(mesh, shardings, init or restore, resume, checkpoints, accumulation,
+metrics); a task owns its model, data, batches, train steps (one per
+:class:`Phase`), evaluation and events between steps.
 
 The order of calls::
 

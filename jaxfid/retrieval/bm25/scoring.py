@@ -6,12 +6,10 @@ Lucene's ``BM25Similarity`` (pyserini's defaults k1=0.9, b=0.4)::
     norm(d) = 1 / (k1 * ((1 - b) + b * L(d) / avgdl))           (in float)
     s(t, d) = w - w / (1 + tf * norm(d)),  w = boost * idf(t)    (in float)
 
-N counts documents with at least one term, avgdl is sumTotalTermFreq / N,
-L(d) is Lucene's one-byte length (:func:`int_to_byte4` /
-:func:`byte4_to_int`), float arithmetic is float32 in Lucene's order, the
-document score is a double sum rounded to float, a term repeated c times has
-boost c, and ties go to the smaller document id. Scores equal Lucene 8.7's
-on SQuAD dev (tests/data/retrieval/lucene_reference).
+N counts documents with a term, avgdl is sumTotalTermFreq / N, L(d) is
+Lucene's one-byte length (:func:`int_to_byte4`), float arithmetic is
+float32 in Lucene's order, document scores are double sums rounded to
+float, and ties go to the smaller document id.
 
 Storage is bm25s's term-major CSC of per-(term, document) scores (``data``
 float32, ``indices`` int32, ``indptr`` int64), plus ``max_scores.npy`` (per

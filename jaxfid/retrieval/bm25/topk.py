@@ -12,13 +12,10 @@ Term-at-a-time MaxScore (Turtle & Flood 1995), vectorised with numpy:
 4. **Exact scores** of the survivors, summed in double as Lucene does.
 
 When postings are evenly spread (``ADD_ALL_RATIO``), :func:`add_all_top_k`
-adds every posting instead. Every comparison with ``theta`` allows for the
-float32 sums' error (``(m + 16) * 2^-23`` relative), so the result equals
-the exhaustive ranking, ties included. Where the index stores impacts and
-the query's boosts sum to at most :data:`MAX_IMPACT_TERMS`, sums use a
-uint16 accumulator (:class:`Sums`) with ``P * step <= score <
-(P + m) * step``. :func:`scatter_add` and :func:`gather` do no bounds
-checks; ``BM25Index._check_rows`` checks each term's rows once.
+adds every posting instead. Comparisons with ``theta`` allow for the float32
+sums' error, so the result equals the exhaustive ranking, ties included.
+With stored impacts (boosts summing to at most :data:`MAX_IMPACT_TERMS`)
+sums use a uint16 accumulator (:class:`Sums`).
 """
 from __future__ import annotations
 

@@ -6,14 +6,11 @@
   embeddings.json, embeddings_00000.npy ...   every passage's vector
   faiss_00000.index .. the FAISS index parts (none for "Flat")
 
-Model-agnostic: :func:`write_dense_index` takes a :class:`PassageEncoder`,
-:class:`DenseSearcher` query vectors or a :class:`QueryEmbedder`
-(:mod:`jaxfid.dual_encoder.index` provides both and registers ``"dense"``).
-A build runs in ``.NAME.partial/`` and is renamed when complete; an
-interrupted build resumes from its finished shards, and a rebuild with the
-same encoder and corpus reuses the embeddings. Opening checks every file
-against ``meta.json``. Search options: ``query_vectors=FILE``, the
-embedder's options, ``mmap=1`` and FAISS parameters.
+:func:`write_dense_index` takes a :class:`PassageEncoder`,
+:class:`DenseSearcher` query vectors or a :class:`QueryEmbedder`. Builds run
+in ``.NAME.partial/``, resume from finished shards and reuse the embeddings
+of the same encoder and corpus; opening checks every file against
+``meta.json``.
 """
 from __future__ import annotations
 
