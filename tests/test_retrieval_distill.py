@@ -154,7 +154,8 @@ def test_reading_scored_data(tmp_path):
   examples = read_scored_examples(path, n_context=3)
   assert len(examples) == 6 and all(len(e.passages) == 3 for e in examples)
   raw = json.loads(path.read_text())
-  assert examples[0].scores == tuple(c["score"] for c in raw[0]["ctxs"][:3])
+  assert examples[0].scores == tuple(
+      sorted((c["score"] for c in raw[0]["ctxs"]), reverse=True)[:3])
   batcher = ScoredBatcher(examples, load_tokenizer(None), batch_size=2,
                           n_context=4, query_maxlength=8,
                           passage_maxlength=16)
@@ -170,6 +171,25 @@ def test_reading_scored_data(tmp_path):
   with pytest.raises(InputError, match="record 3: a passage without a "
                      "numeric 'score'.*--scored-data"):
     read_scored_examples(bad, n_context=3)
+
+
+def test_the_retriever_trains_over_the_readers_best_n(tmp_path):
+  """FiD's Dataset sorts ctxs by score, descending and stable, before
+  ``[:n_context]`` (src/data.py:24,45,64-68): the reader's top N."""
+  record = {"question": "q", "answers": ["a"], "ctxs": [
+      {"title": f"t{i}", "text": f"p{i}", "score": s}
+      for i, s in enumerate([0.1, 0.9, -2.0, 0.5, 0.9, 3.0])]}
+  path = tiny_fid.write_json(tmp_path / "s.json", [record])
+  [example] = read_scored_examples(path, n_context=4)
+  assert [t for _, t in example.passages] == ["p5", "p1", "p4", "p3"]
+  assert example.scores == (3.0, 0.9, 0.9, 0.5)
+  assert example.scores == tuple(sorted(
+      (c["score"] for c in record["ctxs"]), reverse=True)[:4])
+  # a passage beyond N without a score: the sort needs them all, as FiD's
+  record["ctxs"][5].pop("score")
+  bad = tiny_fid.write_json(tmp_path / "bad.json", [record])
+  with pytest.raises(InputError, match="record 1: a passage without"):
+    read_scored_examples(bad, n_context=4)
 
 
 @pytest.mark.slow  # ~16 s; the fast tier trains distill_tiny.gin one step

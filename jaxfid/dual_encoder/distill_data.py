@@ -3,10 +3,15 @@
 The input is FiD JSON / JSONL whose passages carry the reader's scores in
 ``ctxs[i].score`` -- what ``jaxfid predict --passage-scores --scored-data``
 writes (the original FiD's ``test_reader.py --write_crossattention_scores``).
-Each question keeps its first ``n_context`` passages in file order, as the
-original's ``Dataset.__getitem__`` does (``example['ctxs'][:self.n_context]``
-in FiD ``src/data.py``), each with its score; a passage among them without a
-numeric score is an error (the file was not scored).
+Each question keeps its ``n_context`` best passages by ``score``, as the
+original does: ``train_retriever.py:173`` builds ``src.data.Dataset``, whose
+``__init__`` sorts each question's ``ctxs`` by ``float(score)``, descending
+(``sort_data``, FiD ``src/data.py:24,64-68``; Python's sort is stable, so ties
+keep file order), and ``__getitem__`` then takes
+``example['ctxs'][:self.n_context]`` (``src/data.py:45``). In a scored file
+those are the reader's best N (the passages it read carry its scores). Every
+passage needs a numeric score (the sort reads them all); one without is an
+error (the file was not scored).
 
 :class:`ScoredBatcher` turns examples into fixed-shape batches as a pure
 function of (seed, step) (:func:`jaxfid.training.sampling.epoch_batch_indices`,
@@ -55,8 +60,8 @@ def _score(path, where, value) -> float:
 
 
 def parse_scored(path, where, record, n_context: int) -> ScoredExample | None:
-  """The example of one record (its first ``n_context`` passages); None when
-  it has no passage."""
+  """The example of one record (its ``n_context`` best passages by score,
+  descending and stable); None when it has no passage."""
   if not isinstance(record, dict):
     raise InputError(path, "expected a JSON object per example", where=where)
   question = record.get("question")
@@ -66,13 +71,13 @@ def parse_scored(path, where, record, n_context: int) -> ScoredExample | None:
   if not isinstance(ctxs, list):
     raise InputError(path, f"expected 'ctxs' with the reader's scores "
                      f"({SCORE_HINT})", where=where)
-  passages, scores = [], []
-  for ctx in ctxs[:n_context]:
-    passages.append(passage(path, where, ctx))
-    scores.append(_score(path, where, ctx.get("score")))
-  if not passages:
+  scored = [(passage(path, where, ctx), _score(path, where, ctx.get("score")))
+            for ctx in ctxs]
+  kept = sorted(scored, key=lambda ps: -ps[1])[:n_context]  # stable
+  if not kept:
     return None
-  return ScoredExample(question, tuple(passages), tuple(scores))
+  return ScoredExample(question, tuple(p for p, _ in kept),
+                       tuple(s for _, s in kept))
 
 
 def read_scored_examples(path: str | os.PathLike, n_context: int,

@@ -105,8 +105,8 @@ class DualEncoderTrainConfig(Config):
     eval_batch_size: pairs per evaluation batch.
     objective: 'contrastive' (DPR: positives and negatives) or 'distill'
       (FiD-KD: KL to the reader's scores in TRAIN_DATA's ``ctxs[i].score``).
-    n_context: distill: the first N passages of each question (FiD's
-      ``--n_context``).
+    n_context: distill: the N best passages of each question by the scored
+      file's score (FiD's ``--n_context`` after its ``sort_data``).
     temperature_gold / temperature_score: distill: the softmax temperatures
       of the reader's and the retriever's scores.
     scale_by_sqrt_dim: distill: the retriever's score is q . p / sqrt(d).

@@ -17,10 +17,14 @@ corpus, retrieve again. This module runs those rounds in a work directory
      round's ``eval_em``), from the gin run's own initialisation (its
      INIT_CHECKPOINT, e.g. T5: the original's ``train_reader.py`` without
      ``--model_path``) or, with ``continue_reader``, from round ``r-1``'s
-     reader (round 2 on; the original's ``--model_path``);
+     reader (round 2 on; jaxfid's choice: the original's ``--model_path``
+     also restores the step, so it trains only the steps left, FiD
+     ``src/util.py:81``);
   2. ``W/round_r/train_scored.json``: what ``jaxfid predict
      --passage-scores --scored-data`` writes, every retrieved passage scored
-     (``--n-context top_k``, as the original scores all 100);
+     (``--n-context top_k``, as the original scores all 100); the
+     retriever reads each question's N_CONTEXT best by those scores, as
+     FiD's ``src/data.py`` ``sort_data`` orders them;
   3. ``W/round_r/retriever``: ``jaxfid train`` of the retriever gin run
      (the distillation objective) on the scores; from round 2 on its
      INIT_CHECKPOINT is round ``r-1``'s retriever, so the rounds continue

@@ -1,27 +1,30 @@
 """The input FiD data again, each read passage's ``score`` the reader's.
 
 ``jaxfid predict --passage-scores --scored-data OUT.json`` writes it: the
-training data of a retriever distilled from the reader (FiD-KD, Izacard &
-Grave 2021). The original FiD's ``test_reader.py --write_crossattention_scores``
-sets ``example['ctxs'][j]['score'] = crossattention_scores[k, j]`` for the
-``n_context`` passages it read (``j < context_ids.size(1)``: the first
-``n_context`` of ``ctxs`` in file order, FiD ``src/data.py``
-``Dataset.__getitem__``) and leaves the others as they were; then
-``save_distributed_dataset`` writes the records back. So does this: the
-records, their keys and their passages keep the input's order, only
-``score`` values change, and the write is atomic (a crash leaves no
-half-written file).
-
-One difference: jaxfid's reader reads the ``n_context`` best passages by the
-input's score (:func:`jaxfid.fid.examples.sorted_passages`), not the first
-``n_context`` in file order; the two agree on retrieval output (sorted by
-score, as ``jaxfid retrieve`` and DPR write it), and
-:func:`write_scored_data` counts the examples where they do not (the
-distillation data reads the first ``n_context`` in file order, as FiD's
-``train_retriever.py`` does). The passages beyond ``n_context`` keep their
-input score, which is on the retriever's scale, not the reader's: score
-every passage (``--n-context`` at least the number of passages, as the FiD
-README's ``--n_context 100`` on 100-passage data) to train on them.
+training data of a retriever distilled from the reader (FiD-KD, Izacard & Grave
+2021). The original FiD's ``test_reader.py --write_crossattention_scores``
+reads each question's ``n_context`` best passages by the input's score
+(``src.data.Dataset.__init__`` calls ``sort_data``, which sorts ``ctxs`` by
+``float(score)``, descending and stable, in place: FiD
+``src/data.py:24,64-68``; ``__getitem__`` then takes ``ctxs[:n_context]``,
+``src/data.py:45``), sets ``example['ctxs'][j]['score'] =
+crossattention_scores[k, j]`` for those (``test_reader.py:61-62``), leaves the
+others' scores as they were, and writes the records back
+(``test_reader.py:138``, ``src/util.py:187-209``). jaxfid's reader reads the
+same passages (:func:`jaxfid.fid.examples.sorted_passages`: the same sort), and
+this writes the same scores with the write atomic (a crash leaves no
+half-written file). The one difference: the original writes each record's
+``ctxs`` in that sorted order, this keeps the input's order of records, keys
+and passages (only ``score`` values change); the distillation data sorts again
+by score (:mod:`jaxfid.dual_encoder.distill_data`, as FiD's
+``train_retriever.py``), so it reads the same passages either way.
+:func:`write_scored_data` counts the examples whose read passages were not
+their first ones in file order (an input not sorted by score). The passages
+beyond ``n_context`` keep their input score, which is on the retriever's scale,
+not the reader's, and they take part in the retriever's sort (as in the
+original): score every passage (``--n-context`` at least the number of
+passages, as the FiD README's ``--n_context 100`` on 100-passage data) to train
+on the reader's scores alone.
 """
 from __future__ import annotations
 
