@@ -7,6 +7,7 @@ with.
 """
 import json
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 import tiny_fid
 from jaxfid.cli import main
+from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
@@ -190,6 +192,24 @@ def test_the_retriever_trains_over_the_readers_best_n(tmp_path):
   bad = tiny_fid.write_json(tmp_path / "bad.json", [record])
   with pytest.raises(InputError, match="record 1: a passage without"):
     read_scored_examples(bad, n_context=4)
+
+
+def test_distill_base_binds_the_originals_retriever_options():
+  """The FiD README's train_retriever.py command, and src/options.py's
+  defaults for what it does not set (--weight_decay 0.1: options.py:30)."""
+  gin_flags.parse_gin(["gin/retrieval/distill_base.gin"], ["MODEL_DIR = 'x'"])
+  try:
+    macros = {m: gin.query_parameter(f"%{m}") for m in (
+        "LEARNING_RATE", "OPTIMIZER", "SCHEDULE", "WEIGHT_DECAY",
+        "DROPOUT_RATE", "WARMUP_STEPS", "N_CONTEXT", "TRAIN_STEPS",
+        "QUERY_MAXLENGTH", "PASSAGE_MAXLENGTH")}
+  finally:
+    gin.clear_config()
+  assert macros == {"LEARNING_RATE": 1e-4, "OPTIMIZER": "adamw",
+                    "SCHEDULE": "linear", "WEIGHT_DECAY": 0.1,
+                    "DROPOUT_RATE": 0.1, "WARMUP_STEPS": 1000,
+                    "N_CONTEXT": 100, "TRAIN_STEPS": 20000,
+                    "QUERY_MAXLENGTH": 40, "PASSAGE_MAXLENGTH": 200}
 
 
 @pytest.mark.slow  # ~16 s; the fast tier trains distill_tiny.gin one step
