@@ -22,9 +22,11 @@ def test_the_nq_recipe(gin_file):
   atlas, reader = task.atlas, task.reader
   assert (atlas.retriever_loss, atlas.temperature_gold,
           atlas.temperature_score, atlas.refresh_every,
-          atlas.query_side_only, atlas.passage_maxlength,
-          atlas.index_batch_size, atlas.index_dtype, atlas.rerank_k) == (
-              "pdist", 0.01, 0.01, 2000, False, 512, 512, "bfloat16", 0)
+          atlas.query_side_only, atlas.query_side_mode,
+          atlas.passage_maxlength, atlas.index_batch_size, atlas.index_dtype,
+          atlas.rerank_k) == (
+              "pdist", 0.01, 0.01, 2000, False, "frozen", 512, 512,
+              "bfloat16", 0)
   assert (reader.n_context, reader.text_maxlength, reader.passage_eos,
           reader.lengths.target_maxlength,
           reader.lengths.decode_maxlength) == (40, 512, True, 16, 127)

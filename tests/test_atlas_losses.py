@@ -4,17 +4,19 @@ random models; the joint loss's gradients go where Atlas's go."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxfid.atlas import gold
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.losses import emdr_loss, kl_loss, retriever_scores
 from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, batch_normalizer
-from jaxfid.atlas.step import frozen_passage_tower
+from jaxfid.atlas.step import frozen_passage_tower, make_atlas_step
 from jaxfid.dual_encoder.distill_loss import distill_loss
 from jaxfid.dual_encoder.model import QUERY_TOWER, DualEncoder, DualEncoderConfig
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel, shift_right
+from jaxfid.training.task import train_state
 
 B, K, L, T, P, Q = 2, 3, 6, 4, 5, 4
 
@@ -172,13 +174,14 @@ def test_adist_gold_is_atlas_evalnormsum(reader):
   np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
-def _atlas(loss, query_side_only=False):
+def _atlas(loss, query_side_only=False, mode="frozen"):
   config = _config()
-  retriever = DualEncoder(config, DualEncoderConfig(shared=not query_side_only))
-  return AtlasModel(EncoderDecoderModel(config), retriever,
-                    AtlasConfig(corpus="c", retriever_loss=loss,
-                                query_side_only=query_side_only,
-                                temperature_gold=0.5, temperature_score=0.5))
+  atlas = AtlasConfig(corpus="c", retriever_loss=loss,
+                      query_side_only=query_side_only, query_side_mode=mode,
+                      temperature_gold=0.5, temperature_score=0.5)
+  retriever = DualEncoder(config, DualEncoderConfig(
+      shared=not atlas.separate_towers))
+  return AtlasModel(EncoderDecoderModel(config), retriever, atlas)
 
 
 def _norm(tree):
@@ -219,3 +222,49 @@ def test_query_side_only_freezes_the_passage_tower():
   np.testing.assert_array_equal(
       kept[RETRIEVER][QUERY_TOWER]["encoder"]["encoder_norm"]["scale"],
       moved[RETRIEVER][QUERY_TOWER]["encoder"]["encoder_norm"]["scale"])
+
+
+@pytest.mark.slow  # ~20 s of CPU: the step's compile
+def test_query_side_shared_is_one_tower_without_gradient_on_passages():
+  """QUERY_SIDE_MODE 'shared' (Atlas's released code): one tower; the
+  passage embeddings come from the weights being trained but carry no
+  gradient; an update moves them, the index is not refreshed unless
+  REFRESH_EVERY says so."""
+  model = _atlas("pdist", query_side_only=True, mode="shared")
+  params = model.init_params(0)
+  assert QUERY_TOWER not in params[RETRIEVER]
+  batch = jax.tree.map(jnp.asarray, _batch())
+  norm = batch_normalizer(batch)
+  gold_scores = model.gold(params, batch)
+  b, k, p_len = batch["passage_tokens"].shape
+
+  def kl(query_params, passage_params):  # the loss written out, two sides
+    q = model.embed_queries(query_params, batch["query_tokens"])    # [B, D]
+    p = model.embed_passages(passage_params,
+                             batch["passage_tokens"].reshape(b * k, p_len))
+    return kl_loss(retriever_scores(q, p.reshape(b, k, -1)), gold_scores,
+                   temperature_gold=0.5, temperature_score=0.5,
+                   count=norm["passages"])
+
+  ret = params[RETRIEVER]
+  got = jax.grad(lambda p: model.retriever_loss(
+      {**params, RETRIEVER: p}, batch, norm))(ret)
+  query_side = jax.grad(lambda p: kl(p, ret))(ret)
+  passage_side = jax.grad(lambda p: kl(ret, p))(ret)
+  assert _norm(passage_side) > 0.0  # the gradient the mode must drop
+  for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(query_side)):
+    np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-9)
+  # one SGD step: the passage side's embeddings move with the query side's
+  tx = optax.sgd(1.0)
+  step = make_atlas_step(model, tx, seed=0, accumulation_steps=1)
+  state, _ = jax.jit(step)(
+      train_state(params, 0, opt_state=tx.init(params)), batch)
+  new = state["params"][RETRIEVER]
+  tokens = batch["passage_tokens"].reshape(b * k, p_len)
+  assert not np.allclose(model.embed_passages(new, tokens),
+                         model.embed_passages(ret, tokens))
+  np.testing.assert_array_equal(model.embed_passages(new, tokens),
+                                model.embed_queries(new, tokens))
+  config = AtlasConfig(corpus="c", query_side_only=True, refresh_every=4)
+  assert config.refresh_steps(10) == [0]
+  assert config.replace(query_side_mode="shared").refresh_steps(10) == [0, 4, 8]

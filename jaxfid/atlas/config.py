@@ -16,6 +16,7 @@ import dataclasses
 from jaxfid.core.config import Config, option
 
 RETRIEVER_LOSSES = ("adist", "emdr2", "pdist", "loop", "none")
+QUERY_SIDE_MODES = ("frozen", "shared")
 INDEX_DTYPES = ("bfloat16", "float32", "int8")
 
 
@@ -26,7 +27,9 @@ class AtlasConfig(Config):
   Attributes:
     corpus: the passages (DPR TSV or JSONL) the in-loop index holds.
     retriever_loss: Atlas's ``--gold_score_mode``: 'adist' (attention
-      distillation, Atlas's ``evalnormsum``), 'emdr2' (``emdr``), 'pdist'
+      distillation: the ``normssum`` aggregate that Atlas's ``adist`` /
+      ``evalnormsum`` evidently means; the released code looks up
+      ``normsum`` and raises KeyError), 'emdr2' (``emdr``), 'pdist'
       (perplexity distillation, ``ppmean``), 'loop' (leave-one-out),
       'none' (the retriever is not trained).
     temperature_gold: Atlas's ``--temperature_gold`` (the reader's scores).
@@ -35,8 +38,21 @@ class AtlasConfig(Config):
       every this many steps (Atlas's ``--refresh_index`` with one
       interval); 0: only at the start.
     query_side_only: Atlas's ``--query_side_retriever_training``: the
-      passage encoder is frozen (a separate, trained query tower starts as
-      its copy) and the index is never refreshed.
+      retriever learns through the query embeddings only; the passage
+      embeddings of the loss are computed without dropout and without
+      gradient. How the passage side relates to the trained weights is
+      ``query_side_mode``'s.
+    query_side_mode: with ``query_side_only``: 'frozen' (the default): a
+      separate passage tower, a copy of the initial weights that no update
+      moves, and the index is never refreshed (what the option's help text
+      and the Atlas paper describe); 'shared': what the released code does
+      (``UntiedDualEncoderRetriever`` deep-copies only an encoder with a
+      ``.module`` attribute, so a bare Contriever is one module for both
+      sides, ``src/retrievers.py:116-117``; the passage side runs under
+      ``torch.no_grad()``, ``src/retrievers.py:124-130``): one tower, whose
+      weights the query side's updates move, so the passage embeddings of
+      the loss are those of the current weights while the index stays as
+      last built (REFRESH_EVERY applies, as ``--refresh_index`` does).
     init_retriever: the retriever's initial weights (a dual encoder
       MODEL_DIR, a sentence-transformers / HF T5 directory, a T5X
       checkpoint); None: random (SEED), or an Atlas INIT_CHECKPOINT's.
@@ -65,6 +81,7 @@ class AtlasConfig(Config):
   temperature_score: float = option(0.01, above=0)
   refresh_every: int = option(0, low=0)
   query_side_only: bool = option(False)
+  query_side_mode: str = option("frozen", choices=QUERY_SIDE_MODES)
   init_retriever: str | None = option(None)
   query_maxlength: int = option(64, low=2)
   passage_maxlength: int = option(256, low=2)
@@ -73,10 +90,16 @@ class AtlasConfig(Config):
   rerank_k: int = option(0, low=0)
   eval_recall_k: int = option(20, low=5)
 
+  @property
+  def separate_towers(self) -> bool:
+    """Whether the retriever has a query tower of its own beside a frozen
+    passage tower (``query_side_only`` with ``query_side_mode`` 'frozen')."""
+    return self.query_side_only and self.query_side_mode == "frozen"
+
   def refresh_steps(self, train_steps: int) -> list[int]:
     """The steps after which the index is (re)built: 0 (the start), then
-    every ``refresh_every`` before the end (never with
-    ``query_side_only``)."""
-    if self.query_side_only or not self.refresh_every:
+    every ``refresh_every`` before the end (never with a frozen passage
+    tower: :attr:`separate_towers`)."""
+    if self.separate_towers or not self.refresh_every:
       return [0]
     return list(range(0, train_steps, self.refresh_every))

@@ -10,8 +10,11 @@ without gradient, as Atlas's ``eval_score``, ``perplexity_score``,
 retrieved passages, ``targets`` [B, T] the answer tokens (0 = padding,
 Atlas's ``-100`` labels).
 
-* :func:`adist_gold` -- attention distillation, Atlas's ``evalnormsum``
-  (``FiD.get_crossattention_scores`` / ``aggregate_value`` with the
+* :func:`adist_gold` -- attention distillation: the ``normssum`` key of
+  Atlas's ``FiD.get_crossattention_scores`` (``src/fid.py:162-163,191``),
+  which its ``adist`` / ``evalnormsum`` evidently means (the released code
+  looks up ``normsum``, ``src/atlas.py:641``, and raises KeyError)
+  (``aggregate_value`` with the
   ``normalized_score_storage`` of ``cross_attention_forward``): per decoder
   layer, target position t and encoder token s, the post-softmax
   cross-attention times the norm of that token's value vector, averaged
@@ -110,7 +113,7 @@ def loop_gold(reader: EncoderDecoderModel, params, tokens: Array,
 
 def adist_gold(reader: EncoderDecoderModel, params, tokens: Array,
                passage_mask: Array, targets: Array) -> Array:
-  """float32 [B, K]: Atlas's ``evalnormsum`` (module docstring)."""
+  """float32 [B, K]: Atlas's ``normssum`` (module docstring)."""
   params = jax.lax.stop_gradient(params)
   b, k, l = tokens.shape
   net = reader.network(params)

@@ -18,11 +18,17 @@ loss of ``RETRIEVER_LOSS`` (:mod:`jaxfid.atlas.losses`) on the retriever's
 fresh scores of the same K passages, whose gold scores come from the reader
 (:mod:`jaxfid.atlas.gold`). The reader learns from the reader loss only,
 the retriever from the retriever loss only (the gold scores are
-constants). With ``QUERY_SIDE_ONLY`` the passage tower is frozen: its
-embeddings are computed under ``stop_gradient`` (Atlas's
-``UntiedDualEncoderRetriever`` with its passage encoder's
-``requires_grad`` off) and the step keeps its parameters (:mod:`jaxfid.
-atlas.step`).
+constants). With ``QUERY_SIDE_ONLY`` the retriever learns through the
+query embeddings only: the passage embeddings of the loss are computed
+without dropout under ``stop_gradient`` (Atlas's
+``UntiedDualEncoderRetriever.embed_passages``: ``eval()`` and
+``torch.no_grad()``, ``src/retrievers.py:123-135``; it never sets
+``requires_grad``). QUERY_SIDE_MODE says from which weights: 'frozen', a
+separate passage tower that the step keeps (:mod:`jaxfid.atlas.step`; the
+query tower starts as its copy, as ``UntiedDualEncoderRetriever`` means
+to); 'shared', the one tower being trained (what the released code does
+with a bare Contriever, which its ``copy.deepcopy`` skips,
+``src/retrievers.py:116-117``).
 """
 from __future__ import annotations
 
@@ -48,7 +54,8 @@ class AtlasModel:
 
   Args:
     reader: the FiD reader (an encoder-decoder).
-    retriever: the dual encoder (separate towers with QUERY_SIDE_ONLY).
+    retriever: the dual encoder (separate towers with QUERY_SIDE_ONLY in
+      QUERY_SIDE_MODE 'frozen').
     atlas: the objective and its temperatures.
   """
 
@@ -59,9 +66,8 @@ class AtlasModel:
     self.additive_metrics = ADDITIVE
 
   def init_params(self, seed: int = 0) -> dict:
-    """Random parameters; separate towers (QUERY_SIDE_ONLY) start equal, the
-    query tower a copy of the passage tower (Atlas's
-    ``UntiedDualEncoderRetriever`` deep-copies it)."""
+    """Random parameters; separate towers (QUERY_SIDE_MODE 'frozen') start
+    equal, the query tower a copy of the passage tower."""
     return {READER: self.reader.init_params(seed),
             RETRIEVER: untied(self.retriever.init_params(seed + 1))}
 
@@ -109,18 +115,20 @@ class AtlasModel:
   def scores(self, params: dict, batch: dict,
              dropout_rng: Array | None = None) -> Array:
     """float32 [B, K]: the retriever's scores of the batch's passages, with
-    gradients into the query tower (and the passage tower unless
-    QUERY_SIDE_ONLY, where the passage tower runs without dropout, as
-    Atlas's ``UntiedDualEncoderRetriever.embed_passages`` in eval mode)."""
+    gradients through the query embeddings (and the passage embeddings
+    unless QUERY_SIDE_ONLY, where the passage side runs without dropout and
+    without gradient, as Atlas's ``UntiedDualEncoderRetriever.
+    embed_passages`` in eval mode under ``torch.no_grad()``; in
+    QUERY_SIDE_MODE 'shared' from the same weights as the query side)."""
     retriever = params[RETRIEVER]
     q = self.embed_queries(retriever, batch["query_tokens"],
                            fold(dropout_rng, 0))                    # [B, D]
     b, k, length = batch["passage_tokens"].shape
-    frozen = self.atlas.query_side_only  # eval mode, no gradient (Atlas)
+    no_grad = self.atlas.query_side_only  # eval mode, no gradient (Atlas)
     p = self.embed_passages(
-        jax.lax.stop_gradient(retriever) if frozen else retriever,
+        jax.lax.stop_gradient(retriever) if no_grad else retriever,
         batch["passage_tokens"].reshape(b * k, length),
-        None if frozen else fold(dropout_rng, 1))                   # [B*K, D]
+        None if no_grad else fold(dropout_rng, 1))                  # [B*K, D]
     return retriever_scores(q, p.reshape(b, k, -1))                 # [B, K]
 
   def retriever_loss(self, params: dict, batch: dict, normalizer: dict,

@@ -1,13 +1,16 @@
 """Atlas's train step: the loop's exact-accumulation step over
-:meth:`AtlasModel.loss`, and the frozen passage tower of QUERY_SIDE_ONLY.
+:meth:`AtlasModel.loss`, and the frozen passage tower of QUERY_SIDE_ONLY
+(QUERY_SIDE_MODE 'frozen').
 
 The step is :func:`jaxfid.training.step.make_train_step` (dropout keys
 ``fold_in(key(seed), step)``, microbatch losses divided by the whole
 batch's counts, the non-finite guard), with the whole batch's target tokens
 and passages as its normaliser. With ``QUERY_SIDE_ONLY`` the passage
-tower's gradient is zero (``stop_gradient``), and the step also keeps its
-parameters as they were, so that no optimizer term (AdamW's weight decay)
-moves them: the index built from them at the start stays exact.
+embeddings get no gradient (``stop_gradient``); in QUERY_SIDE_MODE 'frozen'
+the step also keeps the separate passage tower's parameters as they were,
+so that no optimizer term (AdamW's weight decay) moves them: the index
+built from them at the start stays exact. In 'shared' mode there is one
+tower, which the query side's updates move (Atlas's released code).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def make_atlas_step(model: AtlasModel, tx: optax.GradientTransformation, *,
       lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm), tx,
       seed=seed, accumulation_steps=accumulation_steps,
       normalizer=batch_normalizer, additive=model.additive_metrics)
-  if not model.atlas.query_side_only:
+  if not model.atlas.separate_towers:
     return step
 
   def frozen_step(state, batch):

@@ -16,7 +16,7 @@ accumulation, the non-finite guard; :mod:`jaxfid.atlas.step`).
 
 The index (:mod:`jaxfid.atlas.index`) is built at the start and rebuilt
 after every REFRESH_EVERY steps with the current passage tower (never with
-QUERY_SIDE_ONLY). Each build is saved to ``MODEL_DIR/atlas_index/<step>``,
+QUERY_SIDE_ONLY's frozen passage tower). Each build is saved to ``MODEL_DIR/atlas_index/<step>``,
 and the train state is checkpointed at that step before the rebuild, so a
 resumed run loads the index of the last refresh before its step (re-sharded
 to its mesh) or, when a run was stopped during a refresh, redoes that
@@ -101,12 +101,12 @@ class AtlasTask(Task):
     """The retriever: INIT_RETRIEVER's architecture (its weights kept for
     :meth:`initial_params` / :meth:`start`; the run's DROPOUT_RATE, DTYPE,
     REMAT, ...: ``RUN_ONLY_FIELDS``), else the reader's T5 config;
-    separate towers with QUERY_SIDE_ONLY, one shared tower otherwise (Atlas's
-    Contriever)."""
+    separate towers with QUERY_SIDE_ONLY in QUERY_SIDE_MODE 'frozen', one
+    shared tower otherwise (Atlas's Contriever)."""
     atlas = self.atlas
     lengths = dict(query_maxlength=atlas.query_maxlength,
                    passage_maxlength=atlas.passage_maxlength)
-    shared = not atlas.query_side_only
+    shared = not atlas.separate_towers
     if not atlas.init_retriever:
       return DualEncoder(self.reader.model_config,
                          DualEncoderConfig(shared=shared, **lengths))
@@ -118,7 +118,8 @@ class AtlasTask(Task):
       settings = settings.replace(shared=False)
     elif shared and not settings.shared:
       raise InputError("INIT_RETRIEVER", "has separate query and passage "
-                       "towers; train it with QUERY_SIDE_ONLY = True")
+                       "towers; train it with QUERY_SIDE_ONLY = True and "
+                       "QUERY_SIDE_MODE = 'frozen'")
     self._init_retriever = params
     run = self.reader.model_config  # the run's dropout, dtype, remat, ...
     config = loaded.encoder.config.replace(
