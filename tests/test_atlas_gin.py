@@ -25,8 +25,10 @@ def test_the_nq_recipe(gin_file):
           atlas.query_side_only, atlas.query_side_mode,
           atlas.passage_maxlength, atlas.index_batch_size, atlas.index_dtype,
           atlas.rerank_k) == (
-              "pdist", 0.01, 0.01, 2000, False, "frozen", 512, 512,
-              "bfloat16", 0)
+              "pdist", 0.01, 0.01, "0-1000:500,1000-10000:2000", False,
+              "frozen", 512, 512, "bfloat16", 0)
+  assert (atlas.freeze_retriever_steps, atlas.retriever_learning_rate) == (
+      0, None)
   assert (reader.n_context, reader.text_maxlength, reader.passage_eos,
           reader.lengths.target_maxlength,
           reader.lengths.decode_maxlength) == (40, 512, True, 16, 127)
@@ -35,7 +37,7 @@ def test_the_nq_recipe(gin_file):
               10000, 64, 500, 5000, 50)
   assert (optimizer.learning_rate, optimizer.optimizer, optimizer.schedule,
           optimizer.warmup_steps, optimizer.weight_decay,
-          optimizer.clip_norm) == (4e-5, "adamw", "linear", 100, 0.01, 1.0)
+          optimizer.clip_norm) == (4e-5, "adamw", "cosine", 100, 0.01, 1.0)
   want = config_lib.preset(READERS[gin_file])
   arch = ("d_model", "num_layers", "num_heads", "d_ff", "feed_forward_proj",
           "tie_word_embeddings", "vocab_size")
@@ -43,8 +45,8 @@ def test_the_nq_recipe(gin_file):
           == {k: getattr(want, k) for k in arch})
   assert (reader.model_config.dropout_rate, reader.model_config.remat) == (
       0.1, "full")
-  assert atlas.refresh_steps(settings.train_steps) == list(
-      range(0, 10000, 2000))
+  assert atlas.refresh_steps(settings.train_steps) == [0, 500] + list(
+      range(1000, 10000, 2000))
 
 
 @pytest.mark.slow  # traces the full-size reader and retriever (abstractly)

@@ -145,8 +145,8 @@ def test_missing_required_values(tmp_path, capsys):
 @pytest.mark.parametrize("method, extra, needle", [
     (FID, "OPTIMIZER='sgd'", "OPTIMIZER: must be one of 'adam', 'adamw', "
      "got 'sgd'"),
-    (FID, "SCHEDULE='cosine'", "SCHEDULE: must be one of 'constant', "
-     "'linear'"),
+    (FID, "SCHEDULE='cos'", "SCHEDULE: must be one of 'constant', "
+     "'linear', 'cosine'"),
     (FID, "DTYPE='float16'", "DTYPE: must be one of 'float32', 'bfloat16'"),
     (FID, "REMAT='some'", "REMAT: must be one of 'none', 'full', 'dots'"),
     (FID, "ON_NAN='ignore'", "ON_NAN: must be one of 'stop', 'skip'"),

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 from jaxfid.core.config import Config, option
+from jaxfid.core.errors import InputError
 
+NEVER = 2 ** 32  # Atlas's rate and end of "-1" (never refresh)
 RETRIEVER_LOSSES = ("adist", "emdr2", "pdist", "loop", "none")
 QUERY_SIDE_MODES = ("frozen", "shared")
 INDEX_DTYPES = ("bfloat16", "float32", "int8")
@@ -34,9 +36,23 @@ class AtlasConfig(Config):
       'none' (the retriever is not trained).
     temperature_gold: Atlas's ``--temperature_gold`` (the reader's scores).
     temperature_score: Atlas's ``--temperature_score`` (the retriever's).
-    refresh_every: re-embed the corpus with the current passage encoder
-      every this many steps (Atlas's ``--refresh_index`` with one
-      interval); 0: only at the start.
+    refresh_every: Atlas's ``--refresh_index``: re-embed the corpus with
+      the current passage encoder every this many steps (an int; 0 or
+      "-1": only at the start), or a piecewise schedule parsed as Atlas's
+      ``IndexRefreshScheduler`` (``src/util.py:111-158``): pieces
+      ``"start-end:rate"`` joined by commas, e.g. "0-1000:500,1000-10000:2000";
+      a step s refreshes when the first piece with ``start <= s < end`` has
+      ``(s - start) % rate == 0``, and a step no piece covers does not.
+      The index is always built at step 0.
+    retriever_learning_rate: Atlas's ``--lr_retriever``: the retriever's
+      peak learning rate, on the run's SCHEDULE and WARMUP_STEPS (the
+      reader's: LEARNING_RATE); None: LEARNING_RATE for both, one
+      optimizer (:func:`jaxfid.atlas.step.atlas_optimizer`).
+    freeze_retriever_steps: Atlas's ``--freeze_retriever_steps``: the
+      first this many steps train the reader only (no retriever loss; the
+      retriever's parameters and optimizer state are kept, as PyTorch's
+      AdamW skips parameters without a gradient), and no refresh falls
+      inside them (``src/util.py:148``, ``train.py:85``); 0: off.
     query_side_only: Atlas's ``--query_side_retriever_training``: the
       retriever learns through the query embeddings only; the passage
       embeddings of the loss are computed without dropout and without
@@ -79,7 +95,9 @@ class AtlasConfig(Config):
   retriever_loss: str = option("pdist", choices=RETRIEVER_LOSSES)
   temperature_gold: float = option(0.01, above=0)
   temperature_score: float = option(0.01, above=0)
-  refresh_every: int = option(0, low=0)
+  refresh_every: int | str = option(0, test=lambda v: _refresh_problem(v))
+  freeze_retriever_steps: int = option(0, low=0)
+  retriever_learning_rate: float | None = option(None, low=0)
   query_side_only: bool = option(False)
   query_side_mode: str = option("frozen", choices=QUERY_SIDE_MODES)
   init_retriever: str | None = option(None)
@@ -98,8 +116,55 @@ class AtlasConfig(Config):
 
   def refresh_steps(self, train_steps: int) -> list[int]:
     """The steps after which the index is (re)built: 0 (the start), then
-    every ``refresh_every`` before the end (never with a frozen passage
-    tower: :attr:`separate_towers`)."""
-    if self.separate_towers or not self.refresh_every:
+    those of ``refresh_every`` before the end that are not inside the
+    first ``freeze_retriever_steps`` (never with a frozen passage tower:
+    :attr:`separate_towers`)."""
+    if self.separate_towers:
       return [0]
-    return list(range(0, train_steps, self.refresh_every))
+    pieces = refresh_pieces(self.refresh_every)
+    steps = [0]
+    for s in range(max(1, self.freeze_retriever_steps), train_steps):
+      for start, end, rate in pieces:
+        if start <= s < end:
+          if (s - start) % rate == 0:
+            steps.append(s)
+          break
+    return steps
+
+
+def _refresh_problem(value) -> str | None:
+  try:
+    refresh_pieces(value)
+  except InputError as e:
+    return str(e).split(": ", 1)[-1]
+  return None
+
+
+def refresh_pieces(value: int | str) -> list[tuple[int, int, int]]:
+  """``[(start, end, rate)]`` of a REFRESH_EVERY value, as Atlas's
+  ``IndexRefreshScheduler.parse_index_refresh_schedule_string`` reads it
+  (an int N or "N": ``[(0, 2**32, N)]``; 0 or "-1": never after the
+  start)."""
+  if isinstance(value, bool) or not isinstance(value, (int, str)):
+    raise InputError("REFRESH_EVERY", f"must be an int or a schedule such "
+                     f"as '0-1000:500,1000-10000:2000', got {value!r}")
+  text = str(value).strip()
+  if text in ("0", "-1"):
+    return [(0, NEVER, NEVER)]
+  if text.isdigit():
+    return [(0, NEVER, int(text))]
+  pieces = []
+  for piece in text.split(","):
+    try:
+      span, rate = piece.split(":")
+      start, end = (int(x) for x in span.split("-"))
+      rate = int(rate)
+    except ValueError:
+      raise InputError("REFRESH_EVERY", f"{piece!r} of {value!r} is not "
+                       "'start-end:rate' (e.g. '0-1000:500,1000-10000:2000')"
+                       ) from None
+    if not 0 <= start < end or rate < 1:
+      raise InputError("REFRESH_EVERY", f"{piece!r} of {value!r}: needs 0 <= "
+                       "start < end and rate >= 1")
+    pieces.append((start, end, rate))
+  return pieces

@@ -149,10 +149,13 @@ class AtlasModel:
                    count=normalizer["passages"])
 
   def loss(self, params: dict, batch: dict, dropout_rng: Array | None = None,
-           normalizer: dict | None = None) -> tuple[Array, dict]:
+           normalizer: dict | None = None, train_retriever: bool = True
+           ) -> tuple[Array, dict]:
     """``reader_loss + retriever_loss`` and metrics; ``normalizer``:
     ``{"tokens", "passages"}`` of the whole batch (:func:`normalizer`),
-    default this batch's."""
+    default this batch's; ``train_retriever=False``: the reader's loss
+    alone (FREEZE_RETRIEVER_STEPS; Atlas's ``train_retriever`` argument,
+    ``src/atlas.py:452``)."""
     normalizer = normalizer or batch_normalizer(batch)
     targets = batch["decoder_target_tokens"]
     logits = self.reader.logits(params[READER], batch["encoder_input_tokens"],
@@ -160,8 +163,9 @@ class AtlasModel:
                                 passage_mask=batch["passage_mask"],
                                 dropout_rng=fold(dropout_rng, 0))
     reader_loss, n, acc = cross_entropy(logits, targets, normalizer["tokens"])
-    retriever_loss = self.retriever_loss(params, batch, normalizer,
-                                         fold(dropout_rng, 1))
+    retriever_loss = (self.retriever_loss(params, batch, normalizer,
+                                          fold(dropout_rng, 1))
+                      if train_retriever else jnp.zeros((), jnp.float32))
     loss = reader_loss + retriever_loss
     return loss, {"loss": loss, "reader_loss": reader_loss,
                   "retriever_loss": retriever_loss, "num_target_tokens": n,

@@ -38,7 +38,7 @@ from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.index import load_index, read_meta, save_index
 from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, untied
 from jaxfid.atlas.retrieval import InLoopRetriever, read_passages
-from jaxfid.atlas.step import make_atlas_step
+from jaxfid.atlas.step import atlas_optimizer, make_atlas_step
 from jaxfid.core import multihost, paths
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
@@ -190,7 +190,7 @@ class AtlasTask(Task):
   def phases(self, settings: Settings, optimizer: OptimizerSettings
              ) -> list[Phase]:
     schedule = optimizer.schedule_fn(settings.train_steps)
-    tx = optimizer.make(schedule)
+    tx = atlas_optimizer(optimizer, self.atlas, settings.train_steps)
     return [Phase("train", settings.train_steps,
                   make_state=lambda p, s: train_state(
                       p, s, opt_state=tx.init(p)),

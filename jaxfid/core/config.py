@@ -33,8 +33,10 @@ from jaxfid.core.errors import InputError
 
 CHECK = "jaxfid.check"  # field metadata key: the keyword arguments of Check
 REFERENCE = "reference"
+INT_OR_STR = (int, str)  # the kind of an ``int | str`` field
 _TYPE_NAMES = {int: "an int", float: "a number", str: "a string",
-               bool: "True or False", REFERENCE: "a gin reference (@name())"}
+               bool: "True or False", REFERENCE: "a gin reference (@name())",
+               INT_OR_STR: "an int or a string"}
 
 
 def _is_reference(value) -> bool:
@@ -57,7 +59,8 @@ class Check:
   """What one parameter accepts.
 
   Attributes:
-    kind: int, float (ints accepted), str, bool or REFERENCE (``@name()``).
+    kind: int, float (ints accepted), str, bool, INT_OR_STR (an
+      ``int | str`` field; bounds do not apply) or REFERENCE (``@name()``).
       An int is never a bool here, nor a float or a string.
     low, high: inclusive bounds (exclusive with ``low_open``/``high_open``).
     choices: the allowed values.
@@ -179,13 +182,15 @@ def _split_optional(hint) -> tuple[Any, bool]:
   if typing.get_origin(hint) in (typing.Union, types.UnionType):
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     optional = len(args) < len(typing.get_args(hint))
+    if set(args) == set(INT_OR_STR):
+      return INT_OR_STR, optional
     hint = args[0] if len(args) == 1 else Any
   return typing.get_origin(hint) or hint, optional
 
 
 def _kind(base) -> Any:
   """The Check kind of a field's base type (None: not checked)."""
-  if base in (int, float, str, bool):
+  if base in (int, float, str, bool) or base == INT_OR_STR:
     return base
   if dataclasses.is_dataclass(base):
     return REFERENCE  # another config, bound as @Name()

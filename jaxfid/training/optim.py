@@ -2,6 +2,9 @@
 
 FiD's options: Adam or AdamW, a 'fixed' (constant) or 'linear' schedule with
 warmup, gradient clipping by global norm (1.0), weight decay for AdamW.
+Atlas's 'cosine' schedule (``CosineScheduler``, atlas ``src/util.py:84-95``):
+linear warm-up from 0, then ``lr * (0.1 + 0.9 cos(pi/2 s))`` with ``s`` the
+share of the steps after warm-up done (a tenth of the rate at the end).
 ReAtt's separate training runs are one schedule restarted at phase
 boundaries (``restarts``), with warm-up as a share of each phase
 (``warmup_fraction``).
@@ -10,18 +13,27 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import optax
 
 from jaxfid.core.errors import InputError
 
 OPTIMIZERS = ("adam", "adamw")
-SCHEDULES = ("constant", "linear")
+SCHEDULES = ("constant", "linear", "cosine")
+COSINE_FLOOR = 0.1  # Atlas's CosineScheduler ratio
 
 
 def _one_schedule(learning_rate: float, schedule: str, warmup_steps: int,
                   total_steps: int, final_ratio: float) -> optax.Schedule:
   if schedule == "constant":
     after = optax.constant_schedule(learning_rate)
+  elif schedule == "cosine":
+    length = max(total_steps - warmup_steps, 1)
+
+    def after(count):
+      done = jnp.minimum(count, length) / length
+      return learning_rate * (COSINE_FLOOR + (1 - COSINE_FLOOR)
+                              * jnp.cos(0.5 * jnp.pi * done))
   else:
     after = optax.linear_schedule(learning_rate, learning_rate * final_ratio,
                                   max(total_steps - warmup_steps, 1))
@@ -37,7 +49,8 @@ def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
                            restarts: Sequence[int] = (),
                            warmup_fraction: float | None = None
                            ) -> optax.Schedule:
-  """Linear warmup from 0, then constant or linear decay to ``final_ratio``.
+  """Linear warmup from 0, then constant, linear decay to ``final_ratio`` or
+  Atlas's cosine decay to a tenth (module docstring).
 
   The step passed to the schedule counts optimizer updates from 0 (the first
   update uses ``schedule(0)``), as in FiD's ``WarmupLinearScheduler``. With

@@ -103,7 +103,9 @@ class OptimizerSettings(Config):
   Attributes:
     learning_rate: the peak learning rate (0: parameters frozen).
     optimizer: 'adam' or 'adamw' (decoupled weight decay).
-    schedule: 'constant' or 'linear' (warmup, then linear decay to 0).
+    schedule: 'constant', 'linear' (warmup, then linear decay to 0) or
+      'cosine' (warmup, then Atlas's cosine decay to a tenth of the rate,
+      its ``--scheduler cosine``).
     warmup_steps: steps of linear warmup from 0.
     weight_decay: decoupled weight decay of 'adamw' ('adam' has none).
     clip_norm: global gradient norm clipping; 0 or None: off.
