@@ -153,3 +153,26 @@ def test_frozen_retriever_steps_then_its_own_learning_rate():
             if "count" in jax.tree_util.keystr(path)}
   assert sorted(v for k, v in counts.items() if f"'{RETRIEVER}'" in k) == [1, 1]
   assert sorted(v for k, v in counts.items() if f"'{READER}'" in k) == [3, 3]
+
+
+@pytest.mark.slow  # ~40 s on a loaded 2-core CPU: the eager tiny model
+def test_the_reader_reads_the_first_n_context_of_retriever_n_context():
+  """RETRIEVER_N_CONTEXT=3 over N_CONTEXT=2 (src/atlas.py:447,489-490): the
+  reader's loss over the first 2 passages, the retriever's over all 3."""
+  model = _tiny_atlas(retriever_n_context=3)
+  wide = AtlasModel(model.reader, model.retriever, model.atlas,
+                    reader_n_context=2)
+  params, batch = model.init_params(0), _batch(k=3)
+  first = {**batch, "encoder_input_tokens": batch["encoder_input_tokens"][:, :2],
+           "passage_mask": batch["passage_mask"][:, :2]}
+  _, got = wide.loss(params, batch)
+  _, reader_only = model.loss(params, first, train_retriever=False)
+  _, everything = model.loss(params, batch)
+  assert float(got["reader_loss"]) == pytest.approx(
+      float(reader_only["reader_loss"]), rel=1e-6)
+  assert float(got["reader_loss"]) != pytest.approx(
+      float(everything["reader_loss"]), rel=1e-4)
+  assert float(got["retriever_loss"]) == pytest.approx(
+      float(everything["retriever_loss"]), rel=1e-6)
+  assert model.atlas.retrieved(2) == 3
+  assert AtlasConfig(corpus="c").retrieved(2) == 2

@@ -206,19 +206,22 @@ def _retrieve_gives_the_in_loop_hits(model_dir, data, dtype, capsys):
 
 
 def test_atlas_schedules_resume_exactly(data, tmp_path):
-  """A piecewise REFRESH_EVERY, FREEZE_RETRIEVER_STEPS, the cosine SCHEDULE
-  and RETRIEVER_LEARNING_RATE: the refreshes fall where Atlas's scheduler
-  puts them, the frozen step has no retriever loss, and a run resumed from
-  step 2 ends as the straight one."""
+  """A piecewise REFRESH_EVERY, FREEZE_RETRIEVER_STEPS, the cosine
+  SCHEDULE, RETRIEVER_LEARNING_RATE and RETRIEVER_N_CONTEXT: the refreshes
+  fall where Atlas's scheduler puts them, the frozen step has no retriever
+  loss, and a run resumed from step 2 ends as the straight one."""
   extra = ("--gin.REFRESH_EVERY='0-2:1,2-10:2'",
            "--gin.FREEZE_RETRIEVER_STEPS=1", "--gin.SCHEDULE='cosine'",
-           "--gin.WARMUP_STEPS=1", "--gin.RETRIEVER_LEARNING_RATE=5e-4")
+           "--gin.WARMUP_STEPS=1", "--gin.RETRIEVER_LEARNING_RATE=5e-4",
+           "--gin.RETRIEVER_N_CONTEXT=6")
   straight = tmp_path / "straight"
   assert main(_args(straight, data, "pdist", 4, *extra)) == 0
   lines = _metrics(straight)
   assert [m["step"] for m in lines if "index_refreshed" in m] == [0, 1, 2]
   losses = [m["retriever_loss"] for m in lines if "retriever_loss" in m]
   assert losses[0] == 0 and all(x > 0 for x in losses[1:])
+  run_config = json.loads((straight / "jaxfid_config.json").read_text())
+  assert run_config["atlas"]["retriever_n_context"] == 6
   want = _latest_params(straight)
   run = tmp_path / "resumed"
   shutil.copytree(straight, run)

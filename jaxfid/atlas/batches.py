@@ -1,8 +1,9 @@
 """Atlas's training batches: the questions of a step with the passages the
 in-loop index retrieved for them.
 
-Letters: B questions, K passages (N_CONTEXT), L reader tokens per passage,
-P retriever tokens per passage, Q per question, T target tokens.
+Letters: B questions, K passages (RETRIEVER_N_CONTEXT, by default
+N_CONTEXT), L reader tokens per passage, P retriever tokens per passage, Q
+per question, T target tokens.
 
 * Questions: :func:`jaxfid.training.sampling.stream_indices` (epochs of
   ``permutation(seed, e)``), as FiD's batches: the questions of step ``s``

@@ -3,9 +3,9 @@
 
 The reader's options (``TRAIN_DATA``, ``EVAL_DATA``, ``N_CONTEXT``,
 ``TEXT_MAXLENGTH``, ...) are FiD's (:class:`~jaxfid.fid.config.
-FidReaderConfig`): ``N_CONTEXT`` is both the passages retrieved per
-question and the passages the reader reads (Atlas's ``--n_context`` and
-``--retriever_n_context``, equal in its example scripts). The training
+FidReaderConfig`): ``N_CONTEXT`` is the passages the reader reads (Atlas's
+``--n_context``) and, unless RETRIEVER_N_CONTEXT says more, the passages
+retrieved per question (``--retriever_n_context``). The training
 examples' own ``ctxs`` are not read: every passage comes from the in-loop
 index over ``CORPUS``.
 """
@@ -44,6 +44,12 @@ class AtlasConfig(Config):
       a step s refreshes when the first piece with ``start <= s < end`` has
       ``(s - start) % rate == 0``, and a step no piece covers does not.
       The index is always built at step 0.
+    retriever_n_context: Atlas's ``--retriever_n_context``: passages
+      retrieved per question, all of them scored by the reader for the gold
+      scores and by the retriever for its loss, of which the reader trains
+      on the first N_CONTEXT (``src/atlas.py:432-447,489-490``); None:
+      N_CONTEXT. At least N_CONTEXT (Atlas would let the reader read
+      fewer).
     retriever_learning_rate: Atlas's ``--lr_retriever``: the retriever's
       peak learning rate, on the run's SCHEDULE and WARMUP_STEPS (the
       reader's: LEARNING_RATE); None: LEARNING_RATE for both, one
@@ -98,6 +104,7 @@ class AtlasConfig(Config):
   refresh_every: int | str = option(0, test=lambda v: _refresh_problem(v))
   freeze_retriever_steps: int = option(0, low=0)
   retriever_learning_rate: float | None = option(None, low=0)
+  retriever_n_context: int | None = option(None, low=1)
   query_side_only: bool = option(False)
   query_side_mode: str = option("frozen", choices=QUERY_SIDE_MODES)
   init_retriever: str | None = option(None)
@@ -107,6 +114,11 @@ class AtlasConfig(Config):
   index_dtype: str = option("bfloat16", choices=INDEX_DTYPES)
   rerank_k: int = option(0, low=0)
   eval_recall_k: int = option(20, low=5)
+
+  def retrieved(self, n_context: int) -> int:
+    """Passages retrieved per question when the reader reads
+    ``n_context``."""
+    return self.retriever_n_context or n_context
 
   @property
   def separate_towers(self) -> bool:

@@ -13,9 +13,10 @@ index retrieved for each question: the reader's rows
 retriever's ``query_tokens`` [B, Q] and ``passage_tokens`` [B, K, P].
 
 The loss (Atlas ``train.py``: ``train_loss = reader_loss + retriever_loss``)
-is the reader's token cross-entropy over the K passages plus the retriever
+is the reader's token cross-entropy over the first N_CONTEXT of the K
+passages (all K unless RETRIEVER_N_CONTEXT is larger) plus the retriever
 loss of ``RETRIEVER_LOSS`` (:mod:`jaxfid.atlas.losses`) on the retriever's
-fresh scores of the same K passages, whose gold scores come from the reader
+fresh scores of all K passages, whose gold scores come from the reader
 (:mod:`jaxfid.atlas.gold`). The reader learns from the reader loss only,
 the retriever from the retriever loss only (the gold scores are
 constants). With ``QUERY_SIDE_ONLY`` the retriever learns through the
@@ -57,11 +58,15 @@ class AtlasModel:
     retriever: the dual encoder (separate towers with QUERY_SIDE_ONLY in
       QUERY_SIDE_MODE 'frozen').
     atlas: the objective and its temperatures.
+    reader_n_context: the reader trains on the first this many of a
+      batch's K retrieved passages (N_CONTEXT, with RETRIEVER_N_CONTEXT
+      above it); None: all K.
   """
 
   def __init__(self, reader: EncoderDecoderModel, retriever: DualEncoder,
-               atlas: AtlasConfig):
+               atlas: AtlasConfig, reader_n_context: int | None = None):
     self.reader, self.retriever, self.atlas = reader, retriever, atlas
+    self.reader_n_context = reader_n_context
     self.config = reader.config  # the run config's "model" (the reader's)
     self.additive_metrics = ADDITIVE
 
@@ -158,9 +163,11 @@ class AtlasModel:
     ``src/atlas.py:452``)."""
     normalizer = normalizer or batch_normalizer(batch)
     targets = batch["decoder_target_tokens"]
-    logits = self.reader.logits(params[READER], batch["encoder_input_tokens"],
+    n = self.reader_n_context                  # the reader's first n of K
+    logits = self.reader.logits(params[READER],
+                                batch["encoder_input_tokens"][:, :n],
                                 decoder_inputs(batch),
-                                passage_mask=batch["passage_mask"],
+                                passage_mask=batch["passage_mask"][:, :n],
                                 dropout_rng=fold(dropout_rng, 0))
     reader_loss, n, acc = cross_entropy(logits, targets, normalizer["tokens"])
     retriever_loss = (self.retriever_loss(params, batch, normalizer,

@@ -82,20 +82,30 @@ class AtlasTask(Task):
     reader.prepare_data(settings)
     self.settings = settings
     self.passages = read_passages(atlas.corpus)
-    need = max(reader.n_context, atlas.eval_recall_k if reader.evaluates()
-               else 0)
+    k = self._check_retrieved()
+    need = max(k, atlas.eval_recall_k if reader.evaluates() else 0)
     if len(self.passages) < need:
       raise InputError("CORPUS", f"{len(self.passages)} passages; retrieval "
-                       f"needs at least {need} (N_CONTEXT and eval_recall@"
+                       f"needs at least {need} (N_CONTEXT or "
+                       f"RETRIEVER_N_CONTEXT, and eval_recall@"
                        f"{atlas.eval_recall_k})")
-    if 0 < atlas.rerank_k < reader.n_context:
+    if 0 < atlas.rerank_k < k:
       raise InputError("RERANK_K", f"{atlas.rerank_k} candidates to re-rank, "
-                       f"fewer than the N_CONTEXT={reader.n_context} kept")
+                       f"fewer than the {k} retrieved")
     self.model = AtlasModel(EncoderDecoderModel(reader.model_config),
-                            self._make_retriever(), atlas)
+                            self._make_retriever(), atlas, reader.n_context)
     reader.use_model(self.model.reader)
     self.vocabulary = reader.vocabulary
     self.refresh_at = atlas.refresh_steps(settings.train_steps)
+
+  def _check_retrieved(self) -> int:
+    """Passages retrieved per question (RETRIEVER_N_CONTEXT, at least
+    N_CONTEXT; default N_CONTEXT)."""
+    n, k = self.reader.n_context, self.atlas.retrieved(self.reader.n_context)
+    if k < n:
+      raise InputError("RETRIEVER_N_CONTEXT", f"{k} is below N_CONTEXT {n}: "
+                       "the reader reads the first N_CONTEXT of them")
+    return k
 
   def _make_retriever(self) -> DualEncoder:
     """The retriever: INIT_RETRIEVER's architecture (its weights kept for
@@ -163,17 +173,25 @@ class AtlasTask(Task):
                        "the reader's T5 config)")
     self.reader.prepare_shapes(settings)
     self.settings = settings
+    self._check_retrieved()
     self.model = AtlasModel(self.reader.model, self._make_retriever(),
-                            self.atlas)
+                            self.atlas, self.reader.n_context)
 
   def abstract_batch(self, settings: Settings, phase: int) -> dict:
-    """The reader's batch (rows [B, K, L], mask [B, K], targets [B, T]) plus
-    the retriever's ``query_tokens`` [B, Q] and ``passage_tokens`` [B, K, P].
-    The in-loop search is a program of its own, not compiled here."""
+    """The reader's batch (rows [B, K, L], mask [B, K], targets [B, T]; K
+    the passages retrieved) plus the retriever's ``query_tokens`` [B, Q] and
+    ``passage_tokens`` [B, K, P]. The in-loop search is a program of its
+    own, not compiled here."""
     if phase != 0:
       raise ValueError(f"Atlas trains in one phase, not phase {phase}")
-    b, k, atlas = settings.batch_size, self.reader.n_context, self.atlas
-    return {**self.reader.abstract_batch(settings, phase),
+    atlas = self.atlas
+    b, k = settings.batch_size, atlas.retrieved(self.reader.n_context)
+    reader = self.reader.abstract_batch(settings, phase)
+    rows = reader["encoder_input_tokens"]
+    return {**reader,
+            "encoder_input_tokens": jax.ShapeDtypeStruct(
+                (b, k, rows.shape[2]), rows.dtype),
+            "passage_mask": jax.ShapeDtypeStruct((b, k), jnp.bool_),
             "query_tokens": jax.ShapeDtypeStruct((b, atlas.query_maxlength),
                                                  jnp.int32),
             "passage_tokens": jax.ShapeDtypeStruct(
@@ -203,8 +221,8 @@ class AtlasTask(Task):
     """Rows ``rows`` of step ``step``: the whole batch's questions searched
     with ``params`` (every process alike), then this process's rows."""
     questions = self.batcher.query_tokens[self.batcher.indices(step)]
-    ids, scores = self.retriever.search(params, questions,
-                                        self.reader.n_context)
+    ids, scores = self.retriever.search(
+        params, questions, self.atlas.retrieved(self.reader.n_context))
     return self.batcher.batch(step, rows, ids, scores)
 
   def log_fields(self, metrics: dict) -> dict:
@@ -238,7 +256,8 @@ class AtlasTask(Task):
         examples, self.passages, self.retriever.tokens,
         self.retriever.query_tokens([e.question for e in examples]),
         reader.tokenizer, batch_size=ctx.settings.batch_size,
-        n_context=reader.n_context, text_maxlength=reader.text_maxlength,
+        n_context=atlas.retrieved(reader.n_context),
+        text_maxlength=reader.text_maxlength,
         target_maxlength=reader.target_length, seed=ctx.settings.seed,
         dataset=reader.dataset, passage_eos=reader.passage_eos)
     self.eval_queries = (self.retriever.query_tokens(
