@@ -112,9 +112,10 @@ def _batch(b=2, k=3, length=6, t=3):
 def _moved(new, old, lr, decay):
   """|new - old| without AdamW's decay term, per leaf, as one array: an
   Adam first step moves each parameter by ``lr`` (``|g| / sqrt(g^2)``)."""
-  return np.concatenate([np.abs(np.asarray(n) - np.asarray(o) * (1 - lr * decay))
-                         .ravel() for n, o in zip(jax.tree.leaves(new),
-                                                  jax.tree.leaves(old))])
+  pairs = zip(jax.tree.leaves(new), jax.tree.leaves(old))
+  return np.concatenate([
+      np.abs(np.asarray(n) - np.asarray(o) * (1 - lr * decay)).ravel()
+      for n, o in pairs])
 
 
 @pytest.mark.slow  # ~15 s of CPU: two step programs compiled
@@ -163,7 +164,8 @@ def test_the_reader_reads_the_first_n_context_of_retriever_n_context():
   wide = AtlasModel(model.reader, model.retriever, model.atlas,
                     reader_n_context=2)
   params, batch = model.init_params(0), _batch(k=3)
-  first = {**batch, "encoder_input_tokens": batch["encoder_input_tokens"][:, :2],
+  first = {**batch,
+           "encoder_input_tokens": batch["encoder_input_tokens"][:, :2],
            "passage_mask": batch["passage_mask"][:, :2]}
   _, got = wide.loss(params, batch)
   _, reader_only = model.loss(params, first, train_retriever=False)

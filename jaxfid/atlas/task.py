@@ -14,14 +14,15 @@ and the loss is the reader's plus the retriever's
 (:mod:`jaxfid.atlas.model`), trained by the loop's step (exact
 accumulation, the non-finite guard; :mod:`jaxfid.atlas.step`).
 
-The index (:mod:`jaxfid.atlas.index`) is built at the start and rebuilt
-after every REFRESH_EVERY steps with the current passage tower (never with
-QUERY_SIDE_ONLY's frozen passage tower). Each build is saved to ``MODEL_DIR/atlas_index/<step>``,
-and the train state is checkpointed at that step before the rebuild, so a
-resumed run loads the index of the last refresh before its step (re-sharded
-to its mesh) or, when a run was stopped during a refresh, redoes that
-refresh from the restored state: it retrieves what the uninterrupted run
-retrieved. Index directories no checkpoint needs any more are removed.
+The index (:mod:`jaxfid.atlas.index`) is built at the start and rebuilt at the
+steps of REFRESH_EVERY (:meth:`AtlasConfig.refresh_steps`) with the current
+passage tower (never with QUERY_SIDE_ONLY's frozen passage tower). Each build
+is saved to ``MODEL_DIR/atlas_index/<step>``, and the train state is
+checkpointed at that step before the rebuild, so a resumed run loads the index
+of the last refresh before its step (re-sharded to its mesh) or, when a run was
+stopped during a refresh, redoes that refresh from the restored state: it
+retrieves what the uninterrupted run retrieved. Index directories no checkpoint
+needs any more are removed.
 """
 from __future__ import annotations
 
