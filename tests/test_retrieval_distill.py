@@ -210,6 +210,14 @@ def test_distill_base_binds_the_originals_retriever_options():
                     "DROPOUT_RATE": 0.1, "WARMUP_STEPS": 1000,
                     "N_CONTEXT": 100, "TRAIN_STEPS": 20000,
                     "QUERY_MAXLENGTH": 40, "PASSAGE_MAXLENGTH": 200}
+  # distill_tiny.gin's larger rate keeps the original's decay per step
+  gin_flags.parse_gin(["gin/retrieval/distill_tiny.gin"], ["MODEL_DIR = 'x'"])
+  try:
+    tiny = (gin.query_parameter("%LEARNING_RATE")
+            * gin.query_parameter("%WEIGHT_DECAY"))
+  finally:
+    gin.clear_config()
+  assert tiny == pytest.approx(1e-4 * 0.1)
 
 
 @pytest.mark.slow  # ~16 s; the fast tier trains distill_tiny.gin one step
