@@ -104,8 +104,8 @@ def run(args) -> int:
             file=sys.stderr)
     if reordered:
       print(f"{reordered} examples' passages are not sorted by score: the "
-            f"reader read their {args.n_context} best by score, not their "
-            f"first {args.n_context} (which the distillation data reads)",
+            f"reader read their {args.n_context} best by score, as FiD's "
+            f"sort_data (the output keeps the input's order)",
             file=sys.stderr)
   print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),
                     "examples": len(examples), "output": args.output}))
