@@ -16,9 +16,10 @@ FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "full", "dots")
 PASSAGE_ENCODINGS = ("flatten", "vmap")
+ATTENTIONS = ("auto", "reference", "pallas")  # jaxfid.t5.attention_ops
 # Fields a run sets for itself: they change no parameter.
 RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers",
-                   "passage_encoding")
+                   "passage_encoding", "attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,12 @@ class T5Config(Config):
       key per passage); equal outputs and gradients without dropout.
       'flatten' is the default: the same TPU roofline, and the vmapped train
       step with remat and dropout does not compile for TPU (docs/fidelity.md).
+    attention: how attention is computed (``jaxfid.t5.attention_ops``):
+      'reference' (einsums; the float32 logits and weights go through HBM),
+      'pallas' (a fused Pallas kernel keeping them on chip, where it applies:
+      self-attention of keys up to 1024 long, no logits asked for; the
+      reference elsewhere; interpreted off TPU), or 'auto': 'pallas' on
+      TPU, 'reference' on every other platform.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
@@ -80,6 +87,7 @@ class T5Config(Config):
   remat: str = option("none", choices=REMATS)
   scan_layers: bool = option(False)
   passage_encoding: str = option("flatten", choices=PASSAGE_ENCODINGS)
+  attention: str = option("auto", choices=ATTENTIONS)
   cross_attention_period: int = option(1, low=1)
   multi_query_cross_attention: bool = option(False)
 

@@ -40,7 +40,9 @@ import numpy as np
 from flax import nnx
 
 from jaxfid.core import sharding as ax
+from jaxfid.t5 import attention_ops
 from jaxfid.t5.config import T5Config
+from jaxfid.t5.dropout_masks import dropout, dropout_keep  # noqa: F401 (re-exported)
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -50,43 +52,6 @@ ACT_QKV = (ax.BATCH, ax.LENGTH, ax.ACT_HEADS, ax.KV)      # [B, L, H, E]
 ACT_MQ_KV = (ax.BATCH, ax.LENGTH, None, ax.KV)            # [B, S, 1, E]
 ACT_MLP_HIDDEN = (ax.BATCH, ax.LENGTH, ax.ACT_MLP)        # [B, L, F]
 ACT_LOGITS = (ax.BATCH, ax.LENGTH, ax.ACT_VOCAB)          # [B, T, V]
-
-
-def _fmix32(z: Array) -> Array:
-  """MurmurHash3's 32-bit finaliser: a bijection that mixes every input bit."""
-  z = (z ^ (z >> 16)) * jnp.uint32(0x85EBCA6B)
-  z = (z ^ (z >> 13)) * jnp.uint32(0xC2B2AE35)
-  return z ^ (z >> 16)
-
-
-def dropout_keep(shape: tuple[int, ...], rate: float, rng: Array) -> Array:
-  """bool ``shape``: True where an element is kept (probability ``1 - rate``).
-
-  The mask is a counter-based hash of each element's linear index under two
-  32-bit words drawn from ``rng`` (two rounds of MurmurHash3's finaliser),
-  compared with ``rate * 2**32``. It is deterministic in ``rng`` like
-  ``jax.random.bernoulli``, but a few integer operations per element instead
-  of threefry's twenty rounds: on CPU, threefry masks cost about as much as
-  the T5 MLP's matmuls they drop out of. Dropout needs independence, not
-  cryptographic strength.
-  """
-  seed = jax.random.bits(rng, (2,), jnp.uint32)
-  index = jnp.zeros(shape, jnp.uint32)
-  for d, size in enumerate(shape):  # row-major linear index, mod 2**32
-    index = index * jnp.uint32(size) + jax.lax.broadcasted_iota(
-        jnp.uint32, shape, d)
-  z = _fmix32(index * jnp.uint32(0x9E3779B9) + seed[0])
-  z = _fmix32(z ^ seed[1])
-  threshold = min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
-  return z >= jnp.uint32(threshold)
-
-
-def dropout(x: Array, rate: float, rng: Array | None) -> Array:
-  """Inverted dropout; ``rng=None`` means deterministic (no dropout)."""
-  if rng is None or rate == 0.0:
-    return x
-  keep = dropout_keep(x.shape, rate, rng)
-  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
 def fold(rng: Array | None, *data: int) -> Array | None:
@@ -241,6 +206,7 @@ class Attention(nnx.Module):
     self.num_heads, self.kv_heads, self.head_dim = h, kv_heads, e
     self.dropout_rate = config.dropout_rate
     self.dtype = dt
+    self.implementation = config.attention
 
   def project_kv(self, x: Array, extras: Any = None) -> tuple[Array, Array]:
     """Keys and values ``[B, S, K, E]`` (cached once per input when decoding).
@@ -277,27 +243,15 @@ class Attention(nnx.Module):
     if kv is None:
       kv = self.project_kv(x if kv_input is None else kv_input, extras)
     k, v = kv
-    if self.kv_heads == 1:
-      logits = jnp.einsum("blhe,bse->bhls", q, k[:, :, 0],
-                          preferred_element_type=jnp.float32)  # [B, H, L, S]
-    else:
-      logits = jnp.einsum("blhe,bshe->bhls", q, k,
-                          preferred_element_type=jnp.float32)  # [B, H, L, S]
-    if bias is not None:
-      logits = logits + bias
-    if mask is not None:
-      logits = jnp.where(mask, logits, NEG_INF)
-    weights = jax.nn.softmax(logits, axis=-1)  # float32 [B, H, L, S]
-    weights = dropout(weights, self.dropout_rate, dropout_rng).astype(self.dtype)
-    if self.kv_heads == 1:
-      ctx = jnp.einsum("bhls,bse->blhe", weights, v[:, :, 0])  # [B, L, H, E]
-    else:
-      ctx = jnp.einsum("bhls,bshe->blhe", weights, v)  # [B, L, H, E]
+    ctx, logits = attention_ops.attend(
+        q, k, v, bias=bias, mask=mask, rate=self.dropout_rate,
+        rng=dropout_rng, implementation=self.implementation,
+        return_logits=return_logits)  # [B, L, H, E]
     ctx = ax.with_logical_constraint(ctx, ACT_QKV)
     b, l = ctx.shape[:2]
     ctx = ctx.reshape(b, l, self.num_heads * self.head_dim)  # [B, L, H*E]
     out = self.out(ctx, extras)  # [B, L, D]
-    return AttentionOutput(out, logits if return_logits else None)
+    return AttentionOutput(out, logits)
 
 
 class MLP(nnx.Module):

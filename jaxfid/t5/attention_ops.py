@@ -1,0 +1,100 @@
+"""The attention computation of every T5 attention layer, by implementation.
+
+Einsum letters (as ``layers.py``): B batch, L query length, S key length,
+H heads, K key/value heads (H or 1), E head width.
+
+:func:`attend` is the one dispatch point: ``T5Config.attention`` (gin
+``ATTENTION``) names the implementation:
+
+* 'reference': the einsum path: float32 logits ``[B, H, L, S]``, bias and
+  mask added, float32 softmax, dropout, weights times values;
+* 'pallas': the fused kernel (``jaxfid.t5.fused_attention``) where it
+  applies (self-attention shapes it takes, no logits asked for: ReAtt's and
+  FiD's passage scores read them); elsewhere the reference path. Off TPU it
+  runs in Pallas' interpreter;
+* 'auto': 'pallas' when the program is built for a TPU (the mesh's devices,
+  or JAX's default backend without a mesh), 'reference' elsewhere.
+
+A new implementation (e.g. cuDNN on GPU) is one more branch in
+:func:`attend` with its own ``supported`` check.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfid.t5 import fused_attention
+from jaxfid.t5.dropout_masks import dropout
+
+Array = jax.Array
+NEG_INF = float(np.finfo(np.float32).min)
+IMPLEMENTATIONS = ("auto", "reference", "pallas")
+
+
+def platform() -> str:
+  """The platform the program is built for: the current mesh's devices
+  ('tpu' when compiling for a TPU topology on any host), else JAX's
+  default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh is None or mesh.empty else getattr(
+      mesh, "abstract_device", None)
+  if device is not None:
+    return device.platform
+  return jax.default_backend()
+
+
+def resolve(implementation: str) -> str:
+  """'reference' or 'pallas' for ``implementation`` on this platform."""
+  if implementation == "auto":
+    return "pallas" if platform() == "tpu" else "reference"
+  return implementation
+
+
+def reference(q: Array, k: Array, v: Array, *, bias: Array | None,
+              mask: Array | None, rate: float, rng: Array | None
+              ) -> tuple[Array, Array]:
+  """(context ``[B, L, H, E]``, float32 logits ``[B, H, L, S]``)."""
+  if k.shape[2] == 1:  # multi-query: one key/value head
+    logits = jnp.einsum("blhe,bse->bhls", q, k[:, :, 0],
+                        preferred_element_type=jnp.float32)  # [B, H, L, S]
+  else:
+    logits = jnp.einsum("blhe,bshe->bhls", q, k,
+                        preferred_element_type=jnp.float32)  # [B, H, L, S]
+  if bias is not None:
+    logits = logits + bias
+  if mask is not None:
+    logits = jnp.where(mask, logits, NEG_INF)
+  weights = jax.nn.softmax(logits, axis=-1)  # float32 [B, H, L, S]
+  weights = dropout(weights, rate, rng).astype(q.dtype)
+  if k.shape[2] == 1:
+    ctx = jnp.einsum("bhls,bse->blhe", weights, v[:, :, 0])  # [B, L, H, E]
+  else:
+    ctx = jnp.einsum("bhls,bshe->blhe", weights, v)  # [B, L, H, E]
+  return ctx, logits
+
+
+def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
+           mask: Array | None, rate: float, rng: Array | None,
+           implementation: str = "reference", return_logits: bool = False
+           ) -> tuple[Array, Array | None]:
+  """T5 attention without scaling: (context ``[B, L, H, E]`` in q's dtype,
+  float32 logits ``[B, H, L, S]`` when ``return_logits``, else None).
+
+  Args:
+    q: ``[B, L, H, E]``; k, v: ``[B, S, K, E]``.
+    bias: float32, broadcastable to ``[B, H, L, S]`` (relative positions).
+    mask: bool, broadcastable to ``[B, H, L, S]``; False is masked.
+    rate, rng: dropout on the softmax weights (none when ``rng`` is None).
+    implementation: one of ``IMPLEMENTATIONS``.
+  """
+  if (resolve(implementation) == "pallas" and not return_logits
+      and fused_attention.supported(
+          q.shape, k.shape, None if bias is None else bias.shape,
+          None if mask is None else mask.shape)):
+    ctx = fused_attention.attention(
+        q, k, v, bias=bias, mask=mask, rate=rate, rng=rng,
+        interpret=platform() != "tpu")
+    return ctx, None
+  ctx, logits = reference(q, k, v, bias=bias, mask=mask, rate=rate, rng=rng)
+  return ctx, logits if return_logits else None

@@ -1,0 +1,441 @@
+"""Fused T5 attention: a Pallas TPU kernel whose scores never leave VMEM.
+
+Einsum letters (as ``layers.py``): B batch, L query length, S key length,
+H heads, E head width.
+
+For attention whose whole key length fits in VMEM (FiD's encoder: 100
+passages of 250 tokens each attend within themselves), one grid step takes
+a block of passages with all their heads: queries ``[b, L, H*E]``, keys
+and values ``[b, S, H*E]`` (the projections' own layout, no transposes in
+HBM), the relative position bias ``[H, L, S]`` (float32; its block index is
+the same at every step, so it is read once per call, not per passage) and
+each passage's key mask ``[b, 1, S]``; it loops over the heads inside the
+kernel and writes only the context ``[b, L, H*E]``. The logits, the
+float32 softmax and the dropout mask stay in VMEM.
+
+T5's arithmetic: no ``1/sqrt(E)`` scaling; masked logits are replaced by
+float32's lowest value (a passage with no real token attends uniformly, as
+the reference does); dropout on the softmax weights is the hash of
+``jaxfid.t5.dropout_masks`` computed in the kernel on each element's linear
+index in the global ``[B, H, L, S]`` shape, so the kernel drops exactly the
+elements the reference drops.
+
+The backward kernel recomputes the softmax (the whole key row is in VMEM,
+so nothing but the inputs is saved) and writes dq, dk, dv and the bias
+gradient, summed over the batch inside the kernel (its block is the same at
+every step, so the batch axis of the grid runs in order).
+
+Mosaic kernels are not partitioned by XLA: under a mesh the kernels run
+inside ``jax.shard_map``, the batch split as the activations are and the
+heads as ``activation_heads`` is (the bias by the same heads); the bias
+gradient is summed over the batch shards with ``psum``. Off TPU the kernels
+run in Pallas' interpreter (tests).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxfid.core import sharding as ax
+from jaxfid.t5 import dropout_masks
+
+Array = jax.Array
+NEG_INF = float(np.finfo(np.float32).min)
+# The longest key length the kernel takes: the [L, S] float32 scores of a
+# head and their few temporaries stay within VMEM.
+MAX_LENGTH = 1024
+# Bytes of one q/k/v block: passages per grid step are as many as fit.
+BLOCK_BYTES = 1 << 20
+VMEM_LIMIT = 100 * (1 << 20)
+
+
+def _i32(c: int) -> int:
+  """A uint32 constant as the int32 with the same bits."""
+  return c - (1 << 32) if c >= (1 << 31) else c
+
+
+def _srl(z: Array, n: int) -> Array:
+  return jax.lax.shift_right_logical(z, jnp.int32(n))
+
+
+def _fmix32(z: Array) -> Array:
+  """``dropout_masks._fmix32`` in int32 (the same bits; multiplies wrap)."""
+  z = (z ^ _srl(z, 16)) * jnp.int32(_i32(dropout_masks.FMIX_1))
+  z = (z ^ _srl(z, 13)) * jnp.int32(_i32(dropout_masks.FMIX_2))
+  return z ^ _srl(z, 16)
+
+
+class Spec(NamedTuple):
+  """What the kernels are compiled for (static)."""
+  heads: int            # H in this call (a shard's heads under a mesh)
+  head_dim: int         # E
+  rate: float           # dropout rate; 0 = no dropout
+  global_heads: int     # H of the [B, H, L, S] shape the dropout hash counts
+  block: int            # passages per grid step
+  has_bias: bool
+  has_mask: bool
+  interpret: bool
+
+
+def _keep(scalars, spec: Spec, b: Array, h: int, shape) -> Array:
+  """bool [L, S]: the dropout mask of passage ``b`` (global index in the
+  call: the shard's offset is in ``scalars``) and head ``h``."""
+  l, s = shape
+  bg = scalars[2] + b
+  hg = scalars[3] + h
+  base = (bg * spec.global_heads + hg) * (l * s)  # int32 wraps as uint32
+  index = (jax.lax.broadcasted_iota(jnp.int32, shape, 0) * s
+           + jax.lax.broadcasted_iota(jnp.int32, shape, 1) + base)
+  z = _fmix32(index * jnp.int32(_i32(dropout_masks.GOLDEN)) + scalars[0])
+  z = _fmix32(z ^ scalars[1])
+  flip = jnp.int32(_i32(1 << 31))  # unsigned order as signed order
+  limit = _i32(dropout_masks.threshold(spec.rate) ^ (1 << 31))
+  return (z ^ flip) >= jnp.int32(limit)
+
+
+def _softmax(q, k, bias_ref, mask_row, h: int, spec: Spec):
+  """float32 [L, S] logits of one head -> (softmax weights, valid or None)."""
+  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)  # [L, S]
+  if spec.has_bias:
+    s = s + bias_ref[h]
+  valid = None
+  if spec.has_mask:
+    valid = jnp.broadcast_to(mask_row != 0, s.shape)  # [L, S]
+    s = jnp.where(valid, s, NEG_INF)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.exp(s - m)
+  return p / jnp.sum(p, axis=-1, keepdims=True), valid
+
+
+def _refs(refs, spec: Spec):
+  """(scalars, q, k, v, bias or None, mask or None, rest)."""
+  scalars, q, k, v, *rest = refs
+  bias = rest.pop(0) if spec.has_bias else None
+  mask = rest.pop(0) if spec.has_mask else None
+  return scalars, q, k, v, bias, mask, rest
+
+
+def _forward_kernel(*refs, spec: Spec):
+  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, (o_ref,) = _refs(refs, spec)
+  e, first = spec.head_dim, pl.program_id(0) * spec.block
+
+  def one(b, carry):
+    mask_row = mask_ref[b] if spec.has_mask else None  # [1, S]
+    for h in range(spec.heads):
+      cols = pl.ds(h * e, e)
+      q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
+      w, _ = _softmax(q, k, bias_ref, mask_row, h, spec)
+      if spec.rate > 0:
+        keep = _keep(scalars, spec, first + b, h, w.shape)
+        w = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
+      ctx = jnp.dot(w.astype(v.dtype), v,
+                    preferred_element_type=jnp.float32)  # [L, E]
+      o_ref[b, :, cols] = ctx.astype(o_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, spec.block, one, 0)
+
+
+def _backward_kernel(*refs, spec: Spec):
+  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, rest = _refs(refs, spec)
+  do_ref, dq_ref, dk_ref, dv_ref, *dbias = rest
+  dbias_ref = dbias[0] if spec.has_bias else None
+  e, first = spec.head_dim, pl.program_id(0) * spec.block
+  t = (((0,), (0,)), ((), ()))  # contract the first dims: x^T @ y
+
+  if spec.has_bias:
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+      dbias_ref[...] = jnp.zeros_like(dbias_ref)
+
+  def one(b, carry):
+    mask_row = mask_ref[b] if spec.has_mask else None
+    for h in range(spec.heads):
+      cols = pl.ds(h * e, e)
+      q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
+      do = do_ref[b, :, cols]  # [L, E]
+      w, valid = _softmax(q, k, bias_ref, mask_row, h, spec)
+      dw = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)  # [L, S]
+      wd = w
+      if spec.rate > 0:
+        keep = _keep(scalars, spec, first + b, h, w.shape)
+        wd = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
+        dw = jnp.where(keep, dw / (1.0 - spec.rate), 0.0)
+      dv = jax.lax.dot_general(wd.astype(do.dtype), do, t,
+                               preferred_element_type=jnp.float32)  # [S, E]
+      ds = w * (dw - jnp.sum(dw * w, axis=-1, keepdims=True))  # [L, S]
+      if valid is not None:
+        ds = jnp.where(valid, ds, 0.0)
+      if spec.has_bias:
+        dbias_ref[h] += ds
+      dsc = ds.astype(q.dtype)
+      dq = jnp.dot(dsc, k, preferred_element_type=jnp.float32)  # [L, E]
+      dk = jax.lax.dot_general(dsc, q, t,
+                               preferred_element_type=jnp.float32)  # [S, E]
+      dq_ref[b, :, cols] = dq.astype(dq_ref.dtype)
+      dk_ref[b, :, cols] = dk.astype(dk_ref.dtype)
+      dv_ref[b, :, cols] = dv.astype(dv_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, spec.block, one, 0)
+
+
+def _in_specs(spec: Spec, q: Array, k: Array, n_rows: int):
+  """Block specs of (scalars, q, k, v, [bias], [mask], then ``n_rows``
+  more arrays shaped like q)."""
+  _, l, he = q.shape
+  s = k.shape[1]
+  blk = spec.block
+  rows = lambda n: pl.BlockSpec((blk, n, he), lambda i: (i, 0, 0))  # noqa: E731
+  specs = [pl.BlockSpec(memory_space=pltpu.SMEM), rows(l), rows(s), rows(s)]
+  if spec.has_bias:
+    specs.append(pl.BlockSpec((spec.heads, l, s), lambda i: (0, 0, 0)))
+  if spec.has_mask:
+    specs.append(pl.BlockSpec((blk, 1, s), lambda i: (i, 0, 0)))
+  return specs + [rows(l)] * n_rows
+
+
+def _operands(scalars, q, k, v, bias, mask, spec: Spec) -> list:
+  ops = [scalars, q, k, v]
+  if spec.has_bias:
+    ops.append(bias)
+  if spec.has_mask:
+    ops.append(mask)
+  return ops
+
+
+def _cost(spec: Spec, q: Array, k: Array, matmuls: int, arrays: list):
+  b, l, he = q.shape
+  s = k.shape[1]
+  return pl.CostEstimate(
+      flops=2 * matmuls * b * l * s * he,
+      transcendentals=b * spec.heads * l * s,
+      bytes_accessed=sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                         for a in arrays))
+
+
+def _params(arbitrary: bool):
+  sem = "arbitrary" if arbitrary else "parallel"
+  return pltpu.CompilerParams(dimension_semantics=(sem,),
+                              vmem_limit_bytes=VMEM_LIMIT)
+
+
+def _forward_local(scalars, q, k, v, bias, mask, spec: Spec) -> Array:
+  """Context [b, L, H*E] of one shard's passages."""
+  ops = _operands(scalars, q, k, v, bias, mask, spec)
+  out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  return pl.pallas_call(
+      functools.partial(_forward_kernel, spec=spec), out_shape=out,
+      grid=(q.shape[0] // spec.block,), in_specs=_in_specs(spec, q, k, 0),
+      out_specs=_in_specs(spec, q, k, 1)[-1],
+      compiler_params=_params(False), interpret=spec.interpret,
+      cost_estimate=_cost(spec, q, k, 2, ops + [q]), name="t5_attention_fwd",
+  )(*ops)
+
+
+def _backward_local(scalars, q, k, v, bias, mask, do, spec: Spec):
+  """(dq, dk, dv, dbias or None) of one shard's passages; dbias is summed
+  over them."""
+  ops = _operands(scalars, q, k, v, bias, mask, spec) + [do]
+  specs = _in_specs(spec, q, k, 1)
+  row = lambda n: pl.BlockSpec((spec.block, n, q.shape[2]),  # noqa: E731
+                               lambda i: (i, 0, 0))
+  outs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+  out_specs = [row(q.shape[1]), row(k.shape[1]), row(k.shape[1])]
+  if spec.has_bias:
+    outs.append(jax.ShapeDtypeStruct(bias.shape, jnp.float32))
+    out_specs.append(specs[4])
+  grads = pl.pallas_call(
+      functools.partial(_backward_kernel, spec=spec), out_shape=outs,
+      grid=(q.shape[0] // spec.block,), in_specs=specs, out_specs=out_specs,
+      compiler_params=_params(spec.has_bias), interpret=spec.interpret,
+      cost_estimate=_cost(spec, q, k, 5, ops + outs), name="t5_attention_bwd",
+  )(*ops)
+  return (*grads, None) if not spec.has_bias else tuple(grads)
+
+
+class Plan(NamedTuple):
+  """The kernels' spec and, under a mesh, how the call is split (static)."""
+  spec: Spec
+  mesh: jax.sharding.AbstractMesh | None
+  batch_axes: str | tuple[str, ...] | None
+  head_axes: str | tuple[str, ...] | None
+
+
+def _axis_size(mesh, axes) -> int:
+  if axes is None:
+    return 1
+  names = (axes,) if isinstance(axes, str) else axes
+  return int(np.prod([mesh.shape[a] for a in names]))
+
+
+def _split(plan: Plan, local, operands: list, specs: list, out_specs):
+  """``local(scalars, *operands)`` on each shard, the scalars holding the
+  dropout seeds and the shard's first passage and head."""
+  if plan.mesh is None:
+    return local(jnp.zeros((2,), jnp.int32), *operands)
+
+  def body(*ops):
+    offsets = []
+    for axes, size in ((plan.batch_axes, ops[1].shape[0]),
+                       (plan.head_axes, plan.spec.heads)):
+      offsets.append(0 if axes is None else
+                     jax.lax.axis_index(axes).astype(jnp.int32) * size)
+    return local(jnp.stack(offsets).astype(jnp.int32), *ops)
+
+  return jax.shard_map(body, mesh=plan.mesh, in_specs=tuple(specs),
+                       out_specs=out_specs, check_vma=False)(*operands)
+
+
+def _layout(plan: Plan, q, bias, mask):
+  P = jax.sharding.PartitionSpec
+  rows = P(plan.batch_axes, None, plan.head_axes)
+  specs = [rows, rows, rows]
+  if bias is not None:
+    specs.append(P(plan.head_axes, None, None))
+  if mask is not None:
+    specs.append(P(plan.batch_axes, None, None))
+  return rows, specs
+
+
+def _run_forward(plan: Plan, q, k, v, bias, mask, seeds):
+  rows, specs = _layout(plan, q, bias, mask)
+  ops = [x for x in (q, k, v, bias, mask) if x is not None]
+
+  def local(offsets, seeds, *ops):
+    q, k, v, *rest = ops
+    bias = rest.pop(0) if plan.spec.has_bias else None
+    mask = rest.pop(0) if plan.spec.has_mask else None
+    scalars = jnp.concatenate([seeds, offsets])
+    return _forward_local(scalars, q, k, v, bias, mask, plan.spec)
+
+  return _split(plan, local, [seeds, *ops], [jax.sharding.PartitionSpec(),
+                                             *specs], rows)
+
+
+def _run_backward(plan: Plan, q, k, v, bias, mask, seeds, do):
+  rows, specs = _layout(plan, q, bias, mask)
+  ops = [x for x in (q, k, v, bias, mask) if x is not None] + [do]
+
+  def local(offsets, seeds, *ops):
+    q, k, v, *rest = ops
+    bias = rest.pop(0) if plan.spec.has_bias else None
+    mask = rest.pop(0) if plan.spec.has_mask else None
+    scalars = jnp.concatenate([seeds, offsets])
+    dq, dk, dv, dbias = _backward_local(scalars, q, k, v, bias, mask,
+                                        rest[-1], plan.spec)
+    if dbias is None:
+      return dq, dk, dv
+    if plan.mesh is not None and plan.batch_axes is not None:
+      dbias = jax.lax.psum(dbias, plan.batch_axes)
+    return dq, dk, dv, dbias
+
+  out_specs = (rows, rows, rows)
+  if bias is not None:
+    out_specs += (specs[3],)
+  grads = _split(plan, local, [seeds, *ops],
+                 [jax.sharding.PartitionSpec(), *specs, rows], out_specs)
+  return (*grads, None) if bias is None else tuple(grads)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(plan: Plan, q, k, v, bias, mask, seeds):
+  return _run_forward(plan, q, k, v, bias, mask, seeds)
+
+
+def _attention_fwd(plan: Plan, q, k, v, bias, mask, seeds):
+  return (_run_forward(plan, q, k, v, bias, mask, seeds),
+          (q, k, v, bias, mask, seeds))
+
+
+def _attention_bwd(plan: Plan, residuals, do):
+  q, k, v, bias, mask, seeds = residuals
+  dq, dk, dv, dbias = _run_backward(plan, q, k, v, bias, mask, seeds, do)
+  return dq, dk, dv, dbias, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _mesh_axes(mesh) -> tuple:
+  """(batch axes, head axes, or None when the layout is not the kernel's:
+  length or head width split)."""
+  if mesh is None:
+    return None, None, True
+  spec = ax.logical_to_mesh((ax.BATCH, ax.LENGTH, ax.ACT_HEADS, ax.KV),
+                            mesh=mesh)
+  spec = tuple(spec) + (None,) * (4 - len(spec))
+  return spec[0], spec[2], spec[1] is None and spec[3] is None
+
+
+def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
+  """Whether the kernels take these shapes: q ``[B, L, H, E]``, k/v
+  ``[B, S, H, E]`` (as many key heads as query heads), the bias ``[1, H, L,
+  S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, both
+  lengths at most ``MAX_LENGTH``, and a mesh layout that splits neither
+  the lengths nor the head width."""
+  b, l, h, _ = q_shape
+  s = k_shape[1]
+  if k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH:
+    return False
+  if bias_shape is not None and tuple(bias_shape) != (1, h, l, s):
+    return False
+  if mask_shape is not None and (
+      len(mask_shape) != 4 or tuple(mask_shape[1:]) != (1, 1, s)
+      or mask_shape[0] not in (1, b)):
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  mesh = None if mesh is None or mesh.empty else mesh
+  return _mesh_axes(mesh)[2]
+
+
+def _block(batch: int, length: int, width: int, itemsize: int) -> int:
+  """Passages per grid step: the largest divisor of ``batch`` whose q/k/v
+  block is at most ``BLOCK_BYTES``."""
+  per = max(1, length * width * itemsize)
+  best = 1
+  for n in range(1, batch + 1):
+    if batch % n == 0 and n * per <= BLOCK_BYTES:
+      best = n
+  return best
+
+
+def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
+              mask: Array | None, rate: float, rng: Array | None,
+              interpret: bool) -> Array:
+  """Context ``[B, L, H, E]`` (q's dtype) of T5 attention (``supported``
+  shapes): ``softmax(q k^T + bias, masked)`` with dropout ``rate`` under
+  ``rng`` (none when ``rng`` is None), times v."""
+  b, l, h, e = q.shape
+  s = k.shape[1]
+  mesh = jax.sharding.get_abstract_mesh()
+  mesh = None if mesh is None or mesh.empty else mesh
+  batch_axes, head_axes, _ = _mesh_axes(mesh)
+  local_b = b // _axis_size(mesh, batch_axes)
+  local_h = h // _axis_size(mesh, head_axes)
+  rate = rate if rng is not None else 0.0
+  spec = Spec(heads=local_h, head_dim=e, rate=float(rate), global_heads=h,
+              block=_block(local_b, max(l, s), local_h * e, q.dtype.itemsize),
+              has_bias=bias is not None, has_mask=mask is not None,
+              interpret=interpret)
+  plan = Plan(spec, mesh, batch_axes, head_axes)
+  seeds = (jax.lax.bitcast_convert_type(dropout_masks.seeds(rng), jnp.int32)
+           if spec.rate > 0 else jnp.zeros((2,), jnp.int32))
+  if bias is not None:
+    bias = bias[0].astype(jnp.float32)  # [H, L, S]
+  if mask is not None:
+    mask = jnp.broadcast_to(mask[:, 0, 0, :], (b, s)).astype(jnp.int32)
+    mask = mask[:, None, :]  # [B, 1, S]
+  k = k.astype(q.dtype)
+  v = v.astype(q.dtype)
+  ctx = _attention(plan, q.reshape(b, l, h * e), k.reshape(b, s, h * e),
+                   v.reshape(b, s, h * e), bias, mask, seeds)  # [B, L, H*E]
+  return ctx.reshape(b, l, h, e)  # [B, L, H, E]
