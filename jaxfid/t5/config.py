@@ -60,10 +60,10 @@ class T5Config(Config):
       step with remat and dropout does not compile for TPU (docs/fidelity.md).
     attention: how attention is computed (``jaxfid.t5.attention_ops``):
       'reference' (einsums; the float32 logits and weights go through HBM),
-      'pallas' (a fused Pallas kernel keeping them on chip, where it applies:
-      self-attention of keys up to 1024 long, no logits asked for; the
-      reference elsewhere; interpreted off TPU), or 'auto': 'pallas' on
-      TPU, 'reference' on every other platform.
+      'pallas' (a fused Pallas kernel keeping them on chip where it applies:
+      at most 1024 keys, a key padding mask, not a causal one, no logits
+      asked for, e.g. FiD's encoder; the reference elsewhere; interpreted
+      off TPU), or 'auto': 'pallas' on TPU, 'reference' elsewhere.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
