@@ -83,6 +83,18 @@ class Spec(NamedTuple):
   interpret: bool
 
 
+def _dot(a: Array, b: Array, dims) -> Array:
+  """float32 ``dot_general``: bf16 operands at the MXU's own precision (the
+  only one Mosaic takes for them, whatever ``jax_default_matmul_precision``
+  says), float32 ones at that default precision, as the reference's."""
+  precision = None if a.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+  return jax.lax.dot_general(a, b, (dims, ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
+
+
+NN, NT, TN = ((1,), (0,)), ((1,), (1,)), ((0,), (0,))  # x@y, x@y^T, x^T@y
+
+
 def _keep(scalars, spec: Spec, b: Array, h: int, shape) -> Array:
   """bool [L, S]: the dropout mask of passage ``b`` (global index in the
   call: the shard's offset is in ``scalars``) and head ``h``."""
@@ -101,8 +113,7 @@ def _keep(scalars, spec: Spec, b: Array, h: int, shape) -> Array:
 
 def _softmax(q, k, bias_ref, mask_row, h: int, spec: Spec):
   """float32 [L, S] logits of one head -> (softmax weights, valid or None)."""
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32)  # [L, S]
+  s = _dot(q, k, NT)  # [L, S]
   if spec.has_bias:
     s = s + bias_ref[h]
   valid = None
@@ -135,8 +146,7 @@ def _forward_kernel(*refs, spec: Spec):
       if spec.rate > 0:
         keep = _keep(scalars, spec, first + b, h, w.shape)
         w = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
-      ctx = jnp.dot(w.astype(v.dtype), v,
-                    preferred_element_type=jnp.float32)  # [L, E]
+      ctx = _dot(w.astype(v.dtype), v, NN)  # [L, E]
       o_ref[b, :, cols] = ctx.astype(o_ref.dtype)
     return carry
 
@@ -148,7 +158,6 @@ def _backward_kernel(*refs, spec: Spec):
   do_ref, dq_ref, dk_ref, dv_ref, *dbias = rest
   dbias_ref = dbias[0] if spec.has_bias else None
   e, first = spec.head_dim, pl.program_id(0) * spec.block
-  t = (((0,), (0,)), ((), ()))  # contract the first dims: x^T @ y
 
   if spec.has_bias:
     @pl.when(pl.program_id(0) == 0)
@@ -162,24 +171,21 @@ def _backward_kernel(*refs, spec: Spec):
       q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
       do = do_ref[b, :, cols]  # [L, E]
       w, valid = _softmax(q, k, bias_ref, mask_row, h, spec)
-      dw = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)  # [L, S]
+      dw = _dot(do, v, NT)  # [L, S]
       wd = w
       if spec.rate > 0:
         keep = _keep(scalars, spec, first + b, h, w.shape)
         wd = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
         dw = jnp.where(keep, dw / (1.0 - spec.rate), 0.0)
-      dv = jax.lax.dot_general(wd.astype(do.dtype), do, t,
-                               preferred_element_type=jnp.float32)  # [S, E]
+      dv = _dot(wd.astype(do.dtype), do, TN)  # [S, E]
       ds = w * (dw - jnp.sum(dw * w, axis=-1, keepdims=True))  # [L, S]
       if valid is not None:
         ds = jnp.where(valid, ds, 0.0)
       if spec.has_bias:
         dbias_ref[h] += ds
       dsc = ds.astype(q.dtype)
-      dq = jnp.dot(dsc, k, preferred_element_type=jnp.float32)  # [L, E]
-      dk = jax.lax.dot_general(dsc, q, t,
-                               preferred_element_type=jnp.float32)  # [S, E]
+      dq = _dot(dsc, k, NN)  # [L, E]
+      dk = _dot(dsc, q, TN)  # [S, E]
       dq_ref[b, :, cols] = dq.astype(dq_ref.dtype)
       dk_ref[b, :, cols] = dk.astype(dk_ref.dtype)
       dv_ref[b, :, cols] = dv.astype(dv_ref.dtype)
