@@ -123,9 +123,11 @@ CONFIG = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_heads=4,
                   remat="full")
 
 
-def test_t5_with_pallas_equals_reference():
-  """A FiD-shaped T5 ([B, P, L] passages with padding, dropout on): the
-  same loss and gradients with the encoder's self-attention fused."""
+@pytest.mark.parametrize("passages", ["flatten", "vmap"])
+def test_t5_with_pallas_equals_reference(passages):
+  """A FiD-shaped T5 ([B, P, L] passages with padding, dropout on; the
+  passages flattened into the batch or vmapped): the same loss and
+  gradients with the encoder's self-attention fused."""
   rng = np.random.default_rng(0)
   enc = rng.integers(2, 64, size=(2, 3, 9)).astype(np.int32)  # [B, P, L]
   enc[1, 1, 4:] = 0
@@ -136,7 +138,8 @@ def test_t5_with_pallas_equals_reference():
   params = EncoderDecoderModel(CONFIG).init_params(0)
   out, kernels = {}, {}
   for impl in ("reference", "pallas"):
-    model = EncoderDecoderModel(CONFIG.replace(attention=impl))
+    model = EncoderDecoderModel(CONFIG.replace(attention=impl,
+                                               passage_encoding=passages))
     step = jax.value_and_grad(
         lambda p: model.loss(p, batch, jax.random.key(3))[0])  # noqa: B023
     out[impl] = jax.jit(step)(params)
