@@ -101,7 +101,8 @@ def test_sharded_kernel_equals_reference():
 
 def test_dispatch():
   """'auto' is the reference off TPU; the kernel declines what it does not
-  take (logits asked for, a query mask, multi-query keys, long keys)."""
+  take (logits asked for, a query mask, multi-query keys, long keys, one
+  decoding position)."""
   assert attention_ops.resolve("auto") == "reference"  # this CPU host
   assert attention_ops.resolve("pallas") == "pallas"
   ok = fused_attention.supported
@@ -110,6 +111,7 @@ def test_dispatch():
   assert not ok((2, 8, 4, 8), (2, 8, 4, 8), None, (2, 1, 8, 8))  # causal
   assert not ok((2, 8, 4, 8), (2, 8, 1, 8), None, None)  # multi-query
   assert not ok((2, 8, 4, 8), (2, 2048, 4, 8), None, None)
+  assert not ok((2, 1, 4, 8), (2, 8, 4, 8), (1, 4, 1, 8), (1, 1, 1, 8))  # decoding
   q, k, v, _, mask, _ = _inputs()
   _, logits = attention_ops.attend(q, k, v, bias=None, mask=mask, rate=0.0,
                                    rng=None, implementation="pallas",
@@ -132,7 +134,8 @@ def test_t5_with_pallas_equals_reference(passages):
   enc = rng.integers(2, 64, size=(2, 3, 9)).astype(np.int32)  # [B, P, L]
   enc[1, 1, 4:] = 0
   enc[0, 2, :] = 0
-  targets = rng.integers(2, 64, size=(2, 5)).astype(np.int32)
+  targets = rng.integers(2, 64, size=(2, 8)).astype(np.int32)
+  targets[1, 6:] = 0
   batch = {"encoder_input_tokens": jnp.asarray(enc),
            "decoder_target_tokens": jnp.asarray(targets)}
   params = EncoderDecoderModel(CONFIG).init_params(0)
@@ -145,8 +148,8 @@ def test_t5_with_pallas_equals_reference(passages):
     out[impl] = jax.jit(step)(params)
     kernels[impl] = str(jax.make_jaxpr(step)(params)).count("pallas_call")
   # the kernel ran, forward and backward, in the encoder's self-attention
-  # and the decoder's cross-attention (27 keys: within its limit); the
-  # decoder's causal self-attention stays on the reference path
+  # and the decoder's cross-attention (8 queries, 27 keys); the decoder's
+  # causal self-attention stays on the reference path
   calls = CONFIG.num_layers + CONFIG.num_decoder_layers
   assert kernels == {"reference": 0, "pallas": 2 * calls}
   np.testing.assert_allclose(out["pallas"][0], out["reference"][0], rtol=1e-6)

@@ -50,6 +50,9 @@ NEG_INF = float(np.finfo(np.float32).min)
 # The longest key length the kernel takes: the [L, S] float32 scores of a
 # head and their few temporaries stay within VMEM.
 MAX_LENGTH = 1024
+# The fewest queries it takes: one decoding position's scores are a row,
+# which the reference keeps as small.
+MIN_QUERIES = 8
 # Bytes of one q/k/v block: passages per grid step are as many as fit.
 BLOCK_BYTES = 1 << 20
 VMEM_LIMIT = 100 * (1 << 20)
@@ -386,11 +389,13 @@ def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
   """Whether the kernels take these shapes: q ``[B, L, H, E]``, k/v
   ``[B, S, H, E]`` (as many key heads as query heads), the bias ``[1, H, L,
   S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, both
-  lengths at most ``MAX_LENGTH``, and a mesh layout that splits neither
+  lengths at most ``MAX_LENGTH``, at least ``MIN_QUERIES`` queries (not a
+  decoding step), and a mesh layout that splits neither
   the lengths nor the head width."""
   b, l, h, _ = q_shape
   s = k_shape[1]
-  if k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH:
+  if (k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH
+      or l < MIN_QUERIES):
     return False
   if bias_shape is not None and tuple(bias_shape) != (1, h, l, s):
     return False
