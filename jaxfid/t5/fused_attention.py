@@ -55,7 +55,7 @@ MAX_LENGTH = 1024
 MIN_QUERIES = 8
 # Bytes of one q/k/v block: passages per grid step are as many as fit.
 BLOCK_BYTES = 1 << 20
-VMEM_LIMIT = 100 * (1 << 20)
+VMEM_LIMIT = 64 * (1 << 20)  # every TPU generation has at least this much
 
 
 def _i32(c: int) -> int:
