@@ -27,6 +27,10 @@ Hooks for the methods built on T5:
     ...)``). ``extras`` is an arbitrary pytree the caller threads through the
     whole model (``None`` on the default path, where it costs nothing);
   * attention can return its pre-softmax logits (``return_logits=True``).
+
+The scores, softmax, dropout and weighted values are
+``attention_ops.attend``: the reference einsums or a fused kernel, by
+``config.attention``.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ from flax import nnx
 from jaxfid.core import sharding as ax
 from jaxfid.t5 import attention_ops
 from jaxfid.t5.config import T5Config
-from jaxfid.t5.dropout_masks import dropout, dropout_keep  # noqa: F401 (re-exported)
+# dropout_keep is re-exported (layers.dropout_keep)
+from jaxfid.t5.dropout_masks import dropout, dropout_keep  # noqa: F401
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
