@@ -14,7 +14,7 @@ import pytest
 
 from jaxfid import cli
 from jaxfid.core import sharding as ax
-from jaxfid.core import topologies
+from jaxfid.aot import topologies
 from jaxfid.t5 import attention_ops, fused_attention
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.layers import relative_position_buckets
