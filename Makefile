@@ -13,9 +13,13 @@
 # the TPU compiler of the tests marked `tpu` (pytest.ini), which compile tiny
 # programs for TPU topologies on this CPU host; they belong to the tiers as
 # any test does (`slow` or not), and `make test-tpu` runs them alone
-# (`pytest -m tpu`). On a host without a TPU, importing jaxfid keeps JAX off
-# the TPU platform (jaxfid/core/platforms.py), so libtpu costs the other
-# tests nothing.
+# (`pytest -m tpu`). The `gpu-aot` extra (jax's CUDA 12 plugin with its CUDA
+# libraries, the lock's versions: a 3.2 GB download, 4.9 GB installed, 2 min
+# 51 s to install on the 2-core CPU host) is the GPU compiler of the tests
+# marked `gpu` (tests/test_bench_compile_gpu.py: a tiny FiD step compiled for
+# an H100 without one). On a host without a TPU or an NVIDIA GPU, importing
+# jaxfid keeps JAX off those platforms (jaxfid/core/platforms.py), so libtpu
+# and the CUDA plugin cost the other tests nothing.
 #
 # `make test-latest` runs the suite on the other end of setup.py's ranges:
 # a CPython 3.12 virtualenv (.venv-latest) with the newest releases of
@@ -80,7 +84,7 @@ $(VENV)/.stamp-base: $(INSTALL_DEPS) | $(VENV)/bin/python
 
 # The test extras are a superset of the base install, so they satisfy `demo`.
 $(VENV)/.stamp-test: $(INSTALL_DEPS) | $(VENV)/bin/python
-	$(PIP) install -c $(LOCK) -e '.[test,torch,tpu]'
+	$(PIP) install -c $(LOCK) -e '.[test,torch,tpu,gpu-aot]'
 	touch $(VENV)/.stamp-base $@
 
 test-latest:
@@ -94,7 +98,7 @@ test-latest:
 lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch,tpu]'
+	$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch,tpu,gpu-aot]'
 	{ sed -n '/^#/p;/^#/!q' $(LOCK); $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^#'; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	rm -rf $(LOCK_VENV)

@@ -9,9 +9,11 @@ one an accelerator extra pulls in the way JAX's own extras do:
 ``jaxfid[tpu]``, ``jaxfid[cuda12]``, ``jaxfid[cuda13]``. ``jaxfid[tpu]``
 also installs on a CPU host (libtpu is a plain manylinux wheel), where its
 libtpu is the compiler ``jaxfid bench compile`` sizes TPU jobs with; there
-JAX stays on the CPU (jaxfid/core/platforms.py). ``make test`` installs it
-with ``test`` and ``torch`` (requirements-lock.txt pins its libtpu) for the
-tests marked ``tpu``.
+JAX stays on the CPU (jaxfid/core/platforms.py). ``jaxfid[gpu-aot]`` (jax's
+cuda12 extra under the name of its use) is the GPU compiler the same
+command sizes GPU jobs with, on any host. ``make test`` installs both with
+``test`` and ``torch`` (requirements-lock.txt pins their libtpu and CUDA
+plugin) for the tests that compile for TPU topologies and GPUs.
 
 Other extras: ``seqio`` (TensorFlow, seqio, TFDS, tensorflow-text: only the
 seqio tasks in ``tasks/`` need them; FiD files train without), ``bench``
@@ -63,6 +65,15 @@ INSTALL_REQUIRES = [
 # kept by a plain `pip install jaxfid`.
 ACCELERATOR_EXTRAS = {
     name: [f"jax[{name}]{JAX}"] for name in ("tpu", "cuda12", "cuda13")}
+
+# The GPU compiler of `jaxfid bench compile --topology h100-8` on any host
+# (a CPU laptop too): JAX's CUDA 12 plugin with its CUDA libraries (cuDNN,
+# cuBLAS, nvcc's ptxas), at the installed jax's version: jax's own cuda12
+# extra. A 3.2 GB download, 4.9 GB installed (measured with the lock's jax
+# 0.10.2). On a host without an NVIDIA GPU JAX stays on the CPU
+# (jaxfid/core/platforms.py). `make test` installs it for the GPU compile
+# tests (tests/test_bench_compile_gpu.py).
+GPU_AOT_REQUIRES = [f"jax[cuda12]{JAX}"]
 
 # The seqio tasks (tasks/, `jaxfid train` with MIXTURE_OR_TASK_NAME, `jaxfid
 # eval`); tensorflow-text pins TensorFlow's minor release.
@@ -136,6 +147,7 @@ setup(
                     "serve": SERVE_REQUIRES,
                     "test": TEST_REQUIRES,
                     "torch": TORCH_REQUIRES,
+                    "gpu-aot": GPU_AOT_REQUIRES,
                     **ACCELERATOR_EXTRAS},
     entry_points={"console_scripts": ["jaxfid=jaxfid.cli:main"]},
     zip_safe=False,

@@ -88,11 +88,19 @@ def test_not_after_jax_started_or_with_an_accelerator(monkeypatch):
   jnp.zeros(1).block_until_ready()  # this process's backend is running
   assert host_memory.why_not({}) in (
       "JAX's backend has already started",
-      f"accelerator plugin {host_memory.accelerator_installed()} installed")
-  monkeypatch.setattr(host_memory, "accelerator_installed",
-                      lambda: "jax_cuda12_plugin")
-  assert host_memory.why_not({"JAX_PLATFORMS": "cpu"}) == (
+      "accelerator plugin "
+      f"{(host_memory.accelerators_installed() or [None])[0]} installed")
+  monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
+  monkeypatch.setattr(host_memory, "accelerators_installed",
+                      lambda: ["jax_cuda12_plugin", "xla_rocm7"])
+  assert host_memory.why_not({}) == (
       "accelerator plugin jax_cuda12_plugin installed")
+  # JAX_PLATFORMS=cpu leaves the CUDA plugin out, not one of unknown kind
+  assert host_memory.why_not({"JAX_PLATFORMS": "cpu"}) == (
+      "accelerator plugin xla_rocm7 installed")
+  monkeypatch.setattr(host_memory, "accelerators_installed",
+                      lambda: ["jax_cuda12_plugin"])
+  assert host_memory.why_not({"JAX_PLATFORMS": "cpu"}) is None
 
 
 def test_cli_tunes_model_commands_only(monkeypatch, tmp_path, capsys):

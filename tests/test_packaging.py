@@ -170,16 +170,21 @@ def test_lock_pins_every_requirement_at_the_lower_end():
   assert lock["jaxlib"] == lock["jax"]
 
 
-def test_the_test_install_has_the_tpu_compiler():
-  """`make test` (so .ci/run) and `make lock` install the tpu extra; the
-  lock pins libtpu at what the locked jax's tpu extra requires."""
+def test_the_test_install_has_the_tpu_and_gpu_compilers():
+  """`make test` (so .ci/run) and `make lock` install the tpu and gpu-aot
+  extras; the lock pins libtpu and the CUDA plugin at what the locked jax's
+  extras require; gpu-aot is jax's cuda12 extra."""
   with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
     makefile = f.read()
-  assert "$(PIP) install -c $(LOCK) -e '.[test,torch,tpu]'" in makefile
-  assert "$(LOCK_VENV)/bin/python -m pip install -e '.[test,torch,tpu]'" in (
+  extras = "test,torch,tpu,gpu-aot"
+  assert f"$(PIP) install -c $(LOCK) -e '.[{extras}]'" in makefile
+  assert f"$(LOCK_VENV)/bin/python -m pip install -e '.[{extras}]'" in (
       makefile)
+  req, = _requirements("gpu-aot")
+  assert (req.name, req.extras) == ("jax", {"cuda12"})
   lock = _lock()
   assert "libtpu" in lock
+  assert lock["jax-cuda12-plugin"] == lock["jax-cuda12-pjrt"] == lock["jax"]
   if importlib.metadata.version("jax") != lock["jax"]:
     pytest.skip("the installed jax is not the lock's")
   pins = [Requirement(r) for r in importlib.metadata.requires("jax")]

@@ -106,7 +106,29 @@ def test_gpu_plugins_stay_other_plugins_leave_jax_its_choice(host,
   root, env = host
   monkeypatch.setattr(platforms, "accelerator_plugins",
                       lambda environ: ["xla_cuda12"])
+  # no NVIDIA GPU: the plugin's cuInit would fail loudly, so it is left out
+  assert platforms.gpu_hints(str(root)) == []
+  assert platforms.decide(env, str(root)) == {
+      "jax_platforms": "cpu",
+      "reason": "libtpu installed on a host without a TPU; a CUDA plugin "
+                "installed on a host without an NVIDIA GPU"}
+  monkeypatch.setattr(platforms, "libtpu_installed",  # env: libtpu's path
+                      lambda environ: "TPU_LIBRARY_PATH" in environ)
+  assert platforms.decide({}, str(root)) == {
+      "jax_platforms": "cpu", "reason": "a CUDA plugin installed on a host "
+                                        "without an NVIDIA GPU"}
+  _pci(root, "0000:00:06.0", "0x10de", "0x020000")  # NVIDIA's network card
+  assert platforms.decide(env, str(root))["jax_platforms"] == "cpu"
+  _pci(root, "0000:00:07.0", "0x10de", "0x030200")  # a 3D controller: a GPU
+  assert platforms.gpu_hints(str(root)) == [
+      "NVIDIA PCI device 0000:00:07.0"]
   assert platforms.decide(env, str(root))["jax_platforms"] == "cuda,cpu"
+  assert platforms.decide({}, str(root)) == {
+      "jax_platforms": None,
+      "reason": "a CUDA plugin installed and an NVIDIA GPU present"}
+  (root / "dev").mkdir(exist_ok=True)
+  (root / "dev/nvidia0").write_text("")
+  assert platforms.gpu_hints(str(root))[-1] == str(root / "dev/nvidia0")
   monkeypatch.setattr(platforms, "accelerator_plugins",
                       lambda environ: ["xla_cuda12", "xla_rocm7"])
   assert platforms.decide(env, str(root)) == {
@@ -129,8 +151,8 @@ def test_libtpu_as_compiler_sets_its_variables_for_the_block_only(host):
 
 
 def test_malloc_settings_ignore_a_libtpu_left_out(monkeypatch):
-  monkeypatch.setattr(host_memory, "accelerator_installed",
-                      lambda: platforms.LIBTPU)
+  monkeypatch.setattr(host_memory, "accelerators_installed",
+                      lambda: [platforms.LIBTPU])
   monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
   env = {"JAX_PLATFORMS": "cpu"}
   if host_memory.why_not({}) == "not glibc":

@@ -1,4 +1,4 @@
-"""``jaxfid bench compile``: a run's programs compiled for a TPU slice.
+"""``jaxfid bench compile``: a run's programs compiled for a TPU slice or GPUs.
 
 ::
 
@@ -17,8 +17,10 @@ task binds placeholders where its configs need a path:
 ``--search`` (:mod:`jaxfid.aot.search`) tries remat, mesh
 splits, accumulation and scanned layers and prints the best as flags.
 
-Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host); a missing one,
-an unknown topology or a bad configuration is one line, exit 2. A program
+Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host) for a TPU
+slice, JAX's CUDA plugin (``pip install -e '.[gpu-aot]'``, on any host) for
+GPUs (:mod:`jaxfid.aot.gpus`); a missing one, an unknown topology or a bad
+configuration is one line, exit 2. A program
 the compiler cannot fit is ``"fits": false`` with ``required_gb``, exit 0.
 """
 from __future__ import annotations
@@ -44,8 +46,8 @@ from jaxfid.core.gin_checks import Reads
 from jaxfid.training import launch
 from jaxfid.training.settings import OptimizerSettings, Settings
 
-HELP = ("compile a run's train step or decoding for a TPU slice (no TPU "
-        "needed): memory per chip, fits, FLOPs, collectives, roofline")
+HELP = ("compile a run's train step or decoding for a TPU slice or GPUs "
+        "(none needed): memory per chip, fits, FLOPs, collectives, roofline")
 # `jaxfid train`'s reads, and the evaluation batch of --program decode
 READS = Reads(roots=(launch.run,),
               macros={"MIXTURE_OR_TASK_NAME": None, "EVAL_BATCH_SIZE": None})
@@ -56,9 +58,11 @@ PLACEHOLDER_MODEL_DIR = "(not written by bench compile)"
 def add_arguments(p) -> None:
   p.add_argument("--topology", required=True,
                  help="a Cloud TPU accelerator type (v4-32, v5p-64: "
-                 "TensorCores; v5e-16, v6e-8: chips) or a shape (v5e:4x4)")
+                 "TensorCores; v5e-16, v6e-8: chips), a shape (v5e:4x4), or "
+                 "GPUs of one host: <card>-<n> (h100-8, a100-8, h200-8, "
+                 "b200-8, h100-1)")
   p.add_argument("--slices", type=int, default=1,
-                 help="number of such slices (multi-slice)")
+                 help="number of such slices (multi-slice; GPUs: hosts)")
   p.add_argument("--program", choices=PROGRAMS, default="train",
                  help="the train step (every phase) or the prediction "
                  "program at EVAL_BATCH_SIZE")

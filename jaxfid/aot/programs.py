@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of a run's programs for a TPU slice.
+"""Ahead-of-time compilation of a run's programs for a TPU slice or GPUs.
 
 ``jaxfid bench compile`` compiles, from shapes alone, the very programs
 ``jaxfid train`` runs: the task is built from the same gin files, prepared
@@ -26,7 +26,11 @@ What a compiled executable says (:func:`report`), per chip:
   model FLOPs, and the other fields None;
 * ``flops_per_chip`` and ``bytes_accessed_per_chip``: the compiler's cost
   analysis of the partitioned program (recomputation under remat included;
-  a ``while`` loop's body, as in decoding, counts once);
+  a ``while`` loop's body, as in decoding, counts once); ``flops_source``
+  ``'compiler'``. XLA:GPU compiled without a GPU has no cost analysis:
+  there ``flops_per_chip`` is ``program_flops_per_chip`` (``flops_source``
+  ``'program'``), ``bytes_accessed_per_chip`` None and the roofline its
+  compute term alone;
 * ``collectives``: how many all-gather, reduce-scatter, all-reduce,
   all-to-all and collective-permute instructions the optimized HLO holds
   (an async ``-start``/``-done`` pair counts once; XLA:TPU's reduce-scatter,
@@ -88,7 +92,8 @@ _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 # fit has them all too, None where unknown)
 REPORT_FIELDS = ("argument_gb", "output_gb", "alias_gb", "temp_gb",
                  "generated_code_gb", "per_chip_gb", "fits", "flops_per_chip",
-                 "bytes_accessed_per_chip", "model_flops_per_chip",
+                 "bytes_accessed_per_chip", "flops_source",
+                 "model_flops_per_chip",
                  "program_flops_per_chip", "collectives",
                  "roofline_step_s", "examples_per_sec_at_roofline")
 
@@ -296,6 +301,18 @@ def loop_trips(compiler_flops: float, program_flops: float) -> float:
   return max(1.0, program_flops / compiler_flops)
 
 
+def compiler_cost(compiled) -> tuple[float | None, float | None]:
+  """The compiler's (FLOPs, bytes accessed) of an executable, or (None,
+  None) where it has none (XLA:GPU compiled without a device:
+  ``cost_analysis()`` is None)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+  if not cost:
+    return None, None
+  return (float(cost.get("flops", 0.0)),
+          float(cost.get("bytes accessed", 0.0)))
+
+
 def report(compiled, *, target: Target, batch_size: int,
            model_flops: float | None, program_flops: float) -> dict:
   """The fields of a compiled program (module docstring); ``compiled`` may
@@ -321,19 +338,23 @@ def report(compiled, *, target: Target, batch_size: int,
   temp = memory.temp_size_in_bytes / GB
   code = memory.generated_code_size_in_bytes / GB
   per_chip = argument + output - alias + temp + code
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops = float(cost.get("flops", 0.0))
-  accessed = float(cost.get("bytes accessed", 0.0))
-  # the compiler counts a loop's body once; the program's count, every
-  # trip: its bytes are scaled by the same number of trips
-  roofline = max(max(flops, program) / chip.peak_bf16_flops,
-                 accessed * loop_trips(flops, program) / chip.hbm_bytes_per_s)
+  flops, accessed = compiler_cost(compiled)
+  if flops is None:  # XLA:GPU without a device: the program's own count
+    flops, source = program, "program"
+    roofline = program / chip.peak_bf16_flops
+  else:
+    source = "compiler"
+    # the compiler counts a loop's body once; the program's count, every
+    # trip: its bytes are scaled by the same number of trips
+    roofline = max(max(flops, program) / chip.peak_bf16_flops,
+                   accessed * loop_trips(flops, program)
+                   / chip.hbm_bytes_per_s)
   out.update(
       argument_gb=argument, output_gb=output, alias_gb=alias, temp_gb=temp,
       generated_code_gb=code, per_chip_gb=per_chip,
       fits=per_chip <= chip.hbm_bytes / GB,
       flops_per_chip=flops, bytes_accessed_per_chip=accessed,
+      flops_source=source,
       model_flops_per_chip=model, program_flops_per_chip=program,
       collectives=count_collectives(compiled.as_text()),
       roofline_step_s=roofline,

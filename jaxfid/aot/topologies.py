@@ -1,5 +1,7 @@
 """Cloud TPU slices by name, their devices without a TPU, and chip figures.
 
+A GPU name (``h100-8``) is handed to :mod:`jaxfid.aot.gpus`.
+
 ``jaxfid bench compile --topology NAME`` compiles for a TPU slice on any
 host where ``libtpu`` is installed (``pip install -e '.[tpu]'``, a CPU
 laptop too): :func:`devices` asks libtpu for the slice's devices
@@ -31,6 +33,7 @@ import tempfile
 
 from jax.experimental import topologies as jax_topologies
 
+from jaxfid.aot import gpus
 from jaxfid.core.errors import InputError
 
 GIB = 2 ** 30
@@ -98,7 +101,7 @@ class Topology:
 
 KNOWN_FORMS = ("accelerator types v4-N and v5p-N (N TensorCores, two per "
                "chip), v5e-N (or v5litepod-N) and v6e-N (N chips), or a "
-               "shape such as v5e:4x4 or v4:2x2x4")
+               "shape such as v5e:4x4 or v4:2x2x4; or " + gpus.KNOWN_FORMS)
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...] | None:
@@ -114,9 +117,12 @@ def _grid(chips: int, dims: int) -> tuple[int, ...] | None:
   return tuple([s for s in shape if s > 1] + [s for s in shape if s == 1])
 
 
-def parse(name: str, slices: int = 1) -> Topology:
-  """The :class:`Topology` of a name (module docstring); InputError if the
-  name is none of the known forms."""
+def parse(name: str, slices: int = 1) -> Topology | gpus.GpuTopology:
+  """The :class:`Topology` of a name (module docstring), or a
+  :class:`~jaxfid.aot.gpus.GpuTopology` where it names a GPU card
+  (``h100-8``); InputError if the name is none of the known forms."""
+  if gpus.card_of(name) is not None:
+    return gpus.parse(name, slices)
   if slices < 1:
     raise InputError("--slices", f"must be at least 1, got {slices}")
   text = name.strip().lower()
@@ -172,11 +178,14 @@ def libtpu_available() -> bool:
   return importlib.util.find_spec("libtpu") is not None
 
 
-def devices(topology: Topology) -> list:
-  """The slice's devices (``TpuDevice``s to compile for, not to run on).
+def devices(topology: Topology | gpus.GpuTopology) -> list:
+  """The slice's devices (``TpuDevice``s to compile for, not to run on), or
+  a GPU topology's (:func:`jaxfid.aot.gpus.devices`).
 
   Raises InputError with the install command when libtpu is missing.
   """
+  if isinstance(topology, gpus.GpuTopology):
+    return gpus.devices(topology)
   if not libtpu_available():
     raise InputError("--topology", f"compiling for a TPU needs libtpu: "
                      f"{INSTALL_HINT}")

@@ -22,9 +22,10 @@ It is applied by the CLI to the commands that run models (train, predict,
 demo, ...), only when all of these hold: the C library is glibc; JAX's
 backend has not started (the worker threads, which would keep their own
 arenas, do not exist yet); JAX will run on the CPU (no accelerator plugin
-installed, nor a libtpu that JAX would load: one that ``JAX_PLATFORMS``
-leaves out, as :mod:`jaxfid.core.platforms` does on a host without a TPU,
-does not count; and ``JAX_PLATFORMS`` unset or naming ``cpu`` first);
+or libtpu that JAX would load installed: a libtpu or CUDA plugin that
+``JAX_PLATFORMS`` leaves out, as :mod:`jaxfid.core.platforms` does on a
+host without a TPU or NVIDIA GPU, does not count; and ``JAX_PLATFORMS``
+unset or naming ``cpu`` first);
 ``$JAXFID_CPU_MALLOC`` is not ``0`` / ``off`` / ``false`` / ``no``; and the
 user has set none of glibc's own malloc variables (``MALLOC_ARENA_MAX``,
 ``MALLOC_MMAP_MAX_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
@@ -53,19 +54,23 @@ GLIBC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_MAX_",
 _applied = False
 
 
-def accelerator_installed() -> str | None:
-  """The name of an installed JAX accelerator plugin, else ``libtpu`` if
-  that is installed, else None (libtpu last: :func:`why_not` drops it where
-  ``JAX_PLATFORMS`` leaves the TPU out)."""
-  plugins = platforms.accelerator_plugins()
-  if plugins:
-    return plugins[0]
-  return platforms.LIBTPU if platforms.libtpu_installed() else None
+def accelerators_installed() -> list[str]:
+  """The installed JAX accelerator plugins, then ``libtpu`` if installed."""
+  return platforms.accelerator_plugins() + (
+      [platforms.LIBTPU] if platforms.libtpu_installed() else [])
 
 
-def _tpu_left_out(jax_platforms: str) -> bool:
+def _left_out(plugin: str, jax_platforms: str) -> bool:
+  """Whether ``JAX_PLATFORMS`` leaves out the platform of ``plugin``
+  (libtpu: ``tpu``; a CUDA plugin: ``cuda``; another kind: unknown, no)."""
   names = [p.strip().lower() for p in jax_platforms.split(",")]
-  return bool(jax_platforms) and "tpu" not in names
+  if plugin == platforms.LIBTPU:
+    kind = "tpu"
+  elif platforms.CUDA in plugin.lower():
+    kind = platforms.CUDA
+  else:
+    return False
+  return bool(jax_platforms) and kind not in names
 
 
 def _backend_started() -> bool:
@@ -89,9 +94,9 @@ def why_not(environ=None) -> str | None:
   if (platforms_value
       and platforms_value.split(",")[0].strip().lower() != "cpu"):
     return f"JAX_PLATFORMS={platforms_value}"
-  plugin = accelerator_installed()
-  if plugin == platforms.LIBTPU and _tpu_left_out(platforms_value):
-    plugin = None  # JAX will not load it (JAX_PLATFORMS leaves tpu out)
+  # an accelerator JAX_PLATFORMS leaves out is none: JAX will not load it
+  plugin = next((p for p in accelerators_installed()
+                 if not _left_out(p, platforms_value)), None)
   if plugin:
     return f"accelerator plugin {plugin} installed"
   if _backend_started():

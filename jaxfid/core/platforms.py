@@ -1,4 +1,5 @@
-"""Which JAX platforms a process starts: a CPU host with libtpu stays a CPU host.
+"""Which JAX platforms a process starts: a CPU host with libtpu or JAX's CUDA
+plugin stays a CPU host.
 
 With ``libtpu`` installed (``pip install 'jaxfid[tpu]'``, which ``jaxfid
 bench compile`` needs to compile for a TPU topology on any machine), JAX
@@ -19,8 +20,8 @@ platforms that remain, ``cpu`` or ``cuda,cpu``:
 * the user has chosen nothing: ``JAX_PLATFORMS`` is absent from the
   environment (set, even empty, it is the user's: an empty value asks JAX
   to choose, TPU probe included) and ``jax.config.jax_platforms`` is unset;
-* libtpu is installed (importable, or ``TPU_LIBRARY_PATH`` names a file);
-  without it JAX has no TPU backend to try, and nothing is changed;
+* libtpu is installed (importable, or ``TPU_LIBRARY_PATH`` names a file),
+  or a CUDA plugin is (below); without either nothing is changed;
 * nothing suggests a TPU on this host (:func:`tpu_hints`): no PCI device of
   Google's (vendor ``0x1ae0``, what ``jax/_src/hardware_utils.py`` counts
   TPU chips by) other than storage and network devices (Compute Engine's
@@ -30,12 +31,20 @@ platforms that remain, ``cpu`` or ``cuda,cpu``:
   none of the variables a TPU VM or GKE TPU node sets
   (:data:`TPU_ENV_HINTS`, ``JAX_FORCE_TPU_INIT`` included). No network
   call (no metadata server query);
-* every other JAX plugin installed is a CUDA one, which stays on the list
-  (JAX skips ``cuda`` by itself where no NVIDIA device is visible, even when
-  the list names it; where one is visible and CUDA fails to start, JAX
-  stops with its error instead of falling back to the CPU). With a plugin of another kind (ROCm, or one named in
+* every other JAX plugin installed is a CUDA one. It stays on the list
+  where the host has an NVIDIA GPU (:func:`gpu_hints`: an NVIDIA display or
+  3D controller on PCI, ``/dev/nvidia<N>``, ``/proc/driver/nvidia/gpus``);
+  without one it is left out too: the plugin's version check would call
+  ``cuInit``, which fails there (CUDA error 303) and prints a traceback in
+  every process. With a plugin of another kind (ROCm, or one named in
   ``PJRT_NAMES_AND_LIBRARY_PATHS``) the platforms to keep cannot be known
   without loading it, so nothing is changed.
+
+A CUDA plugin alone (``pip install 'jaxfid[gpu-aot]'``, which ``jaxfid
+bench compile`` needs to compile for GPUs on any machine) is treated the
+same way: on a host without an NVIDIA GPU, ``JAX_PLATFORMS`` is set to
+``cpu``; ``get_topology_desc(platform="cuda", ...)`` still loads the plugin
+as a compiler.
 
 JAX's backend must not have started yet (otherwise nothing is changed).
 ``jax.experimental.topologies.get_topology_desc(platform="tpu", ...)``
@@ -44,11 +53,12 @@ TPU topology (``jaxfid bench compile``) is unaffected. libtpu, loaded there
 as a compiler only, prints the same errors when it initialises on a host
 without a TPU; loading it inside :func:`libtpu_as_compiler` keeps it quiet.
 The CPU-only settings
-of :mod:`jaxfid.core.host_memory` treat a libtpu that ``JAX_PLATFORMS``
-leaves out as no accelerator.
+of :mod:`jaxfid.core.host_memory` treat a libtpu or CUDA plugin that
+``JAX_PLATFORMS`` leaves out as no accelerator.
 
 This module imports no JAX (``import jaxfid`` stays light: without libtpu
-the decision is one ``find_spec``); it reads only ``/sys/bus/pci``, ``/dev``
+or a plugin the decision is a ``find_spec`` and a look at the installed
+plugins); it reads only ``/sys/bus/pci``, ``/dev``, ``/proc/driver/nvidia``
 and the environment.
 """
 from __future__ import annotations
@@ -78,6 +88,8 @@ COMPILER_ONLY_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4",
                      "TPU_WORKER_HOSTNAMES": "localhost"}
 # The platform a CUDA plugin serves (its entry-point or module name says it).
 CUDA = "cuda"
+NVIDIA_PCI_VENDOR = "0x10de"
+GPU_PCI_CLASS = "0x03"  # display controllers: VGA (0x0300), 3D (0x0302)
 
 
 def libtpu_installed(environ=None) -> bool:
@@ -145,6 +157,30 @@ def _jax_state() -> tuple[bool, str | None]:
   return bool(started and started()), getattr(state, "value", None)
 
 
+def gpu_hints(root: str = "/") -> list[str]:
+  """What suggests an NVIDIA GPU on this host (empty: nothing does): a PCI
+  display or 3D controller of NVIDIA's (vendor ``0x10de``, class ``0x03``),
+  a ``/dev/nvidia<N>`` device, or ``/proc/driver/nvidia/gpus/*``."""
+  hints = []
+  for vendor_path in sorted(glob.glob(
+      os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
+    device = os.path.dirname(vendor_path)
+    try:
+      with open(vendor_path, encoding="ascii") as f:
+        vendor = f.read().strip().lower()
+      if vendor != NVIDIA_PCI_VENDOR:
+        continue
+      with open(os.path.join(device, "class"), encoding="ascii") as f:
+        pci_class = f.read().strip().lower()
+    except OSError:  # a device that vanished or cannot be read: unknown
+      pci_class = GPU_PCI_CLASS
+    if pci_class.startswith(GPU_PCI_CLASS):
+      hints.append(f"NVIDIA PCI device {os.path.basename(device)}")
+  hints += sorted(glob.glob(os.path.join(root, "dev/nvidia[0-9]*")))
+  hints += sorted(glob.glob(os.path.join(root, "proc/driver/nvidia/gpus/*")))
+  return hints
+
+
 def decide(environ=None, root: str = "/") -> dict:
   """The platforms to set, without setting them (module doc).
 
@@ -163,18 +199,25 @@ def decide(environ=None, root: str = "/") -> dict:
     return keep(f"jax_platforms={configured!r} set by the user")
   if started:
     return keep("JAX's backend has already started")
-  if not libtpu_installed(environ):
+  tpu = libtpu_installed(environ)
+  plugins = accelerator_plugins(environ)
+  cuda = any(CUDA in p.lower() for p in plugins)
+  if not tpu and not cuda:
     return keep("no libtpu installed")
-  hints = tpu_hints(environ, root)
+  hints = tpu_hints(environ, root) if tpu else []
   if hints:
     return keep(f"this host may have a TPU ({', '.join(hints)})")
-  plugins = accelerator_plugins(environ)
   others = [p for p in plugins if CUDA not in p.lower()]
   if others:
     return keep(f"plugin {others[0]} installed: its platform is unknown")
-  platforms = f"{CUDA},cpu" if plugins else "cpu"
-  return {"jax_platforms": platforms,
-          "reason": "libtpu installed on a host without a TPU"}
+  gpu = cuda and bool(gpu_hints(root))
+  absent = (["libtpu installed on a host without a TPU"] if tpu else []) + (
+      ["a CUDA plugin installed on a host without an NVIDIA GPU"]
+      if cuda and not gpu else [])
+  if not absent:
+    return keep("a CUDA plugin installed and an NVIDIA GPU present")
+  return {"jax_platforms": f"{CUDA},cpu" if gpu else "cpu",
+          "reason": "; ".join(absent)}
 
 
 def exclude_absent_tpu(environ=None, root: str = "/") -> dict:
