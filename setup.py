@@ -139,7 +139,9 @@ setup(
                                     "tasks.*"]) + ["jaxfid.assets"],
     # jaxfid serve's page (HTML, CSS, JavaScript).
     package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"],
-                  "jaxfid.fid.serving": ["static/*"]},
+                  "jaxfid.fid.serving": ["static/*"],
+                  # bench compile's GPU target configs (jaxfid/aot/gpus.py)
+                  "jaxfid.aot": ["gpu_targets/*"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={"seqio": SEQIO_REQUIRES,

@@ -39,7 +39,7 @@ from typing import Any
 import gin
 import jax
 
-from jaxfid.aot import programs, search, search_log, topologies
+from jaxfid.aot import executables, programs, search, search_log, topologies
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
@@ -76,6 +76,11 @@ def add_arguments(p) -> None:
   p.add_argument("--jobs", type=int, default=1,
                  help="--search: compile up to N configurations at once "
                  "(each a process needing one compile's host memory)")
+  p.add_argument("--save-executable", default=None, metavar="FILE",
+                 help="--program train: write the compiled step of every "
+                 "phase to FILE, which jaxfid train --gin.COMPILED_STEP="
+                 "\"'FILE'\" loads instead of compiling (same versions, "
+                 "target, mesh and program)")
   # --search's child processes: the train step's FLOPs without remat, per
   # phase (the search traces them once)
   p.add_argument("--model-flops", type=json.loads, default=None,
@@ -169,12 +174,14 @@ class Built:
 
 
 def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
-                 model_flops: list[float] | None = None) -> dict:
+                 model_flops: list[float] | None = None,
+                 save_executable: str | None = None) -> dict:
   """The report of one configuration (``macros`` over the run's gin).
 
   ``model_flops`` (train: per phase) may be given when known (the search
   computes it once); otherwise the train step is traced again without remat
-  for it.
+  for it. ``save_executable``: the train step written there too
+  (:mod:`jaxfid.aot.executables`).
   """
   built = run.build(macros)
   with launch.prng_context(built.hardware_rng):
@@ -183,6 +190,10 @@ def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
                                 target, built.eval_batch_size)
     if model_flops is None:
       model_flops = train_model_flops(run, macros)
+    if save_executable:
+      return executables.compile_train_saving(
+          built.task, built.settings, built.optimizer, target,
+          save_executable, model_flops)
     return programs.compile_train(built.task, built.settings, built.optimizer,
                              target, model_flops)
 
@@ -222,10 +233,12 @@ def summary(result: dict) -> str:
     return head + (f"does not fit: the compiler needs {need:.2f} GB per chip"
                    if need is not None else "does not fit") + (
                        f" of {result['hbm_gb_per_chip']:.2f}")
+  roofline = result["roofline_step_s"]
   return head + (f"{result['per_chip_gb']:.2f} GB per chip of "
                  f"{result['hbm_gb_per_chip']:.2f} "
-                 f"({'fits' if result['fits'] else 'does not fit'}), "
-                 f"roofline {result['roofline_step_s'] * 1e3:.3g} ms/step")
+                 f"({'fits' if result['fits'] else 'does not fit'})"
+                 + (f", roofline {roofline * 1e3:.3g} ms/step"
+                    if roofline is not None else ""))
 
 
 # The compile's interpreter starts as this small program, then execs the
@@ -269,6 +282,8 @@ def compile_in_child(args, macros: dict, model_flops,
           "-m", "jaxfid", "bench", "compile", "--in-process",
           "--topology", args.topology, "--slices", str(args.slices),
           "--program", args.program,
+          *(["--save-executable", args.save_executable]
+            if args.save_executable else []),
           *(f"--gin_file={f}" for f in args.gin_file),
           *(f"--gin_search_path={p}" for p in args.gin_search_path),
           *(f"--gin.{b}" for b in args.gin_bindings),
@@ -317,6 +332,9 @@ def run(args) -> int:
     raise InputError("--jobs", "must be at least 1")
   if args.search_log and not args.search:
     raise InputError("--search-log", "is the log of a --search; add --search")
+  if args.save_executable and (args.search or args.program != "train"):
+    raise InputError("--save-executable", "saves the train step of one "
+                     "configuration: --program train, without --search")
   target = programs.Target.of(topologies.parse(args.topology, args.slices))
   with _sigterm_is_one_line(args.search_log):
     return _run(args, target)
@@ -347,7 +365,7 @@ def _run(args, target: programs.Target) -> int:
         log.say_reused()
     elif args.in_process:
       result = compile_once(gin_run, base, args.program, target,
-                            args.model_flops)
+                            args.model_flops, args.save_executable)
       print(summary(result), file=sys.stderr)
     else:
       try:

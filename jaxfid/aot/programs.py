@@ -339,7 +339,9 @@ def report(compiled, *, target: Target, batch_size: int,
   code = memory.generated_code_size_in_bytes / GB
   per_chip = argument + output - alias + temp + code
   flops, accessed = compiler_cost(compiled)
-  if flops is None:  # XLA:GPU without a device: the program's own count
+  if chip.peak_bf16_flops is None:  # this host's CPU: no public peak
+    source, roofline = "compiler", None
+  elif flops is None:  # XLA:GPU without a device: the program's own count
     flops, source = program, "program"
     roofline = program / chip.peak_bf16_flops
   else:
@@ -358,7 +360,7 @@ def report(compiled, *, target: Target, batch_size: int,
       model_flops_per_chip=model, program_flops_per_chip=program,
       collectives=count_collectives(compiled.as_text()),
       roofline_step_s=roofline,
-      examples_per_sec_at_roofline=(batch_size / roofline if roofline > 0
+      examples_per_sec_at_roofline=(batch_size / roofline if roofline
                                     else None))
   return out
 

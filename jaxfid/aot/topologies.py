@@ -1,6 +1,7 @@
 """Cloud TPU slices by name, their devices without a TPU, and chip figures.
 
-A GPU name (``h100-8``) is handed to :mod:`jaxfid.aot.gpus`.
+A GPU name (``h100-8``) is handed to :mod:`jaxfid.aot.gpus`, ``cpu-<n>`` (this
+host's CPU devices) to :mod:`jaxfid.aot.local`.
 
 ``jaxfid bench compile --topology NAME`` compiles for a TPU slice on any
 host where ``libtpu`` is installed (``pip install -e '.[tpu]'``, a CPU
@@ -33,7 +34,7 @@ import tempfile
 
 from jax.experimental import topologies as jax_topologies
 
-from jaxfid.aot import gpus
+from jaxfid.aot import gpus, local
 from jaxfid.core.errors import InputError
 
 GIB = 2 ** 30
@@ -101,7 +102,8 @@ class Topology:
 
 KNOWN_FORMS = ("accelerator types v4-N and v5p-N (N TensorCores, two per "
                "chip), v5e-N (or v5litepod-N) and v6e-N (N chips), or a "
-               "shape such as v5e:4x4 or v4:2x2x4; or " + gpus.KNOWN_FORMS)
+               "shape such as v5e:4x4 or v4:2x2x4; or " + gpus.KNOWN_FORMS
+               + "; or " + local.FORM)
 
 
 def _grid(chips: int, dims: int) -> tuple[int, ...] | None:
@@ -123,6 +125,9 @@ def parse(name: str, slices: int = 1) -> Topology | gpus.GpuTopology:
   (``h100-8``); InputError if the name is none of the known forms."""
   if gpus.card_of(name) is not None:
     return gpus.parse(name, slices)
+  cpu = local.parse(name, slices)
+  if cpu is not None:
+    return cpu
   if slices < 1:
     raise InputError("--slices", f"must be at least 1, got {slices}")
   text = name.strip().lower()
@@ -186,6 +191,8 @@ def devices(topology: Topology | gpus.GpuTopology) -> list:
   """
   if isinstance(topology, gpus.GpuTopology):
     return gpus.devices(topology)
+  if isinstance(topology, local.CpuTopology):
+    return local.devices(topology)
   if not libtpu_available():
     raise InputError("--topology", f"compiling for a TPU needs libtpu: "
                      f"{INSTALL_HINT}")

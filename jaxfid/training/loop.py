@@ -45,6 +45,7 @@ from jaxfid.core import console, multihost, paths
 from jaxfid.core.errors import InputError
 from jaxfid.core.files import remove_stale_temporaries
 from jaxfid.core.locks import DirectoryLock
+from jaxfid.core.registry import Registry
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.settings import OptimizerSettings, Settings
@@ -170,9 +171,11 @@ def train(*, task: Task, settings: Settings,
                       else state["params"])
             state = state_lib.fresh_state(phases[i].make_state, params, step,
                                           shardings[i])
+          step_fn = step_function(task, settings, place, phases[i], i,
+                                  shardings[i], state)
           state, step, stopped = _run_phase(task, ctx, loop, preemption,
-                                            phases[i], shardings[i], state,
-                                            step, last)
+                                            phases[i], step_fn, state, step,
+                                            last)
           if stopped:
             return last
           _record(ctx, last, step, task.phase_end(ctx, phases[i], state))
@@ -217,6 +220,30 @@ def layout(task: Task, settings: Settings, optimizer: OptimizerSettings,
                 shardings)
 
 
+# COMPILED_STEP's loader: ``(path, jitted step, its arguments, phase name) ->
+# the step to run`` (the executable saved in path where it matches, else the
+# jitted step); registered by jaxfid.aot (jaxfid/aot/executables.py).
+STEP_LOADERS: Registry = Registry(
+    "compiled-step loader", "import jaxfid.aot.plugin (the jaxfid command "
+    "does)")
+
+
+def step_function(task: Task, settings: Settings, place: state_lib.Placement,
+                  phase, index: int, shardings, state):
+  """Phase ``index``'s step as the loop runs it: :func:`jit_step`, or with
+  ``COMPILED_STEP`` set the executable saved there
+  (:mod:`jaxfid.aot.executables`), which the loader checks against this
+  step (a mismatch: one line, and the step compiles)."""
+  jitted = jit_step(phase, shardings, place)
+  if not settings.compiled_step:
+    return jitted
+  batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+      s.shape, s.dtype, sharding=place.batch),
+                       task.abstract_batch(settings, index))
+  return STEP_LOADERS.get("file", "COMPILED_STEP")(
+      settings.compiled_step, jitted, (state, batch), phase.name)
+
+
 def jit_step(phase, shardings, place: state_lib.Placement):
   """A phase's step as the loop runs it: jitted with the state's shardings
   and the batch's, metrics replicated, the state donated."""
@@ -240,7 +267,7 @@ def _initial_params(task: Task, settings: Settings, place):
 
 
 def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
-               shardings, state, step: int, last: dict):
+               step_fn, state, step: int, last: dict):
   """Steps ``[step, phase.end)`` of ``phase``: batch, step, log, evaluate,
   checkpoint; ``last`` collects the latest record. Returns (state, step,
   stopped): stopped by a signal after saving that step (``last`` says so).
@@ -248,7 +275,6 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
   settings, place = ctx.settings, ctx.placement
   batch_size = settings.batch_size
   rows = place.batch_rows(batch_size)
-  step_fn = jit_step(phase, shardings, place)
   loop.restart_clock()
   while step < phase.end:
     host = task.batch(step, rows, state["params"])

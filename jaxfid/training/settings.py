@@ -13,6 +13,7 @@ is checked when the loop builds the mesh
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import jax
@@ -31,6 +32,12 @@ def _mesh_problem(spec: str) -> str | None:
     sharding.mesh_axis_sizes(spec)
   except ValueError as e:
     return str(e)
+  return None
+
+
+def _file_problem(path: str | None) -> str | None:
+  if path is not None and not os.path.isfile(path):
+    return f"no such file: {path}"
   return None
 
 
@@ -57,6 +64,9 @@ class Settings(Config):
     on_nan: a non-finite loss drops the step's update, then 'stop's the run
       naming the step or 'skip's on.
     progress: progress bars on stderr (``loop.train.progress`` sets it).
+    compiled_step: a file of ``jaxfid bench compile --save-executable``:
+      the train step loaded from it instead of compiled, where it matches
+      (:mod:`jaxfid.aot.executables`); None: compiled.
   """
   model_dir: str = option()
   train_steps: int = option(low=1)
@@ -71,6 +81,7 @@ class Settings(Config):
   mesh: str = option("", test=_mesh_problem)
   on_nan: str = option("stop", choices=ON_NAN_CHOICES)
   progress: bool = option(True, macro="loop.train.progress")
+  compiled_step: str | None = option(None, test=_file_problem)
 
   def __post_init__(self):
     super().__post_init__()
