@@ -49,10 +49,11 @@ def synthetic(abstract, sharding, seed: int = 0):
   return jax.tree.map(leaf, abstract)
 
 
-def _peak() -> float | None:
+def _peak(devices: int) -> float | None:
+  """The dense bf16 peak of ``devices`` of this host's card, if known."""
   kind = jax.devices()[0].device_kind
   card = next((c for c in gpus.CARDS.values() if c.device_kind == kind), None)
-  return None if card is None else card.peak_bf16_flops * len(jax.devices())
+  return None if card is None else card.peak_bf16_flops * devices
 
 
 def _timed(fn, steps: int) -> tuple[float, float]:
@@ -68,11 +69,11 @@ def _timed(fn, steps: int) -> tuple[float, float]:
   return first, (time.perf_counter() - t0) / steps
 
 
-def _row(program: str, batch: int, flops: float, first: float, step: float,
-         extra: dict) -> dict:
-  peak = _peak()
+def _row(program: str, batch: int, devices: int, flops: float, first: float,
+         step: float, extra: dict) -> dict:
+  peak = _peak(devices)
   return {"program": program, "batch_size": batch, "device":
-          jax.devices()[0].device_kind, "devices": len(jax.devices()),
+          jax.devices()[0].device_kind, "devices": devices,
           "first_call_s": first, "step_time_s": step,
           "examples_per_sec": batch / step, "model_tflops": flops / 1e12,
           "mfu": None if peak is None else flops / step / peak, **extra}
@@ -99,7 +100,8 @@ def train(run: command.Run, base: dict, steps: int) -> dict:
         return metrics
       first, per_step = _timed(one, steps)
       loss = float(jax.device_get(one()["loss"]))
-  return _row("train", settings.batch_size, flops, first, per_step,
+  return _row("train", settings.batch_size, plan.mesh.size, flops, first,
+              per_step,
               {"remat": built.remat, "scan_layers": built.scan_layers,
                "loss": loss})
 
@@ -124,7 +126,7 @@ def decode(run: command.Run, base: dict, batch_size: int, steps: int) -> dict:
   # decoding stops when every row has ended (EOS, then padding 0): the
   # tokens it ran, out of its bound (random weights end where they end)
   ran = int((tokens != 0).any(axis=0).sum())
-  row = _row("decode", rows, flops, first, per_step,
+  row = _row("decode", rows, plan.mesh.size, flops, first, per_step,
              {"scan_layers": built.scan_layers, "tokens_decoded": ran,
               "decode_maxlength": int(tokens.shape[1])})
   if ran < tokens.shape[1]:  # the FLOPs count every token of the bound
