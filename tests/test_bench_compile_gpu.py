@@ -60,6 +60,19 @@ def test_card_names_map_to_xla_topologies():
   assert topologies.parse("v5e-16").chips == 16  # TPU names are unchanged
 
 
+def test_gpu_compiles_leave_triton_gemms_out_unless_the_user_says(
+    monkeypatch):
+  """Without the card XLA cannot autotune Triton's GEMM tiles (FiD-base's
+  decoding failed to compile with them): GPU compiles use cuBLAS GEMMs,
+  unless XLA_FLAGS names the option; other targets get no options."""
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  h100 = topologies.parse("h100-8")
+  assert h100.compiler_options == {"xla_gpu_enable_triton_gemm": False}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+  assert h100.compiler_options is None
+  assert getattr(topologies.parse("v5e-16"), "compiler_options", None) is None
+
+
 def test_every_card_has_its_target_config():
   """Each card's target config names the card and its memory, the figure
   the report takes as the card's; the datasheets' peaks are dense bf16."""

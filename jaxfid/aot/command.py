@@ -364,8 +364,15 @@ def _run(args, target: programs.Target) -> int:
       if log:
         log.say_reused()
     elif args.in_process:
-      result = compile_once(gin_run, base, args.program, target,
-                            args.model_flops, args.save_executable)
+      try:
+        result = compile_once(gin_run, base, args.program, target,
+                              args.model_flops, args.save_executable)
+      except jax.errors.JaxRuntimeError as e:  # the compiler's own error
+        first = next((l.strip() for l in str(e).splitlines() if l.strip()),
+                     type(e).__name__)
+        print(f"jaxfid bench: error: the compiler failed: {first}",
+              file=sys.stderr)
+        return 1
       print(summary(result), file=sys.stderr)
     else:
       try:

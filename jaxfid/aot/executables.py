@@ -103,7 +103,7 @@ def compile_train_saving(task, settings, optimizer, target: programs.Target,
       traced = loop.jit_step(phase, plan.shardings[i], place).trace(state,
                                                                      batch)
       lowered = traced.lower()
-      compiled = lowered.compile()
+      compiled = lowered.compile(target.compiler_options)
     seconds += time.perf_counter() - t0
     saved[phase.name] = (signature(lowered), compiled)
     fields = programs.report(

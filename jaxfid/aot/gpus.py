@@ -91,6 +91,17 @@ class GpuTopology:
     return self.per_host * self.num_slices
 
   @property
+  def compiler_options(self) -> dict | None:
+    """Triton's GEMM fusions off, unless ``XLA_FLAGS`` names them: without
+    the card XLA cannot autotune their tiles, and its default fails on some
+    of FiD-base's matmuls ("INTERNAL: Couldn't find output tile sizes that
+    satisfy hlo: ... dot(...)", jaxlib 0.10.2); the GEMMs compile to cuBLAS
+    calls instead, which the card's autotuning may choose too."""
+    if "xla_gpu_enable_triton_gemm" in os.environ.get("XLA_FLAGS", ""):
+      return None
+    return {"xla_gpu_enable_triton_gemm": False}
+
+  @property
   def xla_topology(self) -> str:
     """XLA's ``slices x hosts per slice x devices per host``."""
     return f"{self.num_slices}x1x{self.per_host}"

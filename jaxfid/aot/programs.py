@@ -112,6 +112,12 @@ class Target:
   def chip(self) -> topologies.Chip:
     return self.topology.chip
 
+  @property
+  def compiler_options(self) -> dict | None:
+    """XLA options of this target's compiles (GPUs: :func:`jaxfid.aot.gpus.
+    compiler_options`)."""
+    return getattr(self.topology, "compiler_options", None)
+
 
 class OutOfMemory(Exception):
   """The TPU compiler could not fit the program: it needs ``required_bytes``
@@ -265,7 +271,7 @@ def shard_bytes(abstract_args: Any) -> int:
   return total
 
 
-def _compile(jitted, mesh, *args):
+def _compile(jitted, mesh, *args, options: dict | None = None):
   """``(compiled or OutOfMemory, seconds, program FLOPs)``: traced, lowered
   and compiled inside the mesh (the activations' sharding constraints name
   its axes); the FLOPs are :func:`jaxpr_flops` of the traced program itself
@@ -280,7 +286,7 @@ def _compile(jitted, mesh, *args):
       raise InputError("MESH", f"{dict(mesh.shape)} cannot lay out the "
                        f"program: {str(e).splitlines()[0]}") from None
     try:
-      compiled = lowered.compile()
+      compiled = lowered.compile(options)
     except Exception as e:  # pylint: disable=broad-except
       oom = out_of_memory(e)
       if oom is None:
@@ -394,7 +400,7 @@ def compile_train(task: Task, settings: Settings,
     batch = _with_sharding(task.abstract_batch(settings, i), place.batch)
     compiled, took, flops = _compile(
         loop.jit_step(phase, plan.shardings[i], place), plan.mesh, state,
-        batch)
+        batch, options=target.compiler_options)
     seconds += took
     fields = report(compiled, target=target, batch_size=settings.batch_size,
                     model_flops=None if model_flops is None
@@ -420,7 +426,8 @@ def compile_decode(task: Task, settings: Settings,
   batch = _with_sharding(abstract_batch, place.batch)
   jitted = jax.jit(fn, in_shardings=(place.params, place.batch),
                    out_shardings=place.replicated)
-  compiled, seconds, flops = _compile(jitted, plan.mesh, params, batch)
+  compiled, seconds, flops = _compile(jitted, plan.mesh, params, batch,
+                                      options=target.compiler_options)
   fields = report(compiled, target=target, batch_size=rows,
                   model_flops=flops, program_flops=flops)
   return {**_header(target, plan.mesh, "decode"), "batch_size": rows,
