@@ -90,6 +90,10 @@ BAD = [
     (b'{"question": "q", "n_context": 2.5}', 400, "must be an integer"),
     (b'{"question": "q", "beam_size": 3}', 400, "between 1 and 2"),
     (b'{"question": "q", "n_ctx": 2}', 400, "unknown field 'n_ctx'"),
+    (b'{"question": "q", "attention": 1}', 400,
+     '"attention" must be a boolean'),
+    (b'{"question": "q", "attention": "yes"}', 400,
+     '"attention" must be a boolean'),
     (b"\xff\xfe", 400, "not JSON"),
 ]
 

@@ -132,6 +132,13 @@ class Tokenizer:
     """
     return self._sp.DecodeIds(self._clean(ids))
 
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    """Each id's SentencePiece piece, one string per id (EOS ``</s>``, PAD
+    ``<pad>``, a sentinel ``▁<extra_id_N>``, an id past them ``<unused>``)."""
+    limit = self.size_with_extra_ids
+    return [self._sp.IdToPiece(i) if 0 <= i < limit else "<unused>"
+            for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist()]
+
   def decode_batch(self, ids: Iterable[Iterable[int]]) -> list[str]:
     """:meth:`decode` of each row of a 2-D array or list of lists."""
     return [self.decode(row) for row in ids]

@@ -248,6 +248,22 @@ class EncoderDecoderModel:
     return fid.first_position_scores(net, enc.hidden, enc.mask,
                                      tokens.shape[1], mode)
 
+  def answer_attention(self, params, encoder_input_tokens: Array,
+                       answer_tokens: Array, *,
+                       passage_mask: Array | None = None) -> Array:
+    """The cross-attention of each answer token over every passage token,
+    float32 [B, T, P*L] (averaged over heads and layers; each position sums
+    to 1; see :func:`~jaxfid.t5.passages.answer_attention`).
+
+    Teacher-forced on ``answer_tokens`` int32 [B, T] (e.g. :meth:`predict`'s
+    output): position t is the attention while answer token t is predicted.
+    """
+    tokens = fid.as_passages(encoder_input_tokens)
+    net = self.network(params)
+    enc = self.encode(net, tokens, passage_mask)
+    return fid.answer_attention(net, enc.hidden, enc.mask,
+                                shift_right(answer_tokens))
+
   @functools.cached_property
   def jit_logits(self):
     return jax.jit(lambda p, e, d: self.logits(p, e, d))

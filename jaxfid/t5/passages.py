@@ -91,6 +91,24 @@ def first_position_scores(net: T5, hidden: Array, mask: Array,
                                num_passages, mode)
 
 
+def answer_attention(net: T5, hidden: Array, mask: Array,
+                     decoder_input_tokens: Array) -> Array:
+  """The decoder's cross-attention while it reads an answer, float32 [B, T, P*L].
+
+  Teacher-forced on ``decoder_input_tokens`` [B, T] (the answer shifted
+  right: position t predicts answer token t) over an encoding (``hidden``
+  [B, P*L, D], ``mask`` bool [B, P*L]): each layer with cross-attention and
+  each head's post-softmax weights (0 at padding), averaged over heads and
+  layers, so each position's weights sum to 1. Position 0 is
+  :func:`first_position_scores`' position ('probs'), token by token.
+  """
+  _, dec = net.decode(hidden, mask, decoder_input_tokens,
+                      output_attention_logits=True)
+  per_layer = [jnp.mean(jax.nn.softmax(c.astype(jnp.float32), axis=-1), axis=1)
+               for c in dec.cross_attention_logits]       # each [B, T, P*L]
+  return jnp.mean(jnp.stack(per_layer, 1), axis=1)       # [B, layers, T, P*L] -> [B, T, P*L]
+
+
 def scores_from_attention(cross_attention_logits, encoder_mask: Array,
                           num_passages: int, mode: str = "probs") -> Array:
   """Passage scores float32 [B, P] from every decoder layer's cross-attention.

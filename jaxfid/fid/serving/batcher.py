@@ -16,7 +16,10 @@ A batch is built and read by the functions ``jaxfid predict`` uses
 make_predict_fn`, :func:`~jaxfid.fid.predict.make_passage_scores_fn`,
 :func:`~jaxfid.fid.predict.decode_rows`, :func:`~jaxfid.fid.predict.
 passage_score_rows`): the answer and the reader scores of a question are
-those of ``jaxfid predict --passage-scores`` on the same passages.
+those of ``jaxfid predict --passage-scores`` on the same passages. A batch
+with a question that asks for the reader's attention also runs
+:func:`jaxfid.fid.attention.attention_program` on the generated answers
+(compiled per bucket, beside the others), as ``jaxfid predict --attention``.
 """
 from __future__ import annotations
 
@@ -25,11 +28,12 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from jaxfid.fid import attention as attention_lib
 from jaxfid.fid import predict as predict_lib
 from jaxfid.fid.batches import eval_batches
 from jaxfid.fid.examples import FidExample
@@ -57,6 +61,8 @@ class Read:
   reader_scores: list[float]  # per passage, in the reader's input order
   batch_size: int             # real questions in its device batch
   bucket: int                 # the batch's padded size
+  # asked for: jaxfid.fid.attention.attention_rows' row (else None)
+  attention: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +70,7 @@ class _Job:
   example: FidExample
   beam_size: int
   future: concurrent.futures.Future
+  attention: bool = False
 
 
 class Batcher:
@@ -93,6 +100,7 @@ class Batcher:
     self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000
     self.on_batch = on_batch
     self._programs: dict[tuple[int, int], tuple] = {}
+    self._attention: dict[int, Any] = {}  # bucket -> compiled attention
     self._queue: collections.deque[_Job] = collections.deque()
     self._cv = threading.Condition()
     self._stop = False
@@ -111,8 +119,9 @@ class Batcher:
     return real, batch
 
   def compile(self, stopped: Callable[[], bool] = lambda: False) -> int:
-    """Compiles the predict and score programs of every (beam size, bucket);
-    returns how many (beam size, bucket) pairs. Must run before
+    """Compiles the predict and score programs of every (beam size, bucket)
+    and the attention program of every bucket; returns how many (beam size,
+    bucket) pairs. Must run before
     :meth:`start`. ``stopped()`` true (a server stopped while loading) ends
     it after the program being compiled."""
     probe = [FidExample(question="?")]
@@ -123,6 +132,11 @@ class Batcher:
       shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                             batch)
       scored = scores.lower(self.reader.params, shapes).compile()
+      answers = jax.ShapeDtypeStruct((bucket, self.decode_maxlength),
+                                     jnp.int32)
+      self._attention[bucket] = attention_lib.make_attention_fn(
+          self.reader.model).lower(self.reader.params, shapes,
+                                   answers).compile()
       for beam in self.beam_sizes:
         if stopped():
           return len(self._programs)
@@ -135,31 +149,44 @@ class Batcher:
 
   # -------------------------------------------------------------- reading
 
-  def read(self, examples: Sequence[FidExample], beam_size: int) -> list[Read]:
-    """Reads ``examples`` (at most ``max_batch``) in one device batch."""
+  def read(self, examples: Sequence[FidExample], beam_size: int,
+           attention: Sequence[bool] | None = None) -> list[Read]:
+    """Reads ``examples`` (at most ``max_batch``) in one device batch;
+    ``attention[i]``: example i's :class:`Read` has the reader's attention
+    (the attention program runs when one asks)."""
     bucket = next(b for b in self.buckets if b >= len(examples))
     predict, scores = self._programs[(beam_size, bucket)]
     real, host = self._batch(examples, bucket)
     batch = jax.tree.map(jnp.asarray, host)
-    answers = predict_lib.decode_rows(self.reader.tokenizer,
-                                      predict(self.reader.params, batch), real)
+    generated = predict(self.reader.params, batch)
+    answers = predict_lib.decode_rows(self.reader.tokenizer, generated, real)
     weights = predict_lib.passage_score_rows(
         scores(self.reader.params, batch), host["passage_mask"], real)
+    asked = list(attention) if attention is not None else [False] * real
+    rows: list = [None] * real
+    if any(asked):
+      read = attention_lib.attention_rows(
+          self.reader.tokenizer,
+          self._attention[bucket](self.reader.params, batch, generated),
+          generated, host, real)
+      rows = [r if a else None for r, a in zip(read, asked)]
     if self.on_batch is not None:
       self.on_batch(real, bucket)
-    return [Read(a, w, real, bucket) for a, w in zip(answers, weights)]
+    return [Read(a, w, real, bucket, r)
+            for a, w, r in zip(answers, weights, rows)]
 
-  def submit(self, example: FidExample,
-             beam_size: int) -> concurrent.futures.Future:
-    """Queues one question; the future gets its :class:`Read` (or the
-    exception its batch raised)."""
+  def submit(self, example: FidExample, beam_size: int,
+             attention: bool = False) -> concurrent.futures.Future:
+    """Queues one question (``attention``: with the reader's attention);
+    the future gets its :class:`Read` (or the exception its batch
+    raised)."""
     if (beam_size, self.buckets[0]) not in self._programs:
       raise ValueError(f"beam size {beam_size} was not compiled")
     future: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:
       if self._stop:
         raise RuntimeError("the batcher is stopped")
-      self._queue.append(_Job(example, beam_size, future))
+      self._queue.append(_Job(example, beam_size, future, attention))
       self._cv.notify()
     return future
 
@@ -190,8 +217,11 @@ class Batcher:
       live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
       if not live:
         continue
+      asked = [j.attention for j in live]
       try:
-        reads = self.read([j.example for j in live], live[0].beam_size)
+        reads = (self.read([j.example for j in live], live[0].beam_size,
+                           attention=asked) if any(asked) else
+                 self.read([j.example for j in live], live[0].beam_size))
       except Exception as e:  # pylint: disable=broad-except
         for job in live:  # each request answers 500; the thread goes on
           job.future.set_exception(e)

@@ -30,8 +30,8 @@ from jaxfid.retrieval.store.queries import Query
 MAX_BODY_BYTES = 1 << 20
 MAX_QUESTION_CHARS = 2000
 MAX_BATCH_QUESTIONS = 256
-ANSWER_FIELDS = ("question", "n_context", "beam_size")
-BATCH_FIELDS = ("questions", "n_context", "beam_size")
+ANSWER_FIELDS = ("question", "n_context", "beam_size", "attention")
+BATCH_FIELDS = ("questions", "n_context", "beam_size", "attention")
 # A question the index found no passage for is not read: a reader given only
 # padding would still answer, with nothing to back the answer.
 NO_PASSAGES = ("no passage was retrieved for this question (none of its "
@@ -48,10 +48,12 @@ class RequestError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class AnswerRequest:
-  """A checked request: its questions, passages to read, beam size."""
+  """A checked request: its questions, passages to read, beam size, and
+  whether to return the reader's attention over the passages' tokens."""
   questions: tuple[str, ...]
   n_context: int
   beam_size: int
+  attention: bool = False
 
 
 def _json_type(value) -> str:
@@ -135,11 +137,16 @@ def parse_request(body: bytes, *, batch: bool, n_context: int,
     if "question" not in record:
       raise RequestError(400, '"question" is missing')
     questions = (_question(record["question"], "question"),)
+  attention = record.get("attention", False)
+  if not isinstance(attention, bool):
+    raise RequestError(400, '"attention" must be a boolean (true or false), '
+                       f"got {_json_type(attention)}")
   return AnswerRequest(
       questions,
       _count(record, "n_context", n_context, range(1, n_context + 1),
              "--n-context"),
-      _count(record, "beam_size", default_beam, beam_sizes, "--beam-size"))
+      _count(record, "beam_size", default_beam, beam_sizes, "--beam-size"),
+      attention)
 
 
 def _ms(seconds: float) -> float:
@@ -189,7 +196,9 @@ class QaService:
         self._retrieval, self.retrieve, request.questions, request.n_context)
     retrieved = time.perf_counter()
     read = [e for e in examples if e.ctxs]
-    futures = [self.batcher.submit(e, request.beam_size) for e in read]
+    futures = [self.batcher.submit(e, request.beam_size, attention=True)
+               if request.attention else
+               self.batcher.submit(e, request.beam_size) for e in read]
     results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     answered = iter(results)  # in the order of `read`
     reads = [next(answered) if e.ctxs else None for e in examples]
@@ -207,17 +216,23 @@ def response(example: FidExample, read: Read | None,
   """One question's answer: the passages the reader read (in its input
   order, the retrieval ranking) with both scores, and the timings; with no
   passage retrieved (``read`` None), ``"answer": null`` and a ``"notice"``
-  saying why (else ``"notice": null``)."""
+  saying why (else ``"notice": null``). A read with the reader's attention
+  adds ``"answer_tokens"`` and each passage's ``"attention"``
+  (:mod:`jaxfid.fid.attention`: ``weight``, ``tokens``, ``weights``,
+  ``by_answer_token``)."""
   if read is None:
     return {"question": example.question, "answer": None, "passages": [],
             "notice": NO_PASSAGES, "batch_size": 0,
             "timings_ms": dict(timings)}
   passages = sorted_passages(example)[:len(read.reader_scores)]
-  return {"question": example.question, "answer": read.answer,
-          "notice": None,
-          "passages": [{"rank": k + 1, "id": p.id, "title": p.title,
-                        "text": p.text, "retrieval_score": p.score,
-                        "reader_score": s}
-                       for k, (p, s) in enumerate(zip(passages,
-                                                      read.reader_scores))],
-          "batch_size": read.batch_size, "timings_ms": dict(timings)}
+  shown = [{"rank": k + 1, "id": p.id, "title": p.title, "text": p.text,
+            "retrieval_score": p.score, "reader_score": s}
+           for k, (p, s) in enumerate(zip(passages, read.reader_scores))]
+  out = {"question": example.question, "answer": read.answer,
+         "notice": None, "passages": shown,
+         "batch_size": read.batch_size, "timings_ms": dict(timings)}
+  if read.attention is not None:
+    out["answer_tokens"] = read.attention["answer_tokens"]
+    for passage, weights in zip(shown, read.attention["passages"]):
+      passage["attention"] = weights
+  return out
