@@ -120,6 +120,41 @@ def test_predict_reads_the_passage_format_and_writes_either_score(
   np.testing.assert_allclose(want["probs", False].sum(-1), 1.0, rtol=1e-5)
 
 
+def test_predict_attention_writes_token_shares_of_the_passages(
+    checkpoints, tmp_path, capsys):
+  """--attention: each record's answer tokens and, per read passage (in
+  read order, with its id), the reader's shares of its tokens; the same
+  predictions as without; at the first answer token each passage's shares
+  sum to its passage score (probs), over all passages to 1."""
+  hf, _ = checkpoints
+  data = _write_data(tmp_path / "dev.jsonl", _examples())
+  argv = ["predict", "--checkpoint", str(hf), "--data", str(data),
+          "--n-context", "2", "--text-maxlength", "24", "--answer-maxlength",
+          "3", "--passage-scores", "--passage-scores-mode", "probs"]
+
+  def records(name, *flags):
+    out = tmp_path / name
+    assert main([*argv, "--output", str(out), *flags]) == 0
+    capsys.readouterr()
+    return [json.loads(l) for l in out.read_text().splitlines()]
+
+  plain, read = records("plain.jsonl"), records("read.jsonl", "--attention")
+  assert all("attention" not in r and "answer_tokens" not in r for r in plain)
+  assert [r["prediction"] for r in read] == [r["prediction"] for r in plain]
+  for record in read:
+    passages = record["attention"]
+    assert [p["id"] for p in passages] == [None, None]  # no ids in the file
+    assert "".join(passages[0]["tokens"]).startswith(
+        f" question: {record['question']} title: doc context: thing")
+    assert 1 <= len(record["answer_tokens"]) <= 3
+    assert [sum(p["by_answer_token"][0]) for p in passages] == pytest.approx(
+        record["passage_scores"], abs=1e-5)
+    assert sum(p["weight"] for p in passages) == pytest.approx(1, abs=1e-5)
+    for p in passages:
+      assert sum(p["weights"]) == pytest.approx(p["weight"], abs=1e-5)
+      assert len(p["by_answer_token"]) == len(record["answer_tokens"])
+
+
 # ------------------------------------------------------------------ lengths
 
 

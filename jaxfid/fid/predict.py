@@ -135,9 +135,11 @@ def passage_score_rows(scores, passage_mask, real: int) -> list[list[float]]:
 
 def write_predictions(path: str, examples: Sequence[FidExample],
                       predictions: Sequence[str], scores: dict,
-                      passage_scores: Sequence[Sequence[float]] | None = None
-                      ) -> None:
-  """One JSON line per example, input order; atomic."""
+                      passage_scores: Sequence[Sequence[float]] | None = None,
+                      attention: Sequence[dict] | None = None) -> None:
+  """One JSON line per example, input order; atomic. ``attention``: each
+  example's :func:`jaxfid.fid.attention.attention_rows` row, written as
+  ``answer_tokens`` and ``attention`` (its passages)."""
   with atomic_write(path) as f:
     for i, (ex, pred) in enumerate(zip(examples, predictions)):
       record = {"id": ex.id if ex.id is not None else i,
@@ -147,6 +149,9 @@ def write_predictions(path: str, examples: Sequence[FidExample],
                 "f1": scores["per_example_f1"][i]}
       if passage_scores is not None:
         record["passage_scores"] = passage_scores[i]
+      if attention is not None:
+        record["answer_tokens"] = attention[i]["answer_tokens"]
+        record["attention"] = attention[i]["passages"]
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 

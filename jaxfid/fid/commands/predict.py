@@ -3,13 +3,16 @@
   jaxfid predict --checkpoint DIR --data FILE --n-context N --text-maxlength L
       --decode-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
       [--passage-scores [--passage-scores-mode probs|logits]
-       [--scored-data OUT.json]] [--passage-eos auto|on|off]
+       [--scored-data OUT.json]] [--attention] [--passage-eos auto|on|off]
 
 DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
 an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
 checkpoint, else the latest). ``--answer-maxlength`` is the older name of
 ``--decode-maxlength``. Passages end with EOS as the checkpoint was trained
 (``auto``: a MODEL_DIR's run config; none for original FiD readers).
+``--attention`` adds each answer's tokens and the reader's cross-attention
+over each passage's tokens while it generated them
+(:mod:`jaxfid.fid.attention`).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import sys
 from jaxfid.checkpoints.model_dir import WHICH
 from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
+from jaxfid.fid import attention as attention_lib
 from jaxfid.fid import predict as predict_lib
 from jaxfid.fid.examples import read_fid_examples
 from jaxfid.fid.reader import PASSAGE_EOS, load_reader
@@ -55,6 +59,10 @@ def add_parser(subparsers) -> None:
                  "passage's score the reader's (FiD's "
                  "--write_crossattention_scores); the passages beyond "
                  "--n-context keep theirs")
+  p.add_argument("--attention", action="store_true",
+                 help="also write the answer's tokens and, per passage, the "
+                 "reader's cross-attention over its tokens while it "
+                 "generated them (one more forward pass; docs/fid.md)")
   p.add_argument("--passage-eos", choices=PASSAGE_EOS,
                  default="auto",
                  help="passages end with EOS (auto: as the checkpoint was "
@@ -80,12 +88,15 @@ def run(args) -> int:
                        passage_eos=args.passage_eos)
   model, params, tokenizer = reader.model, reader.params, reader.tokenizer
   passage_eos = reader.passage_eos
-  preds = predict_lib.generate(
+  generate = (attention_lib.generate_with_attention if args.attention else
+              predict_lib.generate)
+  generated = generate(
       model, params, tokenizer, examples, n_context=args.n_context,
       text_maxlength=args.text_maxlength,
       answer_maxlength=args.decode_maxlength, batch_size=args.batch_size,
       num_beams=args.beam_size, alpha=args.length_penalty,
       passage_eos=passage_eos)
+  preds, attention = generated if args.attention else (generated, None)
   scores = predict_lib.score(examples, preds)
   extra = None
   if args.passage_scores:
@@ -94,7 +105,7 @@ def run(args) -> int:
         text_maxlength=args.text_maxlength, batch_size=args.batch_size,
         mode=mode, passage_eos=passage_eos)
   predict_lib.write_predictions(args.output, examples, preds, scores,
-                                passage_scores=extra)
+                                passage_scores=extra, attention=attention)
   if args.scored_data is not None:
     unread, reordered = write_scored_data(args.scored_data, args.data,
                                           examples, extra)
