@@ -18,6 +18,7 @@ from jaxfid.fid.examples import FidExample
 from jaxfid.fid.serving.batcher import Batcher, Read, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
 from jaxfid.fid.serving.service import (MAX_QUESTION_CHARS, AnswerRequest,
+                                        example_titles,
                                         QaService, RequestError,
                                         parse_request)
 from jaxfid.retrieval.store.corpus import Passage
@@ -330,3 +331,20 @@ def test_a_question_with_no_passage_retrieved_gets_no_answer():
   finally:
     service.close()
   assert status == 200 and body["answer"] is None and body["notice"]
+
+
+def test_info_says_what_is_served_loading_or_not(state):
+  state.info = {"checkpoint": "runs/x", "n_context": 3}
+  service, state.service = state.service, None
+  app = build_app(state)
+  assert _call(app, "GET", "/v1/info")[:2] == (
+      200, {"checkpoint": "runs/x", "n_context": 3, "ready": False})
+  state.service = service
+  assert _call(app, "GET", "/v1/info")[1]["ready"] is True
+
+
+def test_example_titles_are_distinct_titles_spread_over_the_index():
+  store = [Passage(f"d{i}", f"thing {i // 3}" if i % 5 else "", "x")
+           for i in range(12)]
+  assert example_titles(store) == ["thing 1", "thing 2", "thing 3"]
+  assert example_titles(store[:1]) == [] and example_titles([]) == []

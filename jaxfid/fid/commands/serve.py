@@ -37,8 +37,9 @@ from jaxfid.fid.commands.serve_app import ServerState, build_app
 from jaxfid.fid.reader import load_reader
 from jaxfid.fid.serving.batcher import Batcher, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
-from jaxfid.fid.serving.service import QaService
-from jaxfid.retrieval.search import open_index
+from jaxfid.fid.serving.service import QaService, example_titles
+from jaxfid.retrieval.index_dir import read_meta
+from jaxfid.retrieval.search import Searcher, open_index
 
 LOG = logging.getLogger("jaxfid.serve")
 # The serve extra (setup.py): without it, one line says how to install it.
@@ -83,7 +84,7 @@ def add_parser(subparsers) -> None:
       "checkpoint and an index",
       description="Serve open-domain QA: retrieve from INDEX_DIR, read with "
       "the checkpoint; POST /v1/answer, POST /v1/answer:batch, GET /healthz, "
-      "GET /metrics and a page at GET /.")
+      "GET /metrics, GET /v1/info and a page at GET /.")
   p.add_argument("--checkpoint", required=True,
                  help="a MODEL_DIR, HF T5 directory, original-FiD reader or "
                  "T5X checkpoint (as jaxfid predict)")
@@ -105,6 +106,20 @@ def add_parser(subparsers) -> None:
   p.add_argument("--max-wait-ms", type=float, default=10.0,
                  help="how long a question waits for others to batch with")
   p.set_defaults(func=run)
+
+
+def server_info(config: ServeConfig, searcher: Searcher) -> dict:
+  """What ``GET /v1/info`` says: the checkpoint and index as given, the
+  index's type and size, the request limits and defaults, the lengths read
+  and a few titles of the index's passages (the page's examples)."""
+  return {"checkpoint": config.checkpoint, "index": config.index,
+          "index_type": read_meta(config.index)["type"],
+          "passages_in_index": len(searcher.store),
+          "n_context": config.n_context, "beam_size": config.beam_size,
+          "text_maxlength": config.text_maxlength,
+          "decode_maxlength": config.decode_maxlength,
+          "max_batch": config.max_batch,
+          "example_titles": example_titles(searcher.store)}
 
 
 def _url(host: str, port: int) -> str:
@@ -195,7 +210,8 @@ def run(args) -> int:
   handler.setFormatter(logging.Formatter("jaxfid serve: %(message)s"))
   LOG.addHandler(handler)
   LOG.propagate = False
-  state = ServerState(Metrics(bucket_sizes(config.max_batch)))
+  state = ServerState(Metrics(bucket_sizes(config.max_batch)),
+                      info=server_info(config, searcher))
   sock = _bind(config.host, config.port)
   url = _url(config.host, sock.getsockname()[1])
   server = uvicorn.Server(uvicorn.Config(

@@ -2,6 +2,9 @@
 :class:`ServerState`.
 
 * ``GET /``: the page; ``GET /static/{page.css,page.js}``: its files;
+* ``GET /v1/info``: what is served (the checkpoint, the index, the limits
+  of a request, example titles of the index; :func:`jaxfid.fid.commands.
+  serve.server_info`), with ``"ready"``, loading or not;
 * ``GET /healthz``: 200 ``{"status": "ready"}`` once the programs are
   compiled, 503 ``{"status": "loading"}`` before;
 * ``GET /metrics``: Prometheus text (:mod:`jaxfid.fid.serving.metrics`);
@@ -32,10 +35,11 @@ ANSWER, BATCH = "/v1/answer", "/v1/answer:batch"
 
 @dataclasses.dataclass
 class ServerState:
-  """What the routes serve: the service once loaded (None before) and the
-  metrics."""
+  """What the routes serve: the service once loaded (None before), the
+  metrics and what ``GET /v1/info`` says."""
   metrics: Metrics
   service: QaService | None = None
+  info: dict = dataclasses.field(default_factory=dict)
 
 
 def one_line(error: BaseException) -> str:
@@ -94,6 +98,10 @@ def build_app(state: ServerState):
       return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ready"})
 
+  async def info(request):
+    del request
+    return JSONResponse({**state.info, "ready": state.service is not None})
+
   async def metrics(request):
     del request
     return Response(state.metrics.text(),
@@ -123,6 +131,7 @@ def build_app(state: ServerState):
             Route("/static/page.css", static("page.css")),
             Route("/static/page.js", static("page.js")),
             Route("/healthz", healthz), Route("/metrics", metrics),
+            Route("/v1/info", info),
             Route(ANSWER, route(ANSWER, False), methods=["POST"]),
             Route(BATCH, route(BATCH, True), methods=["POST"])]
   app = Starlette(routes=routes, exception_handlers={

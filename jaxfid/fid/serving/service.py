@@ -149,6 +149,18 @@ def parse_request(body: bytes, *, batch: bool, n_context: int,
       attention)
 
 
+def example_titles(store: Sequence, count: int = 4) -> list[str]:
+  """Up to ``count`` distinct non-empty titles of an index's passages, taken
+  at evenly spaced rows (the page's example questions ask about them)."""
+  n = len(store)
+  titles: list[str] = []
+  for row in sorted({k * n // count for k in range(count)} if n else ()):
+    title = store[row].title.strip()
+    if title and title not in titles:
+      titles.append(title)
+  return titles
+
+
 def _ms(seconds: float) -> float:
   return round(1000 * seconds, 3)
 
