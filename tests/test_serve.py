@@ -10,7 +10,9 @@ Chromium (the screenshot stays in the test's tmp directory); SIGTERM
 finishes the request in flight and exits 0.
 """
 import concurrent.futures
+import html
 import json
+import math
 import os
 import re
 import shutil
@@ -231,7 +233,31 @@ def test_a_question_with_no_passage_retrieved_is_not_answered(server):
   assert [a["answer"] is None for a in got["answers"]] == [True, False]
 
 
-def test_the_page_shows_the_answer_and_the_passages(server, tmp_path):
+def test_attention_equals_predict_attention(server, world, tmp_path):
+  """"attention": true gives `jaxfid predict --attention`'s shares."""
+  question = _question(4)
+  queries = tmp_path / "q.jsonl"
+  queries.write_text(json.dumps({"id": "0", "question": question}) + "\n")
+  assert main(["retrieve", "--index", str(world / "index"), "--queries",
+               str(queries), "--top-k", str(N_CONTEXT), "--output",
+               str(tmp_path / "run.json")]) == 0
+  assert main(["predict", "--checkpoint", str(world / "model"), "--data",
+               str(tmp_path / "run.json"), "--n-context", str(N_CONTEXT),
+               "--text-maxlength", str(TEXT_MAXLENGTH), "--decode-maxlength",
+               str(DECODE_MAXLENGTH), "--attention", "--output",
+               str(tmp_path / "pred.jsonl")]) == 0
+  pred = json.loads((tmp_path / "pred.jsonl").read_text())
+  status, got = _post(server.url + "v1/answer",
+                      {"question": question, "attention": True})
+  assert status == 200 and got["answer_tokens"] == pred["answer_tokens"]
+  for passage, want in zip(got["passages"], pred["attention"], strict=True):
+    assert passage["id"] == want["id"]
+    assert passage["attention"]["tokens"] == want["tokens"]
+    assert passage["attention"]["weights"] == pytest.approx(want["weights"],
+                                                            abs=1e-5)
+
+
+def test_the_page_shows_the_answer_and_the_passages(server, world, tmp_path):
   chromium = shutil.which("chromium") or shutil.which("chromium-browser")
   if chromium is None:
     pytest.skip("no chromium (.ci/run installs Debian's chromium)")
@@ -239,22 +265,45 @@ def test_the_page_shows_the_answer_and_the_passages(server, tmp_path):
   page = f"{server.url}?q={urllib.parse.quote(question)}"
   flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
            "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
-           "--virtual-time-budget=20000", "--window-size=1000,800"]
+           "--virtual-time-budget=20000", "--window-size=1000,1400"]
   dom = subprocess.run(flags + ["--dump-dom", page], capture_output=True,
                        text=True, timeout=120).stdout
-  _, expected = _post(server.url + "v1/answer", {"question": question})
+  _, expected = _post(server.url + "v1/answer",
+                      {"question": question, "attention": True})
   answer = expected["answer"]
   assert re.search(rf'<p id="answer">{re.escape(answer)}</p>', dom), dom
+  # the header and the controls, from GET /v1/info
+  assert re.search(rf'<p id="info" class="dim">model {re.escape(str(world))}'
+                   r"/model · index .*/index \(bm25, 60 passages\)", dom), dom
+  options = re.search(r'<select id="n-context"[^>]*>(.*?)</select>', dom)
+  assert re.findall(r"<option[^>]*>(\d+)</option>", options.group(1)) == [
+      "1", "2", "3"]
+  assert re.findall(r'<button class="example"[^>]*>([^<]*)</button>', dom)[
+      0] == "what is thing 0?"
   items = re.findall(r'<li class="passage">(.*?)</li>', dom)
   assert len(items) == len(expected["passages"]) == N_CONTEXT
   best = max(expected["passages"], key=lambda p: p["reader_score"])
   assert f"retrieval rank {best['rank']}" in items[0]  # by reader score
-  assert f"<mark>{answer}</mark>" in dom
   # the bar is the reader's weight on an absolute scale (scores sum to 1)
   width = re.search(r'class="bar"[^>]*><span style="width: ([\d.]+)%;"',
                     items[0])
   assert width, items[0]
   assert abs(float(width.group(1)) - 100 * best["reader_score"]) < 0.051
+  assert f"while answering {best['attention']['weight']:.3f}" in items[0]
+  # each token shaded by its share of the attention, on the absolute scale
+  tokens = re.search(r'<p class="tokens">(.*?)</p>', items[0]).group(1)
+  spans = re.findall(r"<span([^>]*)>([^<]*)</span>", tokens)
+  assert [html.unescape(t) for _, t in spans] == best["attention"]["tokens"]
+  colours = [re.search(r"rgba?\(245, 158, 11(?:, ([\d.]+))?\)", attrs)
+             for attrs, _ in spans]  # Chromium writes alpha 1 as rgb(...)
+  alphas = [0.0 if c is None else float(c.group(1) or 1) for c in colours]
+  weights = best["attention"]["weights"]
+  want = [min(1.0, max(0.0, (math.log10(w) + 4) / 3)) if w > 1e-4 else 0.0
+          for w in weights]
+  assert alphas == pytest.approx(want, abs=0.006)
+  top = max(range(len(weights)), key=weights.__getitem__)
+  assert alphas[top] == max(alphas) > 0  # shaded where it is highest
+  assert '<details id="json-view">' in dom and "answer_tokens" in dom
   shot = tmp_path / "page.png"  # kept in pytest's tmp directory
   subprocess.run(flags + [f"--screenshot={shot}", page], capture_output=True,
                  timeout=120, check=True)
