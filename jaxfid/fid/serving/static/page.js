@@ -86,7 +86,7 @@ function showAnswerTokens(tokens) {
   if (!tokens) return;
   line.append("generated as ");
   tokens.forEach((token, t) => {
-    const chip = element("span", "", token);
+    const chip = element("span", "", token.trim() ? token : "␣");  // a bare space as ␣
     chip.title = "hover: the attention while this token was generated";
     chip.addEventListener("mouseenter", () => repaint(t));
     chip.addEventListener("mouseleave", () => repaint(null));
