@@ -21,7 +21,9 @@ from hf_reference import (load_reference_model, make_fid_wrapper_checkpoint,
                           reference_logits, require_torch, torch,
                           transformers, write_torch_bin)
 from jaxfid.checkpoints import detect_format, names, read_hf, write_hf
+from jaxfid.checkpoints.load import inference_config
 from jaxfid.core.errors import InputError
+from jaxfid.t5.config import T5Config
 
 
 @pytest.fixture(scope="module")
@@ -314,3 +316,14 @@ def test_not_a_directory(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
   with pytest.raises(InputError, match="no weights"):
     read_hf(tmp_path)
+
+
+def test_a_loaded_model_runs_the_attention_its_platform_takes():
+  """A run trained with ATTENTION='pallas' (a TPU's kernel) is loaded for
+  inference with 'auto', so predicting on another platform does not run the
+  kernel in Pallas' interpreter; dropout is off and dtype is the caller's."""
+  trained = T5Config(attention="pallas", dropout_rate=0.1).to_dict()
+  config = inference_config(trained, "bfloat16")
+  assert (config.attention, config.dropout_rate, config.dtype) == (
+      "auto", 0.0, "bfloat16")
+  assert inference_config(trained).dtype == trained["dtype"]

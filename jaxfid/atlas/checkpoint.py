@@ -16,7 +16,8 @@ import os
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.atlas.model import READER, AtlasModel
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.load import METHOD_LOADERS, model_dir_vocabulary
+from jaxfid.checkpoints.load import (METHOD_LOADERS, inference_config,
+                                     model_dir_vocabulary)
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
 from jaxfid.t5.config import T5Config
@@ -39,9 +40,7 @@ def is_atlas_dir(path: str) -> bool:
 
 
 def model_from_run_config(run: dict, dtype: str | None = None) -> AtlasModel:
-  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
-  if dtype:
-    config = config.replace(dtype=dtype)
+  config = inference_config(run["model"], dtype)
   retriever = DualEncoder(
       T5Config.from_dict(run["retriever"]["model"]),
       DualEncoderConfig.from_dict(run["retriever"]["dual_encoder"]))

@@ -55,15 +55,21 @@ def params_from_flat(model: EncoderDecoderModel, flat: dict[str, np.ndarray],
                     for k, v in flat.items()})
 
 
+def inference_config(fields: dict, dtype: str | None = None) -> T5Config:
+  """A loaded model's T5Config for inference: no dropout, the attention the
+  platform it runs on takes (``'auto'``, whatever the training run chose),
+  and ``dtype`` when given."""
+  config = T5Config.from_dict(fields).replace(dropout_rate=0.0,
+                                              attention="auto")
+  return config.replace(dtype=dtype) if dtype else config
+
+
 def load_encoder_decoder(path: str, *, dtype: str | None = None,
                          which: str = "auto"
                          ) -> tuple[EncoderDecoderModel, dict, str | None]:
   """A MODEL_DIR as the plain T5 of its run config's ``"model"`` (FiD's)."""
   run = checkpointing.read_method_config(path)
-  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
-  if dtype:
-    config = config.replace(dtype=dtype)
-  model = EncoderDecoderModel(config)
+  model = EncoderDecoderModel(inference_config(run["model"], dtype))
   params = checkpointing.restore_model(path, model.abstract_params(), which)
   return model, params, model_dir_vocabulary(path)
 
@@ -101,10 +107,7 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
     loader = METHOD_LOADERS.get(method, where=config_file)
     return loader(path, dtype=dtype, which=which)
   fields, flat, spiece = load_flat(path)
-  config = T5Config.from_dict(fields).replace(dropout_rate=0.0)
-  if dtype:
-    config = config.replace(dtype=dtype)
-  model = EncoderDecoderModel(config)
+  model = EncoderDecoderModel(inference_config(fields, dtype))
   return model, params_from_flat(model, flat, path), spiece
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.checkpoints.load import METHOD_LOADERS, model_dir_vocabulary
+from jaxfid.checkpoints.load import (METHOD_LOADERS, inference_config,
+                                     model_dir_vocabulary)
 from jaxfid.reatt.model import ReAttModel, model_from_run_config
-from jaxfid.t5.config import T5Config
 
 METHOD = "reatt"
 
@@ -24,10 +24,7 @@ def load_reatt(path: str, *, dtype: str | None = None, which: str = "auto"
   """(model, params, spiece path or None) of a ReAtt MODEL_DIR."""
   path = os.fspath(path)
   run = checkpointing.read_method_config(path, METHOD)
-  config = T5Config.from_dict(run["model"]).replace(dropout_rate=0.0)
-  if dtype:
-    config = config.replace(dtype=dtype)
-  model = model_from_run_config(run, config)
+  model = model_from_run_config(run, inference_config(run["model"], dtype))
   params = checkpointing.restore_model(path, model.abstract_params(), which)
   return model, params, model_dir_vocabulary(path)
 
