@@ -1,65 +1,33 @@
 """Which JAX platforms a process starts: a CPU host with libtpu or JAX's CUDA
 plugin stays a CPU host.
 
-With ``libtpu`` installed (``pip install 'jaxfid[tpu]'``, which ``jaxfid
-bench compile`` needs to compile for a TPU topology on any machine), JAX
-tries the TPU backend first on every host, unless ``JAX_PLATFORMS`` says
-otherwise. On a machine without a TPU the first ``jax.devices()`` then
-prints libtpu's initialisation errors on stderr (``could not determine TPU
-accelerator type``, ``unexpected worker hostname ...``) and loses a few
-tenths of a second to seconds before JAX falls back to the CPU, in every
-process, every command and every test subprocess.
+With libtpu installed (the ``tpu`` extra, which ``jaxfid bench compile``
+needs on any machine) JAX tries the TPU backend first, and on a host without
+a TPU prints libtpu's initialisation errors and loses time in every process;
+a CUDA plugin (the ``gpu-aot`` extra) on a host without an NVIDIA GPU calls
+``cuInit``, which fails (CUDA error 303) with a traceback.
 
-:func:`exclude_absent_tpu` decides this before JAX starts a backend:
-importing ``jaxfid`` calls it (so the ``jaxfid`` command and library users
-get it alike). When all of the following hold, it sets ``JAX_PLATFORMS``
-(``os.environ``, which the commands a run starts inherit, and
-``jax.config``'s ``jax_platforms`` when JAX is already imported) to the
-platforms that remain, ``cpu`` or ``cuda,cpu``:
+:func:`exclude_absent_tpu`, called when ``jaxfid`` is imported, sets
+``JAX_PLATFORMS`` (``os.environ``, inherited by the commands a run starts,
+and ``jax.config`` when JAX is imported) to the platforms that remain
+(``cpu`` or ``cuda,cpu``) when all of these hold:
 
-* the user has chosen nothing: ``JAX_PLATFORMS`` is absent from the
-  environment (set, even empty, it is the user's: an empty value asks JAX
-  to choose, TPU probe included) and ``jax.config.jax_platforms`` is unset;
-* libtpu is installed (importable, or ``TPU_LIBRARY_PATH`` names a file),
-  or a CUDA plugin is (below); without either nothing is changed;
-* nothing suggests a TPU on this host (:func:`tpu_hints`): no PCI device of
-  Google's (vendor ``0x1ae0``, what ``jax/_src/hardware_utils.py`` counts
-  TPU chips by) other than storage and network devices (Compute Engine's
-  NVMe disks and gVNIC, class ``0x01`` / ``0x02``), so a TPU generation
-  newer than this table still counts; no ``/dev/accel*`` (TPU v2-v4) or
-  ``/dev/vfio/<group>`` device (v5e and later, as a container sees them);
-  none of the variables a TPU VM or GKE TPU node sets
-  (:data:`TPU_ENV_HINTS`, ``JAX_FORCE_TPU_INIT`` included). No network
-  call (no metadata server query);
-* every other JAX plugin installed is a CUDA one. It stays on the list
-  where the host has an NVIDIA GPU (:func:`gpu_hints`: an NVIDIA display or
-  3D controller on PCI, ``/dev/nvidia<N>``, ``/proc/driver/nvidia/gpus``);
-  without one it is left out too: the plugin's version check would call
-  ``cuInit``, which fails there (CUDA error 303) and prints a traceback in
-  every process. With a plugin of another kind (ROCm, or one named in
-  ``PJRT_NAMES_AND_LIBRARY_PATHS``) the platforms to keep cannot be known
-  without loading it, so nothing is changed.
+* the user has chosen nothing (``JAX_PLATFORMS`` absent from the
+  environment, even an empty value is the user's; ``jax_platforms`` unset);
+* libtpu or a CUDA plugin is installed;
+* nothing suggests a TPU on this host (:func:`tpu_hints`: a Google PCI
+  device other than storage or network, ``/dev/accel*``, ``/dev/vfio/<n>``,
+  the variables of :data:`TPU_ENV_HINTS`; no network call);
+* every other JAX plugin is a CUDA one; it stays where the host has an
+  NVIDIA GPU (:func:`gpu_hints`). With another kind of plugin nothing is
+  changed.
 
-A CUDA plugin alone (``pip install 'jaxfid[gpu-aot]'``, which ``jaxfid
-bench compile`` needs to compile for GPUs on any machine) is treated the
-same way: on a host without an NVIDIA GPU, ``JAX_PLATFORMS`` is set to
-``cpu``; ``get_topology_desc(platform="cuda", ...)`` still loads the plugin
-as a compiler.
-
-JAX's backend must not have started yet (otherwise nothing is changed).
-``jax.experimental.topologies.get_topology_desc(platform="tpu", ...)``
-loads libtpu on its own, whatever ``JAX_PLATFORMS`` says, so compiling for a
-TPU topology (``jaxfid bench compile``) is unaffected. libtpu, loaded there
-as a compiler only, prints the same errors when it initialises on a host
-without a TPU; loading it inside :func:`libtpu_as_compiler` keeps it quiet.
-The CPU-only settings
-of :mod:`jaxfid.core.host_memory` treat a libtpu or CUDA plugin that
-``JAX_PLATFORMS`` leaves out as no accelerator.
-
-This module imports no JAX (``import jaxfid`` stays light: without libtpu
-or a plugin the decision is a ``find_spec`` and a look at the installed
-plugins); it reads only ``/sys/bus/pci``, ``/dev``, ``/proc/driver/nvidia``
-and the environment.
+JAX's backend must not have started yet. ``get_topology_desc`` loads libtpu
+or the CUDA plugin as a compiler whatever ``JAX_PLATFORMS`` says, so
+compiling for a target (``jaxfid bench compile``) is unaffected;
+:func:`libtpu_as_compiler` keeps libtpu quiet there. This module imports no
+JAX and reads only ``/sys/bus/pci``, ``/dev``, ``/proc/driver/nvidia`` and
+the environment.
 """
 from __future__ import annotations
 

@@ -1,39 +1,24 @@
 """DPR/GTR-style training of the T5 dual encoder, a task of the one loop.
 
-gin: ``gin/retrieval/dual_encoder_*.gin`` bind ``METHOD =
-@de_task.DualEncoderTask()`` with three config values: ``training =
-@de_task.DualEncoderTrainConfig()`` (``TRAIN_DATA``, ``EVAL_DATA``,
-``HARD_NEGATIVES``, ``TEMPERATURE``, ...), ``encoder =
-@de_model.DualEncoderConfig()`` (``QUERY_MAXLENGTH``, ``PASSAGE_MAXLENGTH``,
-``POOLING``, ...) and ``model_config = @T5Config()``; the run's macros are
-the trainer's
-(``gin/training.gin``), so SIGTERM checkpoints, step-for-step resume,
-``ACCUMULATION_STEPS``, ``MESH`` and multi-host batches work as for every
-method.
+gin (``gin/retrieval/dual_encoder_*.gin``): ``METHOD =
+@de_task.DualEncoderTask()`` with ``training`` (:class:`DualEncoderTrainConfig`),
+``encoder`` (``DualEncoderConfig``) and ``model_config`` (``T5Config``); the
+run's macros are the trainer's.
 
-Each step embeds B questions and, for each, its positive passage and H hard
-negatives (:class:`~jaxfid.dual_encoder.data.PairBatcher`), and scores every
-question against all B*(1+H) passages of the global batch
-(:mod:`jaxfid.dual_encoder.step`; with accumulation, GradCache keeps the
-negatives global and the gradient exact). Questions and passages share one
-encoder by default (GTR); ``shared=False`` gives questions their own tower
-(DPR).
+Each step embeds B questions, their positives and H hard negatives each
+(:class:`~jaxfid.dual_encoder.data.PairBatcher`) and scores every question
+against all B*(1+H) passages of the global batch
+(:mod:`jaxfid.dual_encoder.step`). One shared encoder by default (GTR);
+``shared=False`` gives questions their own tower (DPR). ``objective =
+'distill'`` (``gin/retrieval/distill_*.gin``) trains from the reader's
+scores instead (FiD-KD: :mod:`~jaxfid.dual_encoder.distill_data`,
+:mod:`~jaxfid.dual_encoder.distill_loss`).
 
-``MODEL_DIR`` is a jaxfid model directory: ``jaxfid_config.json``
-(``"method": "dual_encoder"``, the T5 config without decoder layers, the
-pooling and towers), ``spiece.model``, ``checkpoints/<step>/``, ``best/``
-(the parameters with the best ``eval_top1`` when EVAL_DATA is given) and
-``metrics.jsonl``. Its encoder is what ``jaxfid index dense --checkpoint
-MODEL_DIR`` loads (:func:`~jaxfid.dual_encoder.checkpoint.load_dual_encoder`).
-
-``objective = 'distill'`` (``gin/retrieval/distill_*.gin``) trains it from
-the reader instead (FiD-KD): the data are FiD JSON with the reader's scores
-(:mod:`jaxfid.dual_encoder.distill_data`), the loss the KL of
-:mod:`jaxfid.dual_encoder.distill_loss`, through the same step and loop.
-
-Metrics: ``loss``, ``accuracy`` (the positive scores highest among the
-batch's passages), ``mean_rank``, ``grad_norm``; with eval data,
-``eval_top1``/``eval_top5`` (:mod:`jaxfid.dual_encoder.evaluation`).
+``MODEL_DIR`` holds ``jaxfid_config.json`` (``"method": "dual_encoder"``),
+``spiece.model``, checkpoints, ``best/`` (best ``eval_top1``) and
+``metrics.jsonl``; ``jaxfid index dense --checkpoint MODEL_DIR`` loads it.
+Metrics: ``loss``, ``accuracy``, ``mean_rank``, ``grad_norm``; with eval
+data ``eval_top1``/``eval_top5``.
 """
 from __future__ import annotations
 

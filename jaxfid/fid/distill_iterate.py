@@ -1,53 +1,29 @@
 """FiD-KD's rounds (``jaxfid distill iterate``): reader, scores, retriever, index.
 
-Izacard & Grave (2021) train a retriever on the reader's cross-attention
-scores and repeat: train the reader on the current retrieval, score the
-training passages with it, train the retriever on the scores, re-embed the
-corpus, retrieve again. This module runs those rounds in a work directory
-``W`` whose every output is an ordinary file the single-step commands write:
+Izacard & Grave (2021): train the reader on the current retrieval, score
+the training passages with it, train the retriever on the scores, re-embed
+the corpus, retrieve again. Every output in the work directory ``W`` is a
+file the single-step commands write:
 
-* round 0: ``jaxfid index bm25`` of the corpus into ``W/round_0/index`` and
-  ``jaxfid retrieve`` of the training and dev questions into
-  ``W/round_0/train.json`` / ``dev.json`` (FiD JSON, ``top_k`` passages; dev
-  ``max(top_k, 100)`` so recall@100 is measured);
-* round ``r >= 1``, from round ``r-1``'s ``train.json`` / ``dev.json``:
+* round 0: BM25 index ``W/round_0/index`` and its retrieval
+  ``W/round_0/train.json`` / ``dev.json`` (dev at ``max(top_k, 100)``);
+* round ``r >= 1``, from round ``r-1``'s retrieval: the reader
+  ``W/round_r/reader`` (from the gin run's INIT_CHECKPOINT, or with
+  ``continue_reader`` from round ``r-1``'s: jaxfid's choice, as FiD's
+  ``--model_path`` also restores the step, ``src/util.py:81``); the scores
+  ``train_scored.json`` (``predict --passage-scores --scored-data``, every
+  retrieved passage); the retriever ``W/round_r/retriever`` trained on each
+  question's N_CONTEXT best by score (FiD's ``sort_data``), from round
+  ``r-1``'s retriever unless ``continue_retriever=False``; its dense index
+  and retrieval.
 
-  1. ``W/round_r/reader``: ``jaxfid train`` of the reader gin run,
-     TRAIN_DATA and EVAL_DATA those files (its last evaluation is the
-     round's ``eval_em``), from the gin run's own initialisation (its
-     INIT_CHECKPOINT, e.g. T5: the original's ``train_reader.py`` without
-     ``--model_path``) or, with ``continue_reader``, from round ``r-1``'s
-     reader (round 2 on; jaxfid's choice: the original's ``--model_path``
-     also restores the step, so it trains only the steps left, FiD
-     ``src/util.py:81``);
-  2. ``W/round_r/train_scored.json``: what ``jaxfid predict
-     --passage-scores --scored-data`` writes, every retrieved passage scored
-     (``--n-context top_k``, as the original scores all 100); the
-     retriever reads each question's N_CONTEXT best by those scores, as
-     FiD's ``src/data.py`` ``sort_data`` orders them;
-  3. ``W/round_r/retriever``: ``jaxfid train`` of the retriever gin run
-     (the distillation objective) on the scores; from round 2 on its
-     INIT_CHECKPOINT is round ``r-1``'s retriever, so the rounds continue
-     one retriever (``continue_retriever=False``: each round starts from
-     the gin run's own initialisation, as the FiD README's commands do);
-  4. ``W/round_r/index``: ``jaxfid index dense`` of the corpus with it;
-  5. ``W/round_r/train.json`` / ``dev.json``: retrieval with that index.
-
-Each round ends by writing ``W/round_r/round.json`` (last, atomically): its
-record ``{"round", "retriever", "recall@1", "recall@5", "recall@20",
-"recall@100", "eval_em"}`` (recall: answer recall of the dev retrieval, as
-``jaxfid eval-retrieval --data dev.jsonl`` computes it; ``retriever``:
-``"bm25"`` or the retriever's MODEL_DIR; round 0's ``eval_em`` is None).
-``W/rounds.jsonl`` is rewritten after every round with the finished rounds'
-records in order. A finished round is skipped on rerun; an unfinished one
-resumes from its outputs (a training resumes from its MODEL_DIR's
-checkpoints). ``W/distill_iterate.json`` records the run a work directory
-belongs to, so a rerun with other inputs or gin is refused; a rerun with a
-larger ``--rounds`` runs the rounds after the finished ones.
-
-Training runs in-process through callbacks (the command,
-:mod:`jaxfid.fid.commands.distill`, re-parses the user's gin runs with the
-round's macros bound), as ``jaxfid reatt iterate`` does.
+Each round ends with ``W/round_r/round.json`` (atomic, last): ``{"round",
+"retriever", "recall@1", "recall@5", "recall@20", "recall@100",
+"eval_em"}``; ``W/rounds.jsonl`` holds the finished rounds. A finished round
+is skipped on rerun, an unfinished one resumes from its outputs;
+``W/distill_iterate.json`` refuses a rerun with other inputs, and a larger
+``--rounds`` runs only the rounds after the finished ones. Training runs
+in-process through callbacks (:mod:`jaxfid.fid.commands.distill`).
 """
 from __future__ import annotations
 
