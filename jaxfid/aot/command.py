@@ -4,6 +4,7 @@
 
   jaxfid bench compile --topology v5e-16 --gin_file=gin/fid/base.gin \\
       [--gin.NAME=VALUE ...] [--program train|decode] [--search] [--slices N]
+      [--breakdown]
 
 Takes ``jaxfid train``'s gin files and bindings (any method: the task comes
 from ``METHOD``) and compiles, with the TPU compiler and from shapes alone,
@@ -15,7 +16,10 @@ unset, and data paths may name files that do not exist here (a method's
 task binds placeholders where its configs need a path:
 ``Task.compile_bindings``). The last line on stdout is one JSON object;
 ``--search`` (:mod:`jaxfid.aot.search`) tries remat, mesh
-splits, accumulation and scanned layers and prints the best as flags.
+splits, accumulation and scanned layers and prints the best as flags;
+``--breakdown`` (one compile, not a search) adds where the step's HBM
+bytes and FLOPs go (:mod:`jaxfid.aot.breakdown`): a ``breakdown`` field and
+a table on stderr.
 
 Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host); a missing one,
 an unknown topology or a bad configuration is one line, exit 2. A program
@@ -37,6 +41,7 @@ from typing import Any
 import gin
 import jax
 
+from jaxfid.aot import breakdown as breakdown_lib
 from jaxfid.aot import programs, search, search_log, topologies
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
@@ -72,6 +77,12 @@ def add_arguments(p) -> None:
   p.add_argument("--jobs", type=int, default=1,
                  help="--search: compile up to N configurations at once "
                  "(each a process needing one compile's host memory)")
+  p.add_argument("--breakdown", action="store_true",
+                 help="where the compiled step's HBM bytes and FLOPs go, "
+                 "from its optimized HLO: grouped (attention scores, "
+                 "matmuls, dropout, layout copies, collectives, optimizer) "
+                 "and its top instructions; a 'breakdown' field and a table "
+                 "on stderr (one compile, not --search)")
   # --search's child processes: the train step's FLOPs without remat, per
   # phase (the search traces them once)
   p.add_argument("--model-flops", type=json.loads, default=None,
@@ -165,22 +176,23 @@ class Built:
 
 
 def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
-                 model_flops: list[float] | None = None) -> dict:
+                 model_flops: list[float] | None = None,
+                 breakdown: bool = False) -> dict:
   """The report of one configuration (``macros`` over the run's gin).
 
   ``model_flops`` (train: per phase) may be given when known (the search
   computes it once); otherwise the train step is traced again without remat
-  for it.
+  for it. ``breakdown`` adds the report's ``breakdown`` field.
   """
   built = run.build(macros)
   with launch.prng_context(built.hardware_rng):
     if program == "decode":
       return programs.compile_decode(built.task, built.settings, built.optimizer,
-                                target, built.eval_batch_size)
+                                target, built.eval_batch_size, breakdown)
     if model_flops is None:
       model_flops = train_model_flops(run, macros)
     return programs.compile_train(built.task, built.settings, built.optimizer,
-                             target, model_flops)
+                             target, model_flops, breakdown)
 
 
 def train_model_flops(run: Run, macros: dict) -> list[float]:
@@ -271,6 +283,8 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
+  if getattr(args, "breakdown", False):
+    argv.append("--breakdown")
   child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
     if echo:
@@ -313,6 +327,10 @@ def run(args) -> int:
     raise InputError("--jobs", "must be at least 1")
   if args.search_log and not args.search:
     raise InputError("--search-log", "is the log of a --search; add --search")
+  if args.breakdown and args.search:
+    raise InputError("--breakdown", "breaks down one compile, not a "
+                     "--search; rerun the search's best flags with "
+                     "--breakdown")
   target = programs.Target.of(topologies.parse(args.topology, args.slices))
   with _sigterm_is_one_line(args.search_log):
     return _run(args, target)
@@ -343,8 +361,10 @@ def _run(args, target: programs.Target) -> int:
         log.say_reused()
     elif args.in_process:
       result = compile_once(gin_run, base, args.program, target,
-                            args.model_flops)
+                            args.model_flops, args.breakdown)
       print(summary(result), file=sys.stderr)
+      if result.get("breakdown"):
+        print(breakdown_lib.table(result["breakdown"]), file=sys.stderr)
     else:
       try:
         result = compile_in_child(args, {}, args.model_flops, echo=True)
