@@ -13,9 +13,11 @@ from jaxfid import cli
 from jaxfid.aot import breakdown, topologies
 
 # An entry computation (batch 2, 3 heads, 5 x 5 scores) with: a matmul
-# fusion, a score fusion (its dot named `...->bhls`), a layout copy, a
-# dropout mask (pred), an on-chip (S(1)) output, an all-reduce, and a while
-# loop of known trip count 4 whose body slices a stacked weight in a fusion.
+# fusion, a score fusion (its dot named `...->bhls`), the gradient of the
+# score einsum (a query-shaped output), a layout copy, an offload to host
+# memory (S(5)), a dropout mask (pred), an on-chip (S(1)) output, an
+# all-reduce, and a while loop of known trip count 4 whose body slices a
+# stacked weight in a fusion.
 HLO = """\
 HloModule jit_train_step, entry_computation_layout={(f32[2,5,8]{2,1,0})->f32[]}
 
@@ -29,6 +31,12 @@ HloModule jit_train_step, entry_computation_layout={(f32[2,5,8]{2,1,0})->f32[]}
   %param_0.2 = bf16[2,5,3,4]{3,2,1,0} parameter(0)
   %param_1.2 = bf16[2,5,3,4]{3,2,1,0} parameter(1)
   ROOT %convolution.2 = f32[2,3,5,5]{3,2,1,0} convolution(%param_0.2, %param_1.2), window={size=2x3 stride=1x2 lhs_dilate=2x3}, dim_labels=0b1f_0o1i->01bf, metadata={op_name="jit(train_step)/jvp(blhe,bshe->bhls)/dot_general"}
+}
+
+%fused_dq (param_0.5: f32[2,3,5,5], param_1.5: bf16[2,5,3,4]) -> bf16[2,5,3,4] {
+  %param_0.5 = f32[2,3,5,5]{3,2,1,0} parameter(0)
+  %param_1.5 = bf16[2,5,3,4]{3,2,1,0} parameter(1)
+  ROOT %dot.5 = bf16[2,5,3,4]{3,2,1,0} dot(%param_0.5, %param_1.5), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,2}, rhs_contracting_dims={1}, metadata={op_name="jit(train_step)/transpose(jvp(blhe,bshe->bhls))/dot_general"}
 }
 
 %fused_copy (param_0.3: f32[2,3,5,5]) -> f32[2,5,3,5] {
@@ -72,6 +80,9 @@ ENTRY %main (p.0: bf16[2,5,8], p.1: bf16[8,16], p.2: bf16[2,5,3,4], p.3: f32[4,8
   %mm = bf16[2,5,16]{2,1,0:T(8,128)} fusion(%p.0, %p.1), kind=kOutput, calls=%fused_dot, metadata={op_name="jit(train_step)/jvp(...d,df->...f)/dot_general"}
   %scores = f32[2,3,5,5]{3,2,1,0} fusion(%p.2, %p.2), kind=kOutput, calls=%fused_scores, metadata={op_name="jit(train_step)/jvp(blhe,bshe->bhls)/dot_general"}
   %moved = f32[2,5,3,5]{3,2,1,0} fusion(%scores), kind=kLoop, calls=%fused_copy, metadata={op_name="jit(train_step)/transpose(jvp())/transpose"}
+  %dq = bf16[2,5,3,4]{3,2,1,0} fusion(%scores, %p.2), kind=kOutput, calls=%fused_dq, metadata={op_name="jit(train_step)/transpose(jvp(blhe,bshe->bhls))/dot_general"}
+  %offload = (bf16[2,5,16]{2,1,0:S(5)}, bf16[2,5,16]{2,1,0}, u32[]{:S(2)}) copy-start(%mm)
+  %offloaded = bf16[2,5,16]{2,1,0:S(5)} copy-done(%offload)
   %keep = pred[2,5,16]{2,1,0} compare(%mm, %mm), direction=GE, metadata={op_name="jit(train_step)/jvp()/ge"}
   %on_chip = bf16[2,5,16]{2,1,0:T(8,128)S(1)} add(%mm, %mm), metadata={op_name="jit(train_step)/jvp()/add"}
   %i.0 = s32[] constant(0)
@@ -94,6 +105,8 @@ def test_a_handwritten_module_is_counted_by_hand():
       "moved": "attention scores",  # the scores' elements, transposed
       "keep": "dropout / RNG", "on_chip": "other", "layer.1": "other",
       "flat": "optimizer", "all-reduce.9": "collectives",
+      "dq": "matmuls",  # the einsum's transpose: not a score
+      "offload": "memory-space copies", "offloaded": "memory-space copies",
       "lt.2": "other"}  # the loop's condition: no source op
   mm = _row(b, "mm")
   assert mm.written == 2 * 5 * 16 * 2  # bf16 output
@@ -104,6 +117,12 @@ def test_a_handwritten_module_is_counted_by_hand():
   # 2 x 3 x 5 x 5 outputs of 4 multiply-adds (batch and heads as
   # dilated spatial dims, as XLA:TPU writes a batched dot)
   assert scores.flops == 2 * (2 * 3 * 5 * 5) * 4
+  dq = _row(b, "dq")
+  assert dq.scores == 2 * 3 * 5 * 5 * 4  # it reads the scores
+  assert dq.flops == 2 * (2 * 5 * 3 * 4) * 5
+  assert _row(b, "offload").read == 2 * 5 * 16 * 2
+  offloaded = _row(b, "offloaded")
+  assert offloaded.written == 0 and offloaded.host == 2 * 5 * 16 * 2
   assert _row(b, "keep").written == 2 * 5 * 16  # pred: one byte
   on_chip = _row(b, "on_chip")
   assert on_chip.written == 0 and on_chip.on_chip_written == 2 * 5 * 16 * 2
@@ -117,15 +136,20 @@ def test_a_handwritten_module_is_counted_by_hand():
   groups = {g["group"]: g for g in b.groups()}
   assert groups["attention scores"]["written"] == 2 * (2 * 3 * 5 * 5 * 4)
   assert groups["attention scores"]["instructions"] == 2
+  # written by `scores`, read by `moved` and `dq`, written by `moved`
+  assert sum(r.scores for r in b.rows) == 4 * (2 * 3 * 5 * 5 * 4)
   assert groups["other"]["instructions"] == 1 + 4 + 4
 
 
 def test_the_json_field_and_table():
-  j = breakdown.breakdown(HLO).as_json(top=3)
+  j = breakdown.breakdown(HLO).as_json(top=4)
   assert [g["group"] for g in j["groups"]] == list(breakdown.GROUPS)
   assert sum(g["share_of_written"] for g in j["groups"]) == pytest.approx(1)
-  assert [t["name"] for t in j["top"]] == ["layer.1", "moved", "scores"]
-  assert j["top"][2]["op_name"] == "jvp(blhe,bshe->bhls)/dot_general"
+  assert [t["name"] for t in j["top"]] == ["layer.1", "moved", "dq", "scores"]
+  assert j["top"][3]["op_name"] == "jvp(blhe,bshe->bhls)/dot_general"
+  assert j["top"][0]["count"] == 4  # the loop body's fusion, 4 trips
+  assert j["host_gb"] == 2 * 5 * 16 * 2 / 1e9
+  assert j["layout_copies_any_group"]["instructions"] == 1  # `moved`
   text = breakdown.table(j)
   assert "attention scores" in text and "jvp(blhe,bshe->bhls)" in text
   json.dumps(j)
