@@ -3,7 +3,8 @@ without dropout on the attention weights (issue #49).
 
 Compiles, for ``v5e:2x2`` with libtpu (no TPU needed), the gradient of the
 score path of ``jaxfid/t5/layers.py``'s ``Attention.__call__`` under
-``jax.checkpoint`` (forward, remat's recomputation, backward): float32
+``jax.checkpoint`` (remat's recomputation and the backward pass; XLA drops
+the forward, whose value the gradient does not use): float32
 logits of ``blhe,bshe->bhls``, the relative-position bias and the padding
 mask, the softmax, dropout on the weights, and the context einsum, for
 ``--passages-per-chip`` passages of 250 tokens, 12 heads of 64 (FiD-base).
