@@ -5,12 +5,13 @@ by hand) and on tiny FiD programs compiled by libtpu for ``v5e:2x2``
 (marked ``tpu``; skipped without libtpu).
 """
 import json
+import subprocess
 
 import gin
 import pytest
 
 from jaxfid import cli
-from jaxfid.aot import breakdown, topologies
+from jaxfid.aot import breakdown, command, topologies
 
 # An entry computation (batch 2, 3 heads, 5 x 5 scores) with: a matmul
 # fusion, a score fusion (its dot named `...->bhls`), the gradient of the
@@ -178,6 +179,21 @@ def test_breakdown_is_for_one_compile_not_a_search(capsys):
   assert capsys.readouterr().err.strip() == (
       "jaxfid bench: error: --breakdown: breaks down one compile, not a "
       "--search; rerun the search's best flags with --breakdown")
+
+
+def test_the_compile_process_is_asked_for_the_breakdown(monkeypatch):
+  args = cli.build_parser().parse_args(
+      ["bench", "compile", "--topology", "v5e-4", "--gin_file=x.gin",
+       "--breakdown"])
+  args.gin_bindings = []
+  seen = []
+
+  def run(argv, **_):
+    seen.append(argv)
+    return subprocess.CompletedProcess(argv, 0, '{"fits": true}\n', "")
+  monkeypatch.setattr(subprocess, "run", run)
+  assert command.compile_in_child(args, {}, None) == {"fits": True}
+  assert "--breakdown" in seen[0]
 
 
 # ---- compiled for v5e:2x2 ----------------------------------------------------

@@ -283,7 +283,7 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
-  if getattr(args, "breakdown", False):
+  if args.breakdown:
     argv.append("--breakdown")
   child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
