@@ -149,7 +149,7 @@ class Breakdown:
                  "written_gb": a["written"] / gb, "read_gb": a["read"] / gb}
                 for a in self.top(top)]}
 
-# ---- grouping ------------------------------------------------------------------
+# ---- grouping ----------------------------------------------------------------
 def _has_dot(comp: hlo.Computation, module: dict[str, hlo.Computation]) -> bool:
   return any(i.opcode in ("dot", "convolution")
              or (i.opcode == "fusion" and any(
@@ -174,7 +174,8 @@ def score_dims(module: dict[str, hlo.Computation],
   return out
 
 
-def _is_layout(inst: hlo.Instruction, module: dict[str, hlo.Computation]) -> bool:
+def _is_layout(inst: hlo.Instruction,
+               module: dict[str, hlo.Computation]) -> bool:
   """A copy or transpose, or a fusion of nothing else."""
   fused = hlo.fused(inst, module)
   return inst.opcode in ("copy", "transpose") or (
@@ -211,7 +212,7 @@ def _group(inst: hlo.Instruction, module: dict[str, hlo.Computation],
   return "other"
 
 
-# ---- traffic -------------------------------------------------------------------
+# ---- traffic -----------------------------------------------------------------
 
 def _in(arrays: list[hlo.Array], *spaces: int) -> float:
   """Bytes of the arrays in these memory spaces."""
