@@ -18,7 +18,8 @@ not the instructions inside a fusion, which stay on chip):
 * ``scores``: the HBM bytes, written and read, of its attention-score
   arrays (below), whatever its group;
 * ``flops``: 2 per multiply-add of every ``dot`` and ``convolution`` in it
-  (a fusion's, too), as XLA's cost analysis counts them.
+  (a fusion's, too), as XLA's cost analysis counts them; a custom call's
+  (a Pallas kernel's) are not counted, its bytes are (group ``other``).
 
 Sizes are logical (elements x bytes per element), without the padding of
 the TPU's tiles. Instructions that move no data count nothing (parameters,
