@@ -168,6 +168,15 @@ def test_trip_counts_from_the_loop_condition():
   assert _row(b, "layer.1").trips == 3
   b = breakdown.breakdown(hlo.replace("direction=LT", "direction=NE"))
   assert _row(b, "layer.1").trips == 1 and b.unknown_trip_loops == 1
+  # a decoding loop: `counter < 4 and not done` runs at most 4 times
+  b = breakdown.breakdown(hlo.replace(
+      "  ROOT %lt.2 = pred[] compare(%i.2, %n.2), direction=LT",
+      "  %lt.2 = pred[] compare(%i.2, %n.2), direction=LT\n"
+      "  %go.2 = pred[] constant(true)\n"
+      "  ROOT %and.2 = pred[] and(%lt.2, %go.2)"))
+  assert _row(b, "layer.1").trips == 4 and b.unknown_trip_loops == 0
+  assert b.loops_at_their_bound == 1
+  assert "counted at their bound" in breakdown.table(b.as_json())
   with pytest.raises(ValueError, match="no ENTRY"):
     breakdown.breakdown(HLO.replace("ENTRY ", ""))
 

@@ -28,7 +28,9 @@ an asynchronous pair counts its reads at ``-start`` and its writes at
 ``-done``. A ``while`` body counts as many times as the loop runs where
 that is known (XLA's ``known_trip_count``, or a condition ``counter <
 constant``: scanned layers, accumulation), else once
-(``unknown_trip_loops``); each ``conditional`` branch counts once.
+(``unknown_trip_loops``); a decoding loop that may stop early (``counter
+< N and not done``) counts N times, its most (``loops_at_their_bound``);
+each ``conditional`` branch counts once.
 
 Each instruction falls in the first group it matches (:data:`GROUPS`):
 ``collectives`` (all-gather, reduce-scatter, all-reduce, all-to-all,
@@ -87,9 +89,11 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Breakdown:
-  """The rows of a program, and loops whose trip count is unknown."""
+  """The rows of a program; loops whose trip count is unknown, and loops
+  counted at their bound."""
   rows: tuple[Row, ...]
   unknown_trip_loops: int
+  loops_at_their_bound: int = 0
 
   def groups(self) -> list[dict]:
     """Per group (:data:`GROUPS` order): instructions, bytes and FLOPs."""
@@ -137,6 +141,7 @@ class Breakdown:
         "attention_scores_any_group_gb": sum(r.scores for r in self.rows) / gb,
         "flops": sum(r.flops for r in self.rows),
         "unknown_trip_loops": self.unknown_trip_loops,
+        "loops_at_their_bound": self.loops_at_their_bound,
         "layout_copies_any_group": {
             "instructions": sum(r.trips for r in copies),
             "written_gb": sum(r.written for r in copies) / gb,
@@ -263,14 +268,15 @@ def breakdown(hlo_text: str,
   has_gradient = any("jvp(" in i.op_name for c in module.values()
                      for i in c.instructions.values())
   rows: list[Row] = []
-  unknown = 0
+  unknown = bounded = 0
 
   def visit(comp: hlo.Computation, trips: int) -> None:
-    nonlocal unknown
+    nonlocal unknown, bounded
     for inst in comp.instructions.values():
       if inst.opcode == "while":
-        n = hlo.loop_trips(inst, comp, module)
+        n, exact = hlo.loop_trips(inst, comp, module)
         unknown += n is None
+        bounded += n is not None and not exact
         for name in inst.called:
           if name in module:
             visit(module[name], trips * (n or 1))
@@ -298,7 +304,7 @@ def breakdown(hlo_text: str,
           _in(outputs + read, HOST) * trips, _in(score, HBM) * trips))
 
   visit(entry, 1)
-  return Breakdown(tuple(rows), unknown)
+  return Breakdown(tuple(rows), unknown, bounded)
 
 
 def _short(op_name: str) -> str:
@@ -322,6 +328,9 @@ def table(result: dict) -> str:
   lines.append(f"attention-score arrays, any instruction: "
                f"{_size(result['attention_scores_any_group_gb'])} (written + "
                f"read); to or from host memory: {_size(result['host_gb'])}")
+  if result.get("loops_at_their_bound"):
+    lines.append(f"({result['loops_at_their_bound']} loop(s) that may stop "
+                 "early counted at their bound)")
   if result["unknown_trip_loops"]:
     lines.append(f"({result['unknown_trip_loops']} loop(s) of unknown trip "
                  "count counted once)")

@@ -257,30 +257,38 @@ def _constant(inst: Instruction | None) -> int | None:
 
 
 def loop_trips(loop: Instruction, comp: Computation,
-               module: dict[str, Computation]) -> int | None:
-  """A ``while``'s trip count: XLA's ``known_trip_count``, else a
+               module: dict[str, Computation]) -> tuple[int | None, bool]:
+  """``(trips, exact)`` of a ``while``: XLA's ``known_trip_count``, else a
   condition ``counter < N`` (or ``<=``) with N a constant and the counter
   a tuple element that starts at a constant (0 where its start is not
-  one, as a scan's counter does)."""
+  one, as a scan's counter does); a condition ``counter < N and ...`` (a
+  decoding loop that stops early when every row is done) gives N as an
+  upper bound (``exact`` False). ``(None, False)`` when unknown."""
   m = _TRIPS.search(loop.attributes)
   if m:
-    return int(m.group(1))
+    return int(m.group(1)), True
   cond = module.get(next((n for n in loop.called if n in module and
                           f"condition=%{n}" in loop.attributes), ""))
   root = cond.instructions.get(cond.root) if cond else None
+  exact = True
+  if root is not None and root.opcode == "and":
+    exact = False
+    root = next((c for c in (cond.instructions.get(n) for n in root.operands)
+                 if c is not None and c.opcode == "compare"), None)
   if root is None or root.opcode != "compare" or len(root.operands) != 2:
-    return None
+    return None, False
   direction = re.search(r"direction=(\w+)", root.attributes)
   counter, bound = (cond.instructions.get(n) for n in root.operands)
   limit = _constant(bound)
   if (direction is None or direction.group(1) not in ("LT", "LE")
       or limit is None or counter is None
       or counter.opcode != "get-tuple-element"):
-    return None
+    return None, False
   index = int(re.search(r"index=(\d+)", counter.attributes).group(1))
   init = comp.instructions.get(loop.operands[0]) if loop.operands else None
   start = None
   if init is not None and init.opcode == "tuple" and index < len(
       init.operands):
     start = _constant(comp.instructions.get(init.operands[index]))
-  return max(0, limit - (start or 0) + (direction.group(1) == "LE"))
+  trips = max(0, limit - (start or 0) + (direction.group(1) == "LE"))
+  return trips, exact
