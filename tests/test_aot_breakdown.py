@@ -16,8 +16,8 @@ from jaxfid.aot import breakdown, command, topologies
 # An entry computation (batch 2, 3 heads, 5 x 5 scores) with: a matmul
 # fusion, a score fusion (its dot named `...->bhls`), the gradient of the
 # score einsum (a query-shaped output), a layout copy, an offload to host
-# memory (S(5)), a dropout mask (pred), an on-chip (S(1)) output, an
-# all-reduce, and a while loop of known trip count 4 whose body slices a
+# memory (S(5)), an asynchronous slice into on-chip memory, a dropout mask
+# (pred), an on-chip (S(1)) output, an all-reduce, and a while loop of known trip count 4 whose body slices a
 # stacked weight in a fusion.
 HLO = """\
 HloModule jit_train_step, entry_computation_layout={(f32[2,5,8]{2,1,0})->f32[]}
@@ -84,6 +84,8 @@ ENTRY %main (p.0: bf16[2,5,8], p.1: bf16[8,16], p.2: bf16[2,5,3,4], p.3: f32[4,8
   %dq = bf16[2,5,3,4]{3,2,1,0} fusion(%scores, %p.2), kind=kOutput, calls=%fused_dq, metadata={op_name="jit(train_step)/transpose(jvp(blhe,bshe->bhls))/dot_general"}
   %offload = (bf16[2,5,16]{2,1,0:S(5)}, bf16[2,5,16]{2,1,0}, u32[]{:S(2)}) copy-start(%mm)
   %offloaded = bf16[2,5,16]{2,1,0:S(5)} copy-done(%offload)
+  %ss = ((f32[4,8,16]{2,1,0}), f32[1,8,16]{2,1,0:S(1)}, s32[]{:S(2)}) slice-start(%p.3), slice={[0:1], [0:8], [0:16]}
+  %sd = f32[1,8,16]{2,1,0:S(1)} slice-done(%ss)
   %keep = pred[2,5,16]{2,1,0} compare(%mm, %mm), direction=GE, metadata={op_name="jit(train_step)/jvp()/ge"}
   %on_chip = bf16[2,5,16]{2,1,0:T(8,128)S(1)} add(%mm, %mm), metadata={op_name="jit(train_step)/jvp()/add"}
   %i.0 = s32[] constant(0)
@@ -108,7 +110,8 @@ def test_a_handwritten_module_is_counted_by_hand():
       "flat": "optimizer", "all-reduce.9": "collectives",
       "dq": "matmuls",  # the einsum's transpose: not a score
       "offload": "memory-space copies", "offloaded": "memory-space copies",
-      "lt.2": "other"}  # the loop's condition: no source op
+      "lt.2": "other",  # the loop's condition: no source op
+      "ss": "other", "sd": "other"}
   mm = _row(b, "mm")
   assert mm.written == 2 * 5 * 16 * 2  # bf16 output
   assert mm.read == 2 * 5 * 8 * 2 + 8 * 16 * 2
@@ -139,7 +142,11 @@ def test_a_handwritten_module_is_counted_by_hand():
   assert groups["attention scores"]["instructions"] == 2
   # written by `scores`, read by `moved` and `dq`, written by `moved`
   assert sum(r.scores for r in b.rows) == 4 * (2 * 3 * 5 * 5 * 4)
-  assert groups["other"]["instructions"] == 1 + 4 + 4
+  assert groups["other"]["instructions"] == 1 + 4 + 4 + 2
+  # an asynchronous slice into on-chip memory reads its slice of the HBM
+  # operand, not the whole operand
+  assert _row(b, "ss").read == 8 * 16 * 4 and _row(b, "ss").written == 0
+  assert _row(b, "sd").on_chip_written == 8 * 16 * 4
 
 
 def test_the_json_field_and_table():

@@ -227,10 +227,18 @@ def _in(arrays: list[hlo.Array], *spaces: int) -> float:
 
 def _operands(inst: hlo.Instruction, comp: hlo.Computation,
               module: dict[str, hlo.Computation]) -> list[hlo.Array]:
-  """The arrays an instruction reads, each operand once (a fusion parameter
-  used only through slices: the slices)."""
+  """The arrays an instruction reads, each operand once (a slice, or a
+  fusion parameter used only through slices: the slices)."""
   if inst.opcode.endswith("-done") or inst.opcode in _NO_TRAFFIC:
     return []
+  base = inst.opcode.removesuffix("-start")
+  if base in _SLICES and inst.operands:  # reads its slice of operand 0
+    source = comp.instructions.get(inst.operands[0])
+    space = source.outputs[0].memory_space if source and source.outputs else 0
+    # slice-start's output: ((operand), slice, context)
+    sliced = inst.outputs[1:2] if inst.opcode.endswith("-start") \
+        else inst.outputs[:1]
+    return [dataclasses.replace(a, memory_space=space) for a in sliced]
   params: dict[int, list[hlo.Array]] = {}
   if inst.opcode == "fusion" and inst.called and inst.called[0] in module:
     fused = module[inst.called[0]]
