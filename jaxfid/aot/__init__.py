@@ -5,7 +5,8 @@ its gin files and compiles its train step or decoding from shapes alone for a
 target it need not have: :mod:`~jaxfid.aot.topologies` (the targets and
 their chips' figures), :mod:`~jaxfid.aot.programs` (what is compiled, and
 the report read from the executable), :mod:`~jaxfid.aot.search` (remat,
-mesh splits, accumulation and scan tried side by side) and
-:mod:`~jaxfid.aot.search_log` (a resumable search). :mod:`~jaxfid.aot.plugin`
+mesh splits, accumulation and scan tried side by side),
+:mod:`~jaxfid.aot.search_log` (a resumable search) and
+:mod:`~jaxfid.aot.breakdown` (where a compiled step's bytes and FLOPs go). :mod:`~jaxfid.aot.plugin`
 registers the ``compile`` mode of ``jaxfid bench``.
 """

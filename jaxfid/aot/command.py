@@ -4,6 +4,7 @@
 
   jaxfid bench compile --topology v5e-16 --gin_file=gin/fid/base.gin \\
       [--gin.NAME=VALUE ...] [--program train|decode] [--search] [--slices N]
+      [--breakdown]
 
 Takes ``jaxfid train``'s gin files and bindings (any method: the task comes
 from ``METHOD``) and compiles, with the TPU compiler and from shapes alone,
@@ -15,7 +16,10 @@ unset, and data paths may name files that do not exist here (a method's
 task binds placeholders where its configs need a path:
 ``Task.compile_bindings``). The last line on stdout is one JSON object;
 ``--search`` (:mod:`jaxfid.aot.search`) tries remat, mesh
-splits, accumulation and scanned layers and prints the best as flags.
+splits, accumulation and scanned layers and prints the best as flags;
+``--breakdown`` (one compile, not a search) adds where the step's HBM
+bytes and FLOPs go (:mod:`jaxfid.aot.breakdown`): a ``breakdown`` field and
+a table on stderr.
 
 Needs ``libtpu`` (``pip install -e '.[tpu]'``, on any host) for a TPU
 slice, JAX's CUDA plugin (``pip install -e '.[gpu-aot]'``, on any host) for
@@ -39,6 +43,7 @@ from typing import Any
 import gin
 import jax
 
+from jaxfid.aot import breakdown as breakdown_lib
 from jaxfid.aot import executables, programs, search, search_log, topologies
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
@@ -81,6 +86,12 @@ def add_arguments(p) -> None:
                  "phase to FILE, which jaxfid train --gin.COMPILED_STEP="
                  "\"'FILE'\" loads instead of compiling (same versions, "
                  "target, mesh and program)")
+  p.add_argument("--breakdown", action="store_true",
+                 help="where the compiled step's HBM bytes and FLOPs go, "
+                 "from its optimized HLO: grouped (attention scores, "
+                 "matmuls, dropout, layout copies, collectives, optimizer) "
+                 "and its top instructions; a 'breakdown' field and a table "
+                 "on stderr (one compile, not --search)")
   # --search's child processes: the train step's FLOPs without remat, per
   # phase (the search traces them once)
   p.add_argument("--model-flops", type=json.loads, default=None,
@@ -175,19 +186,21 @@ class Built:
 
 def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
                  model_flops: list[float] | None = None,
-                 save_executable: str | None = None) -> dict:
+                 save_executable: str | None = None,
+                 breakdown: bool = False) -> dict:
   """The report of one configuration (``macros`` over the run's gin).
 
   ``model_flops`` (train: per phase) may be given when known (the search
   computes it once); otherwise the train step is traced again without remat
   for it. ``save_executable``: the train step written there too
-  (:mod:`jaxfid.aot.executables`).
+  (:mod:`jaxfid.aot.executables`); ``breakdown`` adds the report's
+  ``breakdown`` field.
   """
   built = run.build(macros)
   with launch.prng_context(built.hardware_rng):
     if program == "decode":
       return programs.compile_decode(built.task, built.settings, built.optimizer,
-                                target, built.eval_batch_size)
+                                target, built.eval_batch_size, breakdown)
     if model_flops is None:
       model_flops = train_model_flops(run, macros)
     if save_executable:
@@ -195,7 +208,7 @@ def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
           built.task, built.settings, built.optimizer, target,
           save_executable, model_flops)
     return programs.compile_train(built.task, built.settings, built.optimizer,
-                             target, model_flops)
+                             target, model_flops, breakdown)
 
 
 def train_model_flops(run: Run, macros: dict) -> list[float]:
@@ -290,6 +303,8 @@ def compile_in_child(args, macros: dict, model_flops,
           *(f"--gin.{k}={gin_flags.gin_literal(v)}" for k, v in macros.items())]
   if model_flops is not None:
     argv.append(f"--model-flops={json.dumps(model_flops)}")
+  if args.breakdown:
+    argv.append("--breakdown")
   child = subprocess.run(argv, capture_output=True, text=True, check=False)
   if child.returncode == 0:
     if echo:
@@ -335,6 +350,13 @@ def run(args) -> int:
   if args.save_executable and (args.search or args.program != "train"):
     raise InputError("--save-executable", "saves the train step of one "
                      "configuration: --program train, without --search")
+  if args.breakdown and args.save_executable:
+    raise InputError("--breakdown", "and --save-executable: give one at a "
+                     "time")
+  if args.breakdown and args.search:
+    raise InputError("--breakdown", "breaks down one compile, not a "
+                     "--search; rerun the search's best flags with "
+                     "--breakdown")
   target = programs.Target.of(topologies.parse(args.topology, args.slices))
   with _sigterm_is_one_line(args.search_log):
     return _run(args, target)
@@ -366,7 +388,8 @@ def _run(args, target: programs.Target) -> int:
     elif args.in_process:
       try:
         result = compile_once(gin_run, base, args.program, target,
-                              args.model_flops, args.save_executable)
+                              args.model_flops, args.save_executable,
+                              args.breakdown)
       except jax.errors.JaxRuntimeError as e:  # the compiler's own error
         first = next((l.strip() for l in str(e).splitlines() if l.strip()),
                      type(e).__name__)
@@ -374,6 +397,8 @@ def _run(args, target: programs.Target) -> int:
               file=sys.stderr)
         return 1
       print(summary(result), file=sys.stderr)
+      if result.get("breakdown"):
+        print(breakdown_lib.table(result["breakdown"]), file=sys.stderr)
     else:
       try:
         result = compile_in_child(args, {}, args.model_flops, echo=True)

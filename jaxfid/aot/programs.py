@@ -51,7 +51,10 @@ What a compiled executable says (:func:`report`), per chip:
   compiler's count). For a loop ``B`` is an estimate: it scales the work
   outside the loop as often as the loop's, and where that work holds most
   of the FLOPs (decoding after FiD's encoder) the loop's bytes are still
-  undercounted and the roofline is optimistic.
+  undercounted and the roofline is optimistic;
+* ``breakdown`` (when asked: ``--breakdown``): where the step's HBM bytes
+  and matmul FLOPs go, per group of instructions and for the top ones,
+  read from the optimized HLO by :mod:`jaxfid.aot.breakdown`.
 
 All sizes are in GB of 10^9 bytes.
 """
@@ -65,6 +68,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jaxfid.aot import breakdown as breakdown_lib
 from jaxfid.aot import topologies
 from jaxfid.core.errors import InputError
 from jaxfid.training import loop
@@ -320,10 +324,13 @@ def compiler_cost(compiled) -> tuple[float | None, float | None]:
 
 
 def report(compiled, *, target: Target, batch_size: int,
-           model_flops: float | None, program_flops: float) -> dict:
+           model_flops: float | None, program_flops: float,
+           breakdown: bool = False) -> dict:
   """The fields of a compiled program (module docstring); ``compiled`` may
   be the compiler's :class:`OutOfMemory`. ``program_flops``: the program's
-  own matmul FLOPs over the global batch (:func:`jaxpr_flops`)."""
+  own matmul FLOPs over the global batch (:func:`jaxpr_flops`);
+  ``breakdown`` adds where its bytes go (:mod:`jaxfid.aot.breakdown`; None
+  for a program the compiler could not fit)."""
   chip, chips = target.chip, len(target.devices)
   out = {"chips": chips, "device_kind": target.devices[0].device_kind,
          "hbm_gb_per_chip": chip.hbm_bytes / GB}
@@ -336,6 +343,8 @@ def report(compiled, *, target: Target, batch_size: int,
     out.update(argument_gb=compiled.argument_bytes / GB, fits=False,
                required_gb=required, compiler_message=compiled.message,
                model_flops_per_chip=model, program_flops_per_chip=program)
+    if breakdown:
+      out["breakdown"] = None
     return out
   memory = compiled.memory_analysis()
   argument = memory.argument_size_in_bytes / GB
@@ -344,6 +353,7 @@ def report(compiled, *, target: Target, batch_size: int,
   temp = memory.temp_size_in_bytes / GB
   code = memory.generated_code_size_in_bytes / GB
   per_chip = argument + output - alias + temp + code
+  hlo = compiled.as_text()
   flops, accessed = compiler_cost(compiled)
   if chip.peak_bf16_flops is None:  # this host's CPU: no public peak
     source, roofline = "compiler", None
@@ -364,10 +374,12 @@ def report(compiled, *, target: Target, batch_size: int,
       flops_per_chip=flops, bytes_accessed_per_chip=accessed,
       flops_source=source,
       model_flops_per_chip=model, program_flops_per_chip=program,
-      collectives=count_collectives(compiled.as_text()),
+      collectives=count_collectives(hlo),
       roofline_step_s=roofline,
       examples_per_sec_at_roofline=(batch_size / roofline if roofline
                                     else None))
+  if breakdown:
+    out["breakdown"] = breakdown_lib.breakdown(hlo).as_json()
   return out
 
 
@@ -389,7 +401,8 @@ def _larger(a: dict, b: dict | None) -> dict:
 
 def compile_train(task: Task, settings: Settings,
                   optimizer: OptimizerSettings, target: Target,
-                  model_flops: list[float] | None = None) -> dict:
+                  model_flops: list[float] | None = None,
+                  breakdown: bool = False) -> dict:
   """Compiles every phase's train step as the loop runs it; the report of
   the phase that needs the most memory per chip (named in ``phase``), with
   the compile time of all of them (``compile_s``)."""
@@ -404,7 +417,8 @@ def compile_train(task: Task, settings: Settings,
     seconds += took
     fields = report(compiled, target=target, batch_size=settings.batch_size,
                     model_flops=None if model_flops is None
-                    else model_flops[i], program_flops=flops)
+                    else model_flops[i], program_flops=flops,
+                    breakdown=breakdown)
     best = _larger({**_header(target, plan.mesh, "train"),
                     "phase": phase.name, "batch_size": settings.batch_size,
                     **fields}, best)
@@ -414,7 +428,7 @@ def compile_train(task: Task, settings: Settings,
 
 def compile_decode(task: Task, settings: Settings,
                    optimizer: OptimizerSettings, target: Target,
-                   batch_size: int) -> dict:
+                   batch_size: int, breakdown: bool = False) -> dict:
   """Compiles the task's prediction program as its evaluation runs it:
   parameters placed as in training, ``batch_size`` rows (rounded up over
   the data axes) sharded over the data axes, outputs replicated."""
@@ -429,6 +443,6 @@ def compile_decode(task: Task, settings: Settings,
   compiled, seconds, flops = _compile(jitted, plan.mesh, params, batch,
                                       options=target.compiler_options)
   fields = report(compiled, target=target, batch_size=rows,
-                  model_flops=flops, program_flops=flops)
+                  model_flops=flops, program_flops=flops, breakdown=breakdown)
   return {**_header(target, plan.mesh, "decode"), "batch_size": rows,
           **fields, "compile_s": seconds}
