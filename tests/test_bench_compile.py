@@ -14,12 +14,17 @@ import time
 import types
 
 import gin
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxfid import cli
 from jaxfid.aot import command, programs, search, topologies
 from jaxfid.core.errors import InputError
 from jaxfid.fid import bench as fid_bench
+from jaxfid.t5 import attention_ops
 
 # gin/fid/tiny.gin at 1+1 layers and a 128-token vocabulary: seconds to
 # compile, and parameters that dominate the arguments (the FSDP check)
@@ -306,6 +311,33 @@ def test_model_flops_are_the_models_without_recomputation():
                              batch) == fid_bench.forward_flops(
                                  built.task.model_config, shape,
                                  decoded_tokens=5)
+
+
+def test_program_flops_count_kernels_and_shard_maps_whole():
+  """A Pallas kernel counts what it does over its whole grid (not one grid
+  step's body), and a shard_map body counts once per shard: the fused
+  attention's FLOPs are the einsum attention's, on one device or many."""
+  b, l, h, e = 64, 256, 4, 64  # several passages' blocks: a grid of many
+  q = jax.ShapeDtypeStruct((b, l, h, e), jnp.float32)
+  bias = jnp.zeros((1, h, l, l), jnp.float32)
+  mask = jnp.ones((b, 1, 1, l), bool)
+
+  def attend(kind):
+    return lambda q: attention_ops.attend(
+        q, q, q, bias=bias, mask=mask, rate=0.0, rng=None,
+        implementation=kind)[0]
+
+  want = programs.program_flops(attend("reference"), q)
+  assert want == 2 * 2 * b * h * l * l * e
+  assert programs.program_flops(attend("pallas"), q) == want
+  mesh = jax.make_mesh((4,), ("data",))
+  split = jax.ShapeDtypeStruct((8, 16), jnp.float32,
+                               sharding=NamedSharding(mesh, P("data")))
+  with jax.set_mesh(mesh):
+    flops = programs.program_flops(lambda x: jax.shard_map(
+        lambda a: a @ a.T, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
+        check_vma=False)(x), split)
+  assert flops == 2 * 8 * 16 * 2  # four shards of [2, 16] @ [16, 2]
 
 
 def test_a_loops_bytes_count_as_often_as_its_flops():

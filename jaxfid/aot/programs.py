@@ -61,6 +61,7 @@ All sizes are in GB of 10^9 bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from typing import Any, Callable
@@ -220,13 +221,25 @@ def _sub_jaxprs(value):
 def jaxpr_flops(jaxpr) -> float:
   """Matmul FLOPs of a jaxpr: every ``dot_general`` (2 per multiply-add),
   inside calls and loops too (a scan times its length, a ``while`` times its
-  literal bound, a ``cond`` its costliest branch)."""
+  literal bound, a ``cond`` its costliest branch, a ``shard_map`` body times
+  its shards, a Pallas kernel what it declares or its body times its
+  grid)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "dot_general":
       total += _dot_flops(eqn)
+    elif name == "pallas_call":
+      cost = eqn.params.get("cost_estimate")
+      total += (float(cost.flops) if cost is not None else
+                jaxpr_flops(eqn.params["jaxpr"])
+                * math.prod(eqn.params["grid_mapping"].grid))
+    elif name == "shard_map":
+      mesh = eqn.params["mesh"]
+      shards = math.prod(mesh.shape[a] for a in
+                         eqn.params.get("newly_manual_axes", mesh.axis_names))
+      total += jaxpr_flops(eqn.params["jaxpr"]) * shards
     elif name == "cond":
       total += max(jaxpr_flops(b) for b in eqn.params["branches"])
     elif name == "while":
