@@ -49,7 +49,7 @@ SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
           "index": (), "retrieve": (), "corpus": (), "eval-retrieval": (),
           "bench": ("bench", "bench compile")}
 # `jaxfid bench`'s modes: the shared one and each method's (module prefix)
-BENCH_MODES = {"compile": "jaxfid.commands.", "train": "jaxfid.fid.",
+BENCH_MODES = {"compile": "jaxfid.aot.", "train": "jaxfid.fid.",
                "decode": "jaxfid.fid."}
 
 
