@@ -111,7 +111,7 @@ def _train(tmp_path, method, *extra, model_dir=True):
     (["--gin.CHECKPOINT_PATH='x'"],
      ["--gin.CHECKPOINT_PATH='x': nothing `jaxfid train` runs reads "
       "CHECKPOINT_PATH"]),
-    (["--gin.fid_eval.FidCheckpointEvaluator.num_beams=2"],
+    (["--gin.fid_eval.FidCheckpointEvaluator.dtype='float32'"],
      ["`jaxfid train` never calls fid_eval.FidCheckpointEvaluator"]),
     (["--gin.BATCH_SIZE=eight"], ["--gin.BATCH_SIZE=eight:"]),
     # a string without gin's quotes (the shell took its own): say to quote
@@ -218,7 +218,7 @@ def test_eval_refuses_bad_gin(tmp_path, capsys):
   _fails(capsys, base + EVAL + ["--gin.EVAL_BATCH_SIZE=0"],
          "EVAL_BATCH_SIZE: must be an int >= 1, got 0")
   _fails(capsys, base + EVAL + ["--gin.N_CONTEXT=0"],
-         "N_CONTEXT: must be None or an int >= 1, got 0")
+         "N_CONTEXT: must be an int >= 1, got 0")
   _fails(capsys, base + EVAL + ["--gin.TRAIN_STEPS=5"],
          "nothing `jaxfid eval` runs reads TRAIN_STEPS")
   _fails(capsys, base + EVAL + ["--gin.config.T5Config.d_model=8"],

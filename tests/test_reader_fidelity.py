@@ -19,6 +19,7 @@ from jaxfid.core.tokenization import EOS_ID, Tokenizer
 from jaxfid.fid import examples as fid_format
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.fid.config import DecodeConfig
 from jaxfid.fid.examples import FidExample, Passage
 from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.config import Lengths
@@ -178,8 +179,8 @@ def test_answer_maxlength_is_the_shorthand_of_both_lengths():
   assert _fid_task(["TARGET_MAXLENGTH = 9", "DECODE_MAXLENGTH = 4"]
                    ).lengths == Lengths(9, 4)
   assert _fid_task(["PASSAGE_EOS = True"]).passage_eos is True
-  with pytest.raises(InputError, match="DECODE_MAXLENGTH"):
-    Lengths.resolve(decode_maxlength=0)
+  with pytest.raises(InputError, match="DECODE_MAXLENGTH"):  # checked once
+    FidReaderConfig(train_data="t.json", decode_maxlength=0)
   # run configs from before the split: one length for both
   assert Lengths.of_run_config({"answer_maxlength": 7}) == Lengths(7, 7)
   assert Lengths.of_run_config({}) == Lengths(None, 49)
@@ -241,12 +242,14 @@ def test_eval_reads_passage_eos_and_lengths_from_the_checkpoint(
   ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old))
   assert (ev.passage_eos, ev.decode_maxlength, ev.target_maxlength) == (
       True, 4, 4)
-  ev = FidCheckpointEvaluator(str(fid), {}, n_context=2, text_maxlength=16)
+  ev = FidCheckpointEvaluator(str(fid), {}, decode=DecodeConfig(
+      n_context=2, text_maxlength=16))
   assert (ev.passage_eos, ev.decode_maxlength) == (False, 49)
   assert ev.sequence_length() == {"inputs": (2, 16), "targets": 49}
   # gin's lengths win over the run's
   ev = FidCheckpointEvaluator(str(old), checkpointing.read_run_config(old),
-                              decode_maxlength=3, target_maxlength=8)
+                              decode=DecodeConfig(decode_maxlength=3,
+                                                  target_maxlength=8))
   assert (ev.decode_maxlength, ev.target_maxlength) == (3, 8)
 
 

@@ -22,6 +22,7 @@ from jaxfid.cli import main
 from jaxfid.core.tokenization import EOS_ID, Tokenizer
 from jaxfid.fid.batches import FidBatcher
 from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator, checkpoint_step
+from jaxfid.fid.config import DecodeConfig
 from jaxfid.fid.examples import read_fid_examples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,8 +212,8 @@ def test_eval_gives_the_tasks_the_checkpoints_passage_format(
 
 
 def test_score_is_the_target_log_likelihood(data_dir, task_run):
-  evaluator = FidCheckpointEvaluator(str(task_run), {}, n_context=3,
-                                     text_maxlength=56, answer_maxlength=6)
+  evaluator = FidCheckpointEvaluator(str(task_run), {}, decode=DecodeConfig(
+      n_context=3, text_maxlength=56, decode_maxlength=6))
   examples = read_fid_examples(data_dir / "trivia_qa" / "validation.jsonl")
   batcher = FidBatcher(examples, Tokenizer(), batch_size=6, n_context=3,
                        text_maxlength=56, target_maxlength=6)

@@ -51,7 +51,8 @@ def _definitions(path: str) -> list[tuple[str, str]]:
 
 def _macro_uses() -> dict[str, tuple[Any, str]]:
   """macro -> (configurable, parameter) of the parsed config that reads it
-  directly: a config dataclass's field where one does, else the first."""
+  directly: a config dataclass's field where one does (one whose
+  ``DOC_RANK`` is lower first), else the first."""
   uses: dict[str, list[tuple[Any, str]]] = {}
   for (_, selector), params in sorted(gin.config._CONFIG.items()):  # pylint: disable=protected-access
     if selector == "gin.macro":
@@ -64,7 +65,8 @@ def _macro_uses() -> dict[str, tuple[Any, str]]:
         if ref.configurable.wrapped is gin.config.macro:
           uses.setdefault("/".join(ref.scopes), []).append(
               (found.wrapped, param))
-  return {macro: sorted(found, key=lambda u: not is_config(u[0]))[0]
+  return {macro: sorted(found, key=lambda u: (
+      not is_config(u[0]), getattr(u[0], "DOC_RANK", 0)))[0]
           for macro, found in uses.items()}
 
 

@@ -15,10 +15,12 @@ fixed-size batches of NumPy model features (the FiD feature converter's
   log-likelihood (teacher forcing, padding excluded:
   :meth:`~jaxfid.t5.model.EncoderDecoderModel.score`).
 
-The FiD settings (``N_CONTEXT``, ``TEXT_MAXLENGTH``, ``DECODE_MAXLENGTH``,
-``TARGET_MAXLENGTH``, ``EVAL_BEAMS``) come from gin (``gin/fid/base.gin``
-binds them), else from the checkpoint's ``jaxfid_config.json`` (a FiD
-MODEL_DIR records them); the decoding bound defaults to 50, the original's.
+The decoding settings are one :class:`~jaxfid.fid.config.DecodeConfig`: the
+checkpoint's ``jaxfid_config.json`` (a FiD MODEL_DIR records them), with the
+values gin gives that are not None over it (``gin/fid/base.gin`` binds
+``FidCheckpointEvaluator.decode`` from ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
+``DECODE_MAXLENGTH``, ``TARGET_MAXLENGTH``, ``EVAL_BEAMS``); the decoding
+bound defaults to 49 new tokens, the original's.
 Whether passages end with EOS is the checkpoint's
 (:func:`~jaxfid.checkpoints.load.checkpoint_passage_eos`: a MODEL_DIR's
 run config, no EOS for original FiD readers): ``jaxfid eval`` gives it to
@@ -39,10 +41,9 @@ from jaxfid.checkpoints import t5x
 from jaxfid.checkpoints.detect import detect_format
 from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE
-from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid import config as config_lib
 from jaxfid.fid.predict import make_predict_fn
-from jaxfid.fid.config import Lengths
 
 _T5X_STEP = re.compile(r"^checkpoint_(\d+)$")
 # restore_params' choices: which -> the MODEL_DIR subdirectories tried, in order
@@ -91,50 +92,26 @@ class FidCheckpointEvaluator:
     checkpoint: anything ``load_checkpoint`` reads (a MODEL_DIR: its best
       checkpoint, else the latest, as ``jaxfid predict``).
     run_config: the checkpoint's ``jaxfid_config.json`` ({} for other
-      formats), the fallback of the settings below.
-    n_context, text_maxlength: the FiD lengths (gin's ``N_CONTEXT``,
-      ``TEXT_MAXLENGTH``).
-    decode_maxlength, target_maxlength: gin's ``DECODE_MAXLENGTH`` (the
-      decoding bound) and ``TARGET_MAXLENGTH`` (the length of the target
-      features that ``score`` reads; default the decoding bound);
-      ``answer_maxlength`` stands for both.
-    num_beams, alpha: beam search (1: greedy) and its length penalty.
+      formats): the decoding settings' :meth:`~jaxfid.fid.config.
+      DecodeConfig.from_run_config`.
+    decode: gin's decoding settings; those that are not None win over the
+      run's (:meth:`~jaxfid.fid.config.DecodeConfig.override`).
     dtype: activation dtype override.
+
+  Attributes:
+    decode: the DecodeConfig this evaluator decodes and scores with.
   """
   kinds = ("qa",)
 
   def __init__(self, checkpoint: str, run_config: dict | None = None, *,
-               n_context: int | None = None,
-               text_maxlength: int | None = None,
-               answer_maxlength: int | None = None,
-               decode_maxlength: int | None = None,
-               target_maxlength: int | None = None, num_beams: int = 1,
-               alpha: float = 0.6, dtype: str | None = None):
-    run = run_config or {}
-    settings = {}
-    for name, macro, value in (("n_context", "N_CONTEXT", n_context),
-                               ("text_maxlength", "TEXT_MAXLENGTH",
-                                text_maxlength)):
-      value = run.get(name) if value is None else value
-      if value is None:
-        raise InputError(macro, f"required to evaluate {checkpoint} (a FiD "
-                         "gin file sets it; a FiD MODEL_DIR records it)")
-      if int(value) < 1:
-        raise InputError(macro, f"must be at least 1, got {value}")
-      settings[name] = int(value)
-    if int(num_beams) < 1:
-      raise InputError("EVAL_BEAMS", f"must be at least 1, got {num_beams}")
-    self.n_context = settings["n_context"]
-    self.text_maxlength = settings["text_maxlength"]
-    given = Lengths.resolve(answer_maxlength, target_maxlength,
-                            decode_maxlength)
-    recorded = Lengths.of_run_config(run)
-    self.decode_maxlength = (given.decode_maxlength
-                             if decode_maxlength or answer_maxlength
-                             else recorded.decode_maxlength)
-    self.target_maxlength = (given.target_maxlength
-                             or recorded.target_maxlength
-                             or self.decode_maxlength)
+               decode: config_lib.DecodeConfig | None = None,
+               dtype: str | None = None):
+    self.decode = config_lib.DecodeConfig.from_run_config(
+        run_config).override(decode)
+    self.n_context = self.decode.n_context
+    self.text_maxlength = self.decode.text_maxlength
+    self.decode_maxlength = self.decode.decode_length
+    self.target_maxlength = self.decode.target_length
     self.passage_eos = checkpoint_passage_eos(checkpoint)
     self.model, self.params, spiece = load_checkpoint(checkpoint, dtype=dtype)
     self.tokenizer = load_tokenizer(os.path.dirname(spiece) if spiece
@@ -142,7 +119,8 @@ class FidCheckpointEvaluator:
     self.step = checkpoint_step(checkpoint)
     self._predict = make_predict_fn(self.model,
                                     max_decode_len=self.decode_maxlength,
-                                    num_beams=int(num_beams), alpha=alpha)
+                                    num_beams=self.decode.num_beams,
+                                    alpha=self.decode.alpha)
     self._score = jax.jit(self.model.score)
 
   def sequence_length(self, task_spec=None) -> dict:

@@ -13,12 +13,19 @@ keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
 (None: 49, the new tokens of the original's ``generate(max_length=50)``).
 ``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at
 (:class:`Lengths`).
+
+Decoding a trained reader (``jaxfid eval``, ``predict``, ``serve``) reads
+one :class:`DecodeConfig`: the checkpoint's run config
+(:meth:`DecodeConfig.from_run_config`), then what the command line or gin
+gives (:meth:`DecodeConfig.override`). A decoding option is one field there.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from jaxfid.core.config import Config, option
+from typing import Any, Mapping
+
+from jaxfid.core.config import Config, macro_of, option
 from jaxfid.core.errors import InputError
 
 DEFAULT_DECODE_MAXLENGTH = 49  # FiD's evaluate(): generate(max_length=50), whose
@@ -35,14 +42,11 @@ class Lengths:
   def resolve(cls, answer_maxlength: int | None = None,
               target_maxlength: int | None = None,
               decode_maxlength: int | None = None) -> "Lengths":
-    """``answer_maxlength`` stands for whichever of the two is not given."""
+    """``answer_maxlength`` stands for whichever of the two is not given
+    (each already checked by the config that holds it)."""
     target = answer_maxlength if target_maxlength is None else target_maxlength
     decode = next(v for v in (decode_maxlength, answer_maxlength,
                               DEFAULT_DECODE_MAXLENGTH) if v is not None)
-    for macro, value in (("TARGET_MAXLENGTH", target),
-                         ("DECODE_MAXLENGTH", decode)):
-      if value is not None and int(value) < 1:
-        raise InputError(macro, f"must be at least 1 (or None), got {value}")
     return cls(None if target is None else int(target), int(decode))
 
   @classmethod
@@ -111,3 +115,84 @@ class FidReaderConfig(Config):
   def lengths(self) -> Lengths:
     return Lengths.resolve(self.answer_maxlength, self.target_maxlength,
                            self.decode_maxlength)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig(Config):
+  """How a trained reader decodes: what ``jaxfid eval``
+  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`), ``jaxfid
+  predict`` and ``jaxfid serve`` share. Each field is read from the
+  checkpoint's run config under its own name (or :data:`RUN_KEYS`'), is a
+  flag of ``predict`` and ``serve`` (``--field-name`` or
+  :data:`FLAGS`'), and is bound in gin (gin/fid/base.gin).
+
+  Attributes:
+    n_context: passages per question.
+    text_maxlength: tokens per passage (question, title and text).
+    decode_maxlength: maximum number of generated tokens (EOS included);
+      None: the run's, else 49 (FiD's).
+    target_maxlength: tokens of the targets that ``jaxfid eval`` scores;
+      None: the run's, else decode_maxlength.
+    num_beams: beam size (1: greedy); ``serve``: the default and the largest
+      a request may ask for.
+    alpha: beam search length penalty (t5x brevity penalty).
+    batch_size: questions per batch (``predict``).
+  """
+  DOC_RANK = 1  # docs/configuration.md describes shared macros by the
+  # training config's fields
+  n_context: int = option(100, low=1)
+  text_maxlength: int = option(250, low=1)
+  decode_maxlength: int | None = option(None, low=1)
+  target_maxlength: int | None = option(None, low=1)
+  num_beams: int = option(1, low=1, macro="EVAL_BEAMS")
+  alpha: float = option(0.6, low=0)
+  batch_size: int = option(8, low=1, macro="EVAL_BATCH_SIZE")
+
+  @property
+  def decode_length(self) -> int:
+    """The decoding bound."""
+    return self.decode_maxlength or DEFAULT_DECODE_MAXLENGTH
+
+  @property
+  def target_length(self) -> int:
+    """The length of scored targets."""
+    return self.target_maxlength or self.decode_length
+
+  @classmethod
+  def from_run_config(cls, run: Mapping[str, Any] | None) -> "DecodeConfig":
+    """The decoding a training run recorded (``jaxfid_config.json``; {} or
+    None: the defaults). Runs that recorded one ``answer_maxlength`` decode
+    that many tokens."""
+    run = dict(run or {})
+    fields = {name: run[RUN_KEYS.get(name, name)]
+              for name in (f.name for f in dataclasses.fields(cls))
+              if run.get(RUN_KEYS.get(name, name)) is not None}
+    if "decode_maxlength" not in fields and run.get("answer_maxlength"):
+      fields["decode_maxlength"] = run["answer_maxlength"]
+    return cls(**fields)
+
+  def override(self, given: "DecodeConfig | Mapping[str, Any] | None" = None,
+               names: Mapping[str, str] | None = None) -> "DecodeConfig":
+    """This config with ``given``'s values that are not None (a mapping or
+    another DecodeConfig: gin's, the command line's). ``names``: the flag
+    that gave each field, named by the error of a refused value."""
+    if given is None:
+      return self
+    if isinstance(given, DecodeConfig):
+      given = {f.name: getattr(given, f.name)
+               for f in dataclasses.fields(given)}
+    changes = {k: v for k, v in given.items() if v is not None}
+    try:
+      return self.replace(**changes)
+    except InputError as e:
+      for name in changes:
+        if names and name in names and e.path == macro_of(type(self), name):
+          raise InputError(names[name], e.reason) from None
+      raise
+
+
+# DecodeConfig fields recorded under another name in a run config
+RUN_KEYS = {"num_beams": "eval_beams", "batch_size": "eval_batch_size"}
+# DecodeConfig fields whose flags are not --field-name (the first is the name)
+FLAGS = {"decode_maxlength": ("--decode-maxlength", "--answer-maxlength"),
+         "num_beams": ("--beam-size",), "alpha": ("--length-penalty",)}

@@ -11,8 +11,8 @@
 * its ``jaxfid eval`` evaluator ``"fid"``
   (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`; also the
   evaluator of checkpoints without a run config,
-  :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), with the gin checks
-  of its parameters;
+  :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), whose decoding
+  settings are one :class:`~jaxfid.fid.config.DecodeConfig`;
 * its commands ``jaxfid predict``, ``plot``, ``demo``, ``distill
   iterate`` (FiD-KD's rounds, which train the dual encoder too) and
   ``serve`` (QA over HTTP, with a page) (:mod:`jaxfid.fid.commands`), with
@@ -35,15 +35,7 @@ from jaxfid.t5.config import DTYPES
 METHOD = "fid"
 
 seqio_eval.METHODS.register(METHOD, FidCheckpointEvaluator)
-TABLE.add(  # gin/fid/base.gin's bindings for `jaxfid eval`
-    FidCheckpointEvaluator,
-    n_context=OPTIONAL_SIZE,                            # N_CONTEXT
-    text_maxlength=OPTIONAL_SIZE,                       # TEXT_MAXLENGTH
-    answer_maxlength=OPTIONAL_SIZE,                     # ANSWER_MAXLENGTH
-    target_maxlength=OPTIONAL_SIZE,                     # TARGET_MAXLENGTH
-    decode_maxlength=OPTIONAL_SIZE,                     # DECODE_MAXLENGTH
-    num_beams=SIZE,                                     # EVAL_BEAMS
-    alpha=number(0), dtype=text(DTYPES, optional=True))
+TABLE.add(FidCheckpointEvaluator, dtype=text(DTYPES, optional=True))
 for _command in (predict.COMMAND, plot.COMMAND, demo.COMMAND,
                  distill.COMMAND, serve.COMMAND):
   register_command(_command)

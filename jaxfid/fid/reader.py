@@ -6,20 +6,27 @@ original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR, whose best-EM
 checkpoint is taken, else the latest) into the model, its parameters, its
 tokenizer (the checkpoint's spiece.model wins over the bundled vocabulary)
 and whether its passages end with EOS, once, so that the two commands cannot
-drift apart in how they load one.
+drift apart in how they load one. :func:`add_decode_flags` and
+:func:`decode_config` give both their decoding flags: one per
+:class:`~jaxfid.fid.config.DecodeConfig` field, whose default is the
+checkpoint's run config, then the field's default.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
-from jaxfid.checkpoints.model_dir import CONFIG_FILE, chosen_checkpoint
+from jaxfid.checkpoints.model_dir import (CONFIG_FILE, chosen_checkpoint,
+                                          read_method_config)
 from jaxfid.core import paths
+from jaxfid.core.config import field_docs, field_types
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer, load_tokenizer
+from jaxfid.fid import config as config_lib
 
 PASSAGE_EOS = ("auto", "on", "off")
 
@@ -68,3 +75,53 @@ def load_reader(checkpoint: str, *, which: str = "auto",
   eos = (checkpoint_passage_eos(checkpoint) if passage_eos == "auto"
          else passage_eos == "on")
   return LoadedReader(model, params, tokenizer, eos)
+
+
+def flag_names(name: str) -> tuple[str, ...]:
+  """The flags of DecodeConfig field ``name`` (``--field-name`` unless
+  :data:`~jaxfid.fid.config.FLAGS` says otherwise)."""
+  return config_lib.FLAGS.get(name, ("--" + name.replace("_", "-"),))
+
+
+def _boolean(text: str) -> bool:
+  if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+  return text.lower() in ("true", "1", "on")
+
+
+def _decode_fields(cls, skip: Iterable[str]) -> list[str]:
+  return [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, *,
+                     skip: Iterable[str] = (),
+                     cls: type | None = None) -> None:
+  """One flag per field of ``cls`` (the DecodeConfig) but ``skip``, with no
+  default: :func:`decode_config` takes the checkpoint's."""
+  cls = cls or config_lib.DecodeConfig
+  docs, types_ = field_docs(cls), field_types(cls)
+  for name in _decode_fields(cls, skip):
+    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+    kind, flags = types_[name][0], flag_names(name)
+    parser.add_argument(
+        *flags, type=_boolean if kind is bool else kind, default=None,
+        dest=name, metavar=flags[0][2:].replace("-", "_").upper(),
+        help=f"{docs.get(name, '').rstrip('.')} (not given: the checkpoint's "
+        f"run config, else {default})")
+
+
+def run_config_of(checkpoint: str) -> dict:
+  """A MODEL_DIR's run config; {} for other checkpoints."""
+  if paths.exists(paths.join(checkpoint, CONFIG_FILE)):
+    return read_method_config(checkpoint)
+  return {}
+
+
+def decode_config(args: argparse.Namespace, *, cls: type | None = None):
+  """The DecodeConfig of ``args.checkpoint``'s run config with the flags
+  given (:func:`add_decode_flags`') applied over it."""
+  cls = cls or config_lib.DecodeConfig
+  given = {n: getattr(args, n) for n in _decode_fields(cls, ())
+           if hasattr(args, n)}
+  return cls.from_run_config(run_config_of(args.checkpoint)).override(
+      given, names={n: flag_names(n)[0] for n in given})

@@ -169,9 +169,12 @@ class FidTask(Task):
         progress=self.settings.progress, passage_eos=self.passage_eos)
 
   def run_config(self) -> dict:
-    """The run's reader settings; ``answer_maxlength`` (the decoding bound)
-    is kept for readers of older run configs."""
-    return {"method": self.name, "model": self.model_config.to_dict(),
+    """The run's reader config (``reader.to_dict()``: what
+    :meth:`~jaxfid.fid.config.DecodeConfig.from_run_config` reads) and model
+    config, with the lengths resolved; ``answer_maxlength`` is the decoding
+    bound."""
+    return {**self.reader.to_dict(), "method": self.name,
+            "model": self.model_config.to_dict(),
             "n_context": self.n_context, "text_maxlength": self.text_maxlength,
             "answer_maxlength": self.lengths.decode_maxlength,
             "target_maxlength": self.lengths.target_maxlength,

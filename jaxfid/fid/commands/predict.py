@@ -1,14 +1,17 @@
 """``jaxfid predict``: a checkpoint and a FiD file -> PRED.jsonl and the EM.
 
-  jaxfid predict --checkpoint DIR --data FILE --n-context N --text-maxlength L
-      --decode-maxlength T --output PRED.jsonl [--batch-size B] [--beam-size K]
+  jaxfid predict --checkpoint DIR --data FILE --output PRED.jsonl
+      [--n-context N] [--text-maxlength L] [--decode-maxlength T]
+      [--batch-size B] [--beam-size K] [--length-penalty A]
       [--passage-scores [--passage-scores-mode probs|logits]
        [--scored-data OUT.json]] [--attention] [--passage-eos auto|on|off]
 
 DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
 an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
-checkpoint, else the latest). ``--answer-maxlength`` is the older name of
-``--decode-maxlength``. Passages end with EOS as the checkpoint was trained
+checkpoint, else the latest). The decoding flags are the fields of
+:class:`~jaxfid.fid.config.DecodeConfig` (``--answer-maxlength`` is another
+name of ``--decode-maxlength``); one not given is the checkpoint's run
+config's, else the field's default. Passages end with EOS as the checkpoint was trained
 (``auto``: a MODEL_DIR's run config; none for original FiD readers).
 ``--attention`` adds each answer's tokens and the reader's cross-attention
 over each passage's tokens while it generated them
@@ -25,24 +28,20 @@ from jaxfid.core.errors import InputError
 from jaxfid.fid import attention as attention_lib
 from jaxfid.fid import predict as predict_lib
 from jaxfid.fid.examples import read_fid_examples
-from jaxfid.fid.reader import PASSAGE_EOS, load_reader
+from jaxfid.fid.reader import (PASSAGE_EOS, add_decode_flags, decode_config,
+                               load_reader)
 from jaxfid.fid.scored_data import same_file, write_scored_data
+
+
+SKIPPED = ("target_maxlength",)  # DecodeConfig fields predict does not use
 
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser("predict", help="answer the questions of a FiD file")
   p.add_argument("--checkpoint", required=True)
   p.add_argument("--data", required=True, help="FiD JSON or JSONL")
-  p.add_argument("--n-context", type=int, required=True)
-  p.add_argument("--text-maxlength", type=int, required=True)
-  p.add_argument("--decode-maxlength", "--answer-maxlength", type=int,
-                 required=True, dest="decode_maxlength",
-                 help="maximum number of generated tokens (EOS included)")
   p.add_argument("--output", required=True, help="PRED.jsonl")
-  p.add_argument("--batch-size", type=int, default=8)
-  p.add_argument("--beam-size", type=int, default=1)
-  p.add_argument("--length-penalty", type=float, default=0.6,
-                 help="beam search length penalty alpha (t5x brevity penalty)")
+  add_decode_flags(p, skip=SKIPPED)
   p.add_argument("--dtype", default=None, help="activation dtype override")
   p.add_argument("--passage-scores", action="store_true",
                  help="also write each passage's cross-attention score")
@@ -71,10 +70,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  for name in ("n_context", "text_maxlength", "decode_maxlength", "batch_size",
-               "beam_size"):
-    if getattr(args, name) < 1:
-      raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+  decode = decode_config(args)
   if args.scored_data is not None:
     if not args.passage_scores:
       raise InputError("--scored-data", "needs --passage-scores")
@@ -91,18 +87,18 @@ def run(args) -> int:
   generate = (attention_lib.generate_with_attention if args.attention else
               predict_lib.generate)
   generated = generate(
-      model, params, tokenizer, examples, n_context=args.n_context,
-      text_maxlength=args.text_maxlength,
-      answer_maxlength=args.decode_maxlength, batch_size=args.batch_size,
-      num_beams=args.beam_size, alpha=args.length_penalty,
+      model, params, tokenizer, examples, n_context=decode.n_context,
+      text_maxlength=decode.text_maxlength,
+      answer_maxlength=decode.decode_length, batch_size=decode.batch_size,
+      num_beams=decode.num_beams, alpha=decode.alpha,
       passage_eos=passage_eos)
   preds, attention = generated if args.attention else (generated, None)
   scores = predict_lib.score(examples, preds)
   extra = None
   if args.passage_scores:
     extra = predict_lib.passage_scores(
-        model, params, tokenizer, examples, n_context=args.n_context,
-        text_maxlength=args.text_maxlength, batch_size=args.batch_size,
+        model, params, tokenizer, examples, n_context=decode.n_context,
+        text_maxlength=decode.text_maxlength, batch_size=decode.batch_size,
         mode=mode, passage_eos=passage_eos)
   predict_lib.write_predictions(args.output, examples, preds, scores,
                                 passage_scores=extra, attention=attention)
@@ -110,12 +106,12 @@ def run(args) -> int:
     unread, reordered = write_scored_data(args.scored_data, args.data,
                                           examples, extra)
     if unread:
-      print(f"{unread} examples have more than {args.n_context} passages: "
+      print(f"{unread} examples have more than {decode.n_context} passages: "
             f"those beyond keep their input score (as FiD's test_reader.py)",
             file=sys.stderr)
     if reordered:
       print(f"{reordered} examples' passages are not sorted by score: the "
-            f"reader read their {args.n_context} best by score, as FiD's "
+            f"reader read their {decode.n_context} best by score, as FiD's "
             f"sort_data (the output keeps the input's order)",
             file=sys.stderr)
   print(json.dumps({"em": round(scores["em"], 6), "f1": round(scores["f1"], 6),

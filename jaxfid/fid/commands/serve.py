@@ -1,9 +1,13 @@
 """``jaxfid serve``: open-domain QA over HTTP, with a page.
 
   jaxfid serve --checkpoint MODEL_DIR_OR_HF_DIR --index INDEX_DIR
-      [--host 127.0.0.1] [--port 8000] [--n-context 10]
-      [--text-maxlength 250] [--decode-maxlength 20] [--beam-size 1]
-      [--max-batch 16] [--max-wait-ms 10]
+      [--host 127.0.0.1] [--port 8000] [--n-context N]
+      [--text-maxlength L] [--decode-maxlength T] [--beam-size K]
+      [--length-penalty A] [--max-batch 16] [--max-wait-ms 10]
+
+The decoding flags are the fields of :class:`~jaxfid.fid.config.
+DecodeConfig`; one not given is the checkpoint's run config's (a MODEL_DIR
+records what it was trained and evaluated with), else the field's default.
 
 One process owns the devices. It opens the index (any type ``jaxfid
 retrieve`` opens: BM25, dense, ReAtt), starts the HTTP server (uvicorn, on
@@ -34,7 +38,8 @@ from jaxfid.commands.registry import Command
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.fid.commands.serve_app import ServerState, build_app
-from jaxfid.fid.reader import load_reader
+from jaxfid.fid import config as config_lib
+from jaxfid.fid.reader import add_decode_flags, decode_config, load_reader
 from jaxfid.fid.serving.batcher import Batcher, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
 from jaxfid.fid.serving.service import QaService, example_titles
@@ -46,25 +51,26 @@ LOG = logging.getLogger("jaxfid.serve")
 SERVE_STACK = ("uvicorn", "starlette")
 
 
+# DecodeConfig fields serve does not use (its batches are --max-batch)
+SKIPPED = ("target_maxlength", "batch_size")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
-  """``jaxfid serve``'s flags, checked once."""
+  """``jaxfid serve``'s flags, checked once (the decoding ones by
+  ``decode``)."""
   checkpoint: str
   index: str
   host: str = "127.0.0.1"
   port: int = 8000
-  n_context: int = 10
-  text_maxlength: int = 250
-  decode_maxlength: int = 20
-  beam_size: int = 1
+  decode: config_lib.DecodeConfig = dataclasses.field(
+      default_factory=lambda: config_lib.DecodeConfig())
   max_batch: int = 16
   max_wait_ms: float = 10.0
 
   def __post_init__(self):
-    for name in ("n_context", "text_maxlength", "decode_maxlength",
-                 "beam_size", "max_batch"):
-      if getattr(self, name) < 1:
-        raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+    if self.max_batch < 1:
+      raise InputError("--max-batch", "must be at least 1")
     if not 0 <= self.port <= 65535:
       raise InputError("--port", "must be between 0 and 65535 (0: any free "
                        "port)")
@@ -72,6 +78,22 @@ class ServeConfig:
       raise InputError("--max-wait-ms", "must be between 0 and 60000")
     if not paths.exists(self.checkpoint):
       raise InputError(self.checkpoint, "no such checkpoint")
+
+  @property
+  def n_context(self) -> int:
+    return self.decode.n_context
+
+  @property
+  def text_maxlength(self) -> int:
+    return self.decode.text_maxlength
+
+  @property
+  def decode_maxlength(self) -> int:
+    return self.decode.decode_length
+
+  @property
+  def beam_size(self) -> int:
+    return self.decode.num_beams
 
   @property
   def beam_sizes(self) -> tuple[int, ...]:
@@ -92,20 +114,23 @@ def add_parser(subparsers) -> None:
                  "jaxfid retrieve)")
   p.add_argument("--host", default="127.0.0.1")
   p.add_argument("--port", type=int, default=8000, help="0: any free port")
-  p.add_argument("--n-context", type=int, default=10,
-                 help="passages read per question (the most a request may "
-                 "ask for)")
-  p.add_argument("--text-maxlength", type=int, default=250)
-  p.add_argument("--decode-maxlength", type=int, default=20,
-                 help="maximum number of generated tokens (EOS included)")
-  p.add_argument("--beam-size", type=int, default=1,
-                 help="the default beam size, and the largest a request may "
-                 "ask for")
+  add_decode_flags(p, skip=SKIPPED)
   p.add_argument("--max-batch", type=int, default=16,
                  help="the most questions of one device batch")
   p.add_argument("--max-wait-ms", type=float, default=10.0,
                  help="how long a question waits for others to batch with")
   p.set_defaults(func=run)
+
+
+def serve_config(args) -> ServeConfig:
+  """The ServeConfig of the parsed flags (decoding: :func:`~jaxfid.fid.
+  reader.decode_config`)."""
+  if not paths.exists(args.checkpoint):
+    raise InputError(args.checkpoint, "no such checkpoint")
+  return ServeConfig(
+      checkpoint=args.checkpoint, index=args.index, host=args.host,
+      port=args.port, decode=decode_config(args),
+      max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
 
 
 def server_info(config: ServeConfig, searcher: Searcher) -> dict:
@@ -173,6 +198,7 @@ class _Loader:
     self.batcher = Batcher(
         reader, n_context=c.n_context, text_maxlength=c.text_maxlength,
         decode_maxlength=c.decode_maxlength, beam_sizes=c.beam_sizes,
+        alpha=c.decode.alpha,
         max_batch=c.max_batch, max_wait_ms=c.max_wait_ms,
         on_batch=self.state.metrics.batch)
     print(f"compiling the reader for batch sizes {self.batcher.buckets} and "
@@ -198,12 +224,7 @@ class _Loader:
 
 def run(args) -> int:
   shell.require_extra("serve", SERVE_STACK, "jaxfid serve")
-  config = ServeConfig(
-      checkpoint=args.checkpoint, index=args.index, host=args.host,
-      port=args.port, n_context=args.n_context,
-      text_maxlength=args.text_maxlength,
-      decode_maxlength=args.decode_maxlength, beam_size=args.beam_size,
-      max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+  config = serve_config(args)
   import uvicorn  # pylint: disable=import-outside-toplevel
   searcher = open_index(config.index)
   handler = logging.StreamHandler(sys.stderr)
