@@ -37,8 +37,8 @@ from jaxfid.commands import shell
 from jaxfid.commands.registry import Command
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
-from jaxfid.fid.commands.serve_app import ServerState, build_app
 from jaxfid.fid import config as config_lib
+from jaxfid.fid.commands.serve_app import ServerState, build_app
 from jaxfid.fid.reader import add_decode_flags, decode_config, load_reader
 from jaxfid.fid.serving.batcher import Batcher, bucket_sizes
 from jaxfid.fid.serving.metrics import Metrics
@@ -125,8 +125,6 @@ def add_parser(subparsers) -> None:
 def serve_config(args) -> ServeConfig:
   """The ServeConfig of the parsed flags (decoding: :func:`~jaxfid.fid.
   reader.decode_config`)."""
-  if not paths.exists(args.checkpoint):
-    raise InputError(args.checkpoint, "no such checkpoint")
   return ServeConfig(
       checkpoint=args.checkpoint, index=args.index, host=args.host,
       port=args.port, decode=decode_config(args),
