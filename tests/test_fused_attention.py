@@ -125,6 +125,7 @@ CONFIG = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_heads=4,
                   remat="full")
 
 
+@pytest.mark.slow  # a tiny T5 through Pallas' interpreter: ~50 s each
 @pytest.mark.parametrize("passages", ["flatten", "vmap"])
 def test_t5_with_pallas_equals_reference(passages):
   """A FiD-shaped T5 ([B, P, L] passages with padding, dropout on; the
@@ -174,6 +175,7 @@ def test_kernel_compiles_for_tpu_in_a_sharded_step():
   assert hlo.count("tpu_custom_call") >= 2  # the forward and backward kernels
 
 
+@pytest.mark.slow  # a FiD train step compiled for v5e: ~100 s
 @pytest.mark.tpu
 def test_fid_step_compiles_with_the_kernel(capsys):
   """A tiny FiD train step with ATTENTION='pallas' compiles for v5e:2x2
