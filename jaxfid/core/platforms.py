@@ -84,23 +84,29 @@ def accelerator_plugins(environ=None) -> list[str]:
   return names
 
 
-def _pci_tpu_candidates(root: str) -> list[str]:
+def _pci_devices(root: str, vendor: str) -> list[tuple[str, str | None]]:
+  """(name, PCI class or None) of ``vendor``'s PCI devices; a device that
+  vanished or cannot be read counts, with class None (unknown)."""
   found = []
   for vendor_path in sorted(glob.glob(
       os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
     device = os.path.dirname(vendor_path)
     try:
       with open(vendor_path, encoding="ascii") as f:
-        vendor = f.read().strip().lower()
-      if vendor != GOOGLE_PCI_VENDOR:
-        continue
+        if f.read().strip().lower() != vendor:
+          continue
       with open(os.path.join(device, "class"), encoding="ascii") as f:
         pci_class = f.read().strip().lower()
-    except OSError:  # a device that vanished or cannot be read: unknown
-      pci_class = ""
-    if not pci_class.startswith(NOT_TPU_PCI_CLASSES):
-      found.append(f"Google PCI device {os.path.basename(device)}")
+    except OSError:
+      pci_class = None
+    found.append((os.path.basename(device), pci_class))
   return found
+
+
+def _pci_tpu_candidates(root: str) -> list[str]:
+  return [f"Google PCI device {name}"
+          for name, pci_class in _pci_devices(root, GOOGLE_PCI_VENDOR)
+          if pci_class is None or not pci_class.startswith(NOT_TPU_PCI_CLASSES)]
 
 
 def tpu_hints(environ=None, root: str = "/") -> list[str]:
@@ -129,21 +135,9 @@ def gpu_hints(root: str = "/") -> list[str]:
   """What suggests an NVIDIA GPU on this host (empty: nothing does): a PCI
   display or 3D controller of NVIDIA's (vendor ``0x10de``, class ``0x03``),
   a ``/dev/nvidia<N>`` device, or ``/proc/driver/nvidia/gpus/*``."""
-  hints = []
-  for vendor_path in sorted(glob.glob(
-      os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
-    device = os.path.dirname(vendor_path)
-    try:
-      with open(vendor_path, encoding="ascii") as f:
-        vendor = f.read().strip().lower()
-      if vendor != NVIDIA_PCI_VENDOR:
-        continue
-      with open(os.path.join(device, "class"), encoding="ascii") as f:
-        pci_class = f.read().strip().lower()
-    except OSError:  # a device that vanished or cannot be read: unknown
-      pci_class = GPU_PCI_CLASS
-    if pci_class.startswith(GPU_PCI_CLASS):
-      hints.append(f"NVIDIA PCI device {os.path.basename(device)}")
+  hints = [f"NVIDIA PCI device {name}"
+           for name, pci_class in _pci_devices(root, NVIDIA_PCI_VENDOR)
+           if pci_class is None or pci_class.startswith(GPU_PCI_CLASS)]
   hints += sorted(glob.glob(os.path.join(root, "dev/nvidia[0-9]*")))
   hints += sorted(glob.glob(os.path.join(root, "proc/driver/nvidia/gpus/*")))
   return hints
