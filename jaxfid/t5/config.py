@@ -63,7 +63,8 @@ class T5Config(Config):
       'pallas' (a fused Pallas kernel keeping them on chip where it applies:
       at most 1024 keys, a key padding mask, not a causal one, no logits
       asked for, e.g. FiD's encoder; the reference elsewhere; interpreted
-      off TPU), or 'auto': 'pallas' on TPU, 'reference' elsewhere.
+      off TPU), or 'auto': 'pallas' on TPU, 'reference' elsewhere and
+      with vmapped passages.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).

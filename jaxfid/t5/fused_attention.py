@@ -389,13 +389,14 @@ def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
   """Whether the kernels take these shapes: q ``[B, L, H, E]``, k/v
   ``[B, S, H, E]`` (as many key heads as query heads), the bias ``[1, H, L,
   S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, both
-  lengths at most ``MAX_LENGTH``, at least ``MIN_QUERIES`` queries (not a
+  lengths at most ``MAX_LENGTH`` and within VMEM (:func:`vmem_estimate`),
+  at least ``MIN_QUERIES`` queries (not a
   decoding step), and a mesh layout that splits neither
   the lengths nor the head width."""
   b, l, h, _ = q_shape
   s = k_shape[1]
   if (k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH
-      or l < MIN_QUERIES):
+      or l < MIN_QUERIES or vmem_estimate(h, l, s) > VMEM_LIMIT // 2):
     return False
   if bias_shape is not None and tuple(bias_shape) != (1, h, l, s):
     return False
@@ -406,6 +407,16 @@ def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
   mesh = jax.sharding.get_abstract_mesh()
   mesh = None if mesh is None or mesh.empty else mesh
   return _mesh_axes(mesh)[2]
+
+
+def vmem_estimate(heads: int, length: int, keys: int) -> int:
+  """A bound on the backward kernel's VMEM (bytes): the float32 bias and its
+  gradient ``[H, L, S]``, a head's float32 score temporaries and the q/k/v
+  blocks. Within half of ``VMEM_LIMIT``, the compiler's scoped VMEM holds it
+  (FiD-base's 12 heads x 256: 12 MB); tiny T5's 4 heads at 1024 tokens
+  (34 MB of bias alone) ran out of it (``CompileTimeScopedVmemOom``)."""
+  scores = length * keys * 4
+  return 2 * heads * scores + 8 * scores + 4 * BLOCK_BYTES
 
 
 def _block(batch: int, length: int, width: int, itemsize: int) -> int:

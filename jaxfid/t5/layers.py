@@ -211,7 +211,11 @@ class Attention(nnx.Module):
     self.num_heads, self.kv_heads, self.head_dim = h, kv_heads, e
     self.dropout_rate = config.dropout_rate
     self.dtype = dt
-    self.implementation = config.attention
+    # the kernel's TPU lowering does not take the batch dimension vmap adds
+    # (PASSAGE_ENCODING='vmap'): 'auto' keeps the einsums there
+    self.implementation = ("reference" if config.attention == "auto"
+                           and config.passage_encoding == "vmap"
+                           else config.attention)
 
   def project_kv(self, x: Array, extras: Any = None) -> tuple[Array, Array]:
     """Keys and values ``[B, S, K, E]`` (cached once per input when decoding).
