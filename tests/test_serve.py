@@ -149,8 +149,9 @@ def test_it_reports_loading_then_ready(server):
   assert "compiled 2 programs" in server.stderr  # buckets 1 and 4, beam 1
 
 
-def test_answers_equal_retrieve_and_predict(server, world, tmp_path):
-  questions = [_question(i) for i in range(8)]
+def _retrieve_and_predict(world, tmp_path, questions, flag: str) -> None:
+  """``jaxfid retrieve`` then ``jaxfid predict FLAG`` of ``questions``, as
+  the server reads them: tmp_path/run.json and tmp_path/pred.jsonl."""
   queries = tmp_path / "q.jsonl"
   queries.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n"
                              for i, q in enumerate(questions)))
@@ -160,8 +161,13 @@ def test_answers_equal_retrieve_and_predict(server, world, tmp_path):
   assert main(["predict", "--checkpoint", str(world / "model"), "--data",
                str(tmp_path / "run.json"), "--n-context", str(N_CONTEXT),
                "--text-maxlength", str(TEXT_MAXLENGTH), "--decode-maxlength",
-               str(DECODE_MAXLENGTH), "--passage-scores", "--output",
+               str(DECODE_MAXLENGTH), flag, "--output",
                str(tmp_path / "pred.jsonl")]) == 0
+
+
+def test_answers_equal_retrieve_and_predict(server, world, tmp_path):
+  questions = [_question(i) for i in range(8)]
+  _retrieve_and_predict(world, tmp_path, questions, "--passage-scores")
   retrieved = json.loads((tmp_path / "run.json").read_text())
   predicted = [json.loads(line) for line in
                (tmp_path / "pred.jsonl").read_text().splitlines()]
@@ -236,16 +242,7 @@ def test_a_question_with_no_passage_retrieved_is_not_answered(server):
 def test_attention_equals_predict_attention(server, world, tmp_path):
   """"attention": true gives `jaxfid predict --attention`'s shares."""
   question = _question(4)
-  queries = tmp_path / "q.jsonl"
-  queries.write_text(json.dumps({"id": "0", "question": question}) + "\n")
-  assert main(["retrieve", "--index", str(world / "index"), "--queries",
-               str(queries), "--top-k", str(N_CONTEXT), "--output",
-               str(tmp_path / "run.json")]) == 0
-  assert main(["predict", "--checkpoint", str(world / "model"), "--data",
-               str(tmp_path / "run.json"), "--n-context", str(N_CONTEXT),
-               "--text-maxlength", str(TEXT_MAXLENGTH), "--decode-maxlength",
-               str(DECODE_MAXLENGTH), "--attention", "--output",
-               str(tmp_path / "pred.jsonl")]) == 0
+  _retrieve_and_predict(world, tmp_path, [question], "--attention")
   pred = json.loads((tmp_path / "pred.jsonl").read_text())
   status, got = _post(server.url + "v1/answer",
                       {"question": question, "attention": True})
