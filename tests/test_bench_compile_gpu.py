@@ -18,14 +18,8 @@ from jaxfid import cli
 from jaxfid.aot import gpus, topologies
 from jaxfid.core import platforms
 from jaxfid.core.errors import InputError
+from test_bench_compile import TINY  # tiny.gin at 1+1 layers: seconds
 
-# gin/fid/tiny.gin at 1+1 layers and a 128-token vocabulary (as
-# tests/test_bench_compile.py): seconds to compile
-TINY = ["--gin_file=gin/fid/tiny.gin", "--gin.config.T5Config.vocab_size=128",
-        "--gin.config.T5Config.num_layers=1",
-        "--gin.config.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
-        "--gin.N_CONTEXT=2", "--gin.TEXT_MAXLENGTH=16",
-        "--gin.ANSWER_MAXLENGTH=4"]
 
 
 @pytest.fixture(autouse=True)
