@@ -18,7 +18,7 @@
 # 51 s to install on the 2-core CPU host) is the GPU compiler of the tests
 # marked `gpu` (tests/test_bench_compile_gpu.py: a tiny FiD step compiled for
 # an H100 without one). On a host without a TPU or an NVIDIA GPU, importing
-# jaxfid keeps JAX off those platforms (jaxfid/core/platforms.py), so libtpu
+# jaxfid keeps JAX off those platforms (jaxfid/runtime/platforms.py), so libtpu
 # and the CUDA plugin cost the other tests nothing.
 #
 # `make test-latest` runs the suite on the other end of setup.py's ranges:

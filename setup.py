@@ -9,7 +9,7 @@ one an accelerator extra pulls in the way JAX's own extras do:
 ``jaxfid[tpu]``, ``jaxfid[cuda12]``, ``jaxfid[cuda13]``. ``jaxfid[tpu]``
 also installs on a CPU host (libtpu is a plain manylinux wheel), where its
 libtpu is the compiler ``jaxfid bench compile`` sizes TPU jobs with; there
-JAX stays on the CPU (jaxfid/core/platforms.py). ``jaxfid[gpu-aot]`` (jax's
+JAX stays on the CPU (jaxfid/runtime/platforms.py). ``jaxfid[gpu-aot]`` (jax's
 cuda12 extra under the name of its use) is the GPU compiler the same
 command sizes GPU jobs with, on any host. ``make test`` installs both with
 ``test`` and ``torch`` (requirements-lock.txt pins their libtpu and CUDA
@@ -71,7 +71,7 @@ ACCELERATOR_EXTRAS = {
 # cuBLAS, nvcc's ptxas), at the installed jax's version: jax's own cuda12
 # extra. A 3.2 GB download, 4.9 GB installed (measured with the lock's jax
 # 0.10.2). On a host without an NVIDIA GPU JAX stays on the CPU
-# (jaxfid/core/platforms.py). `make test` installs it for the GPU compile
+# (jaxfid/runtime/platforms.py). `make test` installs it for the GPU compile
 # tests (tests/test_bench_compile_gpu.py).
 GPU_AOT_REQUIRES = [f"jax[cuda12]{JAX}"]
 
@@ -139,7 +139,7 @@ setup(
                                     "tasks.*"]) + ["jaxfid.assets"],
     # jaxfid serve's page (HTML, CSS, JavaScript).
     package_data={"jaxfid.assets": ["*", "lmbff/*", "lmbff/*/*/*"],
-                  "jaxfid.fid.serving": ["static/*"],
+                  "jaxfid.serving": ["static/*"],
                   # bench compile's GPU target configs (jaxfid/aot/gpus.py)
                   "jaxfid.aot": ["gpu_targets/*"]},
     include_package_data=True,

@@ -71,8 +71,8 @@ from jaxfid.core.tokenization import encode_padded, load_tokenizer  # noqa: E402
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder  # noqa: E402
 from jaxfid.dual_encoder.model import passage_text  # noqa: E402
 import distill_world  # noqa: E402
-from jaxfid.fid import inputs as fid_inputs  # noqa: E402
-from jaxfid.fid.examples import FidExample  # noqa: E402
+from jaxfid.reader import inputs as fid_inputs  # noqa: E402
+from jaxfid.reader.examples import FidExample  # noqa: E402
 from jaxfid.retrieval.bm25.index import build_bm25_index  # noqa: E402
 from jaxfid.retrieval.search import retrieve_to_file  # noqa: E402
 from jaxfid.retrieval.text.answer_match import has_answer  # noqa: E402

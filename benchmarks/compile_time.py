@@ -14,7 +14,7 @@ and on (after: ``jaxfid.t5.stack``, one ``lax.scan`` per stack):
 
 No persistent compilation cache is used (each program compiles in full).
 The process gets the malloc settings that ``jaxfid``'s commands get on a CPU
-(``jaxfid.core.host_memory``). ``--threads N`` limits XLA to N CPUs, as in
+(``jaxfid.runtime.host_memory``). ``--threads N`` limits XLA to N CPUs, as in
 ``fid_vs_pytorch.py``.
 
 Usage (from the repository root; issue #16's CPU shapes):
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_host import cpu_model, limit_threads, load_average  # noqa: E402
 
-from jaxfid.core import host_memory  # noqa: E402
+from jaxfid.runtime import host_memory  # noqa: E402
 
 MALLOC = {"cpu_malloc": False, "reason": "imported, not run as a script"}
 if __name__ == "__main__":  # before JAX starts, as the CLI does

@@ -1,6 +1,6 @@
 """The demo's train step with and without jaxfid's CPU malloc settings.
 
-``jaxfid.core.host_memory.tune_cpu_malloc`` holds for a whole process, so
+``jaxfid.runtime.host_memory.tune_cpu_malloc`` holds for a whole process, so
 each setting runs in its own child process: the same train step as ``jaxfid
 demo`` (``gin/fid/tiny.gin``'s model, batch 32 x 4 passages x 40 tokens, 6
 target tokens, dropout off, Adam), compiled, warmed up for ``--warmup``
@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = """
 import json, resource, sys, time
-from jaxfid.core import host_memory
+from jaxfid.runtime import host_memory
 decided = host_memory.tune_cpu_malloc()
 from jaxfid.fid import bench
 from jaxfid.t5.config import preset

@@ -26,7 +26,7 @@ CPU threads (see ``limit_threads``); the hardware lines include the CPU
 model, whether it has AVX-512 bf16, and the load average at the start and
 the end. The other rows (FiDO, more remat policies, ``torch.compile``) run
 one after another as before. The process gets the glibc malloc settings that
-``jaxfid``'s commands get on a CPU (``jaxfid.core.host_memory``; they apply
+``jaxfid``'s commands get on a CPU (``jaxfid.runtime.host_memory``; they apply
 to torch's allocations too; ``JAXFID_CPU_MALLOC=0`` runs without them);
 ``--scan-layers`` runs jaxfid with ``T5Config.scan_layers``.
 
@@ -68,7 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_report import brief, table, write_json  # noqa: E402
 from cpu_host import describe, limit_threads, load_average  # noqa: E402
 
-from jaxfid.core import host_memory  # noqa: E402
+from jaxfid.runtime import host_memory  # noqa: E402
 
 # Before JAX starts: the threads, and the malloc settings jaxfid's commands
 # get on a CPU, which hold for the whole process, torch included

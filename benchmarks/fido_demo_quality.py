@@ -28,14 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gin  # noqa: E402
 
-from jaxfid.fid import bench
-from jaxfid.fid import predict as predict_lib
-from jaxfid.commands import gin_flags  # noqa: E402
-from jaxfid.fid.commands.demo import prepare_data  # noqa: E402
-from jaxfid.fid.examples import read_fid_examples
 from jaxfid.checkpoints.load import load_checkpoint
-from jaxfid.t5.network import count_params
+from jaxfid.commands import gin_flags  # noqa: E402
 from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.fid import bench
+from jaxfid.fid.commands.demo import prepare_data  # noqa: E402
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.examples import read_fid_examples
+from jaxfid.t5.network import count_params
 from jaxfid.training import launch  # noqa: E402
 
 TEXT_MAXLENGTH, ANSWER_MAXLENGTH = 40, 6  # as jaxfid demo

@@ -46,13 +46,13 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from jaxfid.core.tokenization import Tokenizer  # noqa: E402
+from jaxfid.reader.examples import FidExample, Passage  # noqa: E402
 from jaxfid.reatt import model as reatt  # noqa: E402
 from jaxfid.reatt import token_index  # noqa: E402
 from jaxfid.reatt.batches import ReAttBatcher  # noqa: E402
 from jaxfid.reatt.restarts import restart_adam_at  # noqa: E402
 from jaxfid.training.step import make_train_step  # noqa: E402
 from jaxfid.training.task import Phase, train_state  # noqa: E402
-from jaxfid.fid.examples import FidExample, Passage  # noqa: E402
 from reatt_world import (WORDS, make_world, tiny_model,  # noqa: E402
                          write_corpus)
 

@@ -64,11 +64,11 @@ import numpy as np
 
 from jaxfid.checkpoints import names
 from jaxfid.checkpoints.hf import write_hf
-from jaxfid.core.files import write_atomic
 from jaxfid.core.tokenization import bundled_vocab_path
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.index import build_dense_index
 from jaxfid.refusion import neighbours as nb_lib
+from jaxfid.runtime.files import write_atomic
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 

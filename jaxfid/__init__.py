@@ -18,11 +18,11 @@ Importing ``jaxfid`` also settles which platforms JAX will start, before
 it starts any: on a host without a TPU where libtpu is installed (the
 ``tpu`` extra, for ``jaxfid bench compile``), the TPU platform is left out
 so that JAX neither probes for a TPU nor prints libtpu's errors
-(:mod:`jaxfid.core.platforms`; a ``JAX_PLATFORMS`` the user set wins).
+(:mod:`jaxfid.runtime.platforms`; a ``JAX_PLATFORMS`` the user set wins).
 """
 import importlib
 
-from jaxfid.core import platforms as _platforms
+from jaxfid.runtime import platforms as _platforms
 
 _platforms.exclude_absent_tpu()
 

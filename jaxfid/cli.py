@@ -10,7 +10,7 @@ them all). The parser lists the registered commands in their
 :attr:`~jaxfid.commands.registry.Command.order` (see
 :mod:`jaxfid.commands.registry`). The CLI holds no logic a test cannot call
 directly. Which JAX platforms start is settled before this module runs, by
-importing ``jaxfid`` (:mod:`jaxfid.core.platforms`: a host without a TPU is
+importing ``jaxfid`` (:mod:`jaxfid.runtime.platforms`: a host without a TPU is
 not probed for one, even where libtpu is installed).
 Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
 line and the process exits with status 2, with no traceback. A storage fault
@@ -27,15 +27,15 @@ import difflib
 import logging
 import sys
 
-import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
 from jaxfid.commands import (bench, convert, corpus, eval_retrieval, evaluate,
                              index, registry, retrieve, train)
 from jaxfid.commands.gin_flags import split_gin_bindings
-from jaxfid.core import background_errors, peer_watch
 from jaxfid.core.errors import InputError, PeerError
-from jaxfid.core.host_memory import tune_cpu_malloc
-from jaxfid.core.runtime import apply_runtime_defaults
-from jaxfid.core.storage import storage_fault
+import jaxfid.methods  # noqa: F401 (registers every method's plug-ins)
+from jaxfid.runtime import background_errors, peer_watch
+from jaxfid.runtime.compilation_cache import apply_runtime_defaults
+from jaxfid.runtime.host_memory import tune_cpu_malloc
+from jaxfid.runtime.storage import storage_fault
 
 # The commands every method shares (each method's plugin registers its own).
 SHARED_COMMANDS = (convert.COMMAND, train.COMMAND, evaluate.COMMAND,
@@ -44,7 +44,7 @@ SHARED_COMMANDS = (convert.COMMAND, train.COMMAND, evaluate.COMMAND,
 for _command in SHARED_COMMANDS:
   registry.register_command(_command)
 # The commands whose time goes into XLA programs (train and decode steps):
-# on a CPU they get jaxfid.core.host_memory's malloc settings.
+# on a CPU they get jaxfid.runtime.host_memory's malloc settings.
 MODEL_COMMANDS = registry.model_commands()
 
 

@@ -73,7 +73,7 @@ def fid_n_context(n_context: int = 100) -> int:
 @gin.configurable
 def fid_passage_eos(passage_eos: bool = True) -> bool:
   """Whether each passage row ends with EOS (see
-  ``jaxfid.fid.inputs.encode_examples``)."""
+  ``jaxfid.reader.inputs.encode_examples``)."""
   return bool(passage_eos)
 
 

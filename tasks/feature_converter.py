@@ -1,7 +1,7 @@
 """FiD task features -> the model batch features jaxfid trains and predicts on.
 
 :func:`fid_feature_converter` maps ``inputs`` int32 ``[p, L]`` (or ragged)
-and ``targets`` int32 ``[None]`` to the arrays ``jaxfid.fid.batches.
+and ``targets`` int32 ``[None]`` to the arrays ``jaxfid.reader.batches.
 FidBatcher`` builds:
 
 * ``encoder_input_tokens``: int32 ``[n_context, text_maxlength]``;

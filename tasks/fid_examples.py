@@ -1,6 +1,6 @@
 """jaxfid's FiD trainer on a seqio task or mixture: the ``seqio`` example source.
 
-With ``MIXTURE_OR_TASK_NAME``, :class:`jaxfid.fid.task.FidTask` asks
+With ``MIXTURE_OR_TASK_NAME``, :class:`jaxfid.reader.task.ReaderTask` asks
 ``EXAMPLE_SOURCES["seqio"]`` (:func:`read_components`) for every FiD QA task
 of the mixture's source examples, in file order, with its rate; the trainer
 then batches them as it batches FiD files, so a task over a file trains on
@@ -11,7 +11,7 @@ from __future__ import annotations
 import seqio
 
 from jaxfid.core.errors import InputError
-from jaxfid.fid.task import EXAMPLE_SOURCES, SEQIO, Component
+from jaxfid.reader.task import EXAMPLE_SOURCES, SEQIO, Component
 from tasks import qa, sources
 
 WHERE = "MIXTURE_OR_TASK_NAME"

@@ -1,6 +1,6 @@
 """The FiD QA tasks' one preprocessor: jaxfid's own Python FiD preprocessing.
 
-:func:`encode_fid` maps ``tf.numpy_function`` over ``jaxfid.fid.examples``
+:func:`encode_fid` maps ``tf.numpy_function`` over ``jaxfid.reader.examples``
 (``format_passages``, ``encode_example``, ``choose_target``,
 ``encode_target``), adding:
 
@@ -27,8 +27,8 @@ import seqio
 import tensorflow as tf
 
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid import examples as fid_format
-from jaxfid.fid import inputs as fid_inputs
+from jaxfid.reader import examples as fid_format
+from jaxfid.reader import inputs as fid_inputs
 from tasks import config
 from tasks.sources import example_from_features
 

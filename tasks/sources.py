@@ -21,9 +21,9 @@ import seqio
 import tensorflow as tf
 
 from jaxfid.core.errors import InputError
-from jaxfid.fid import examples as fid_format
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.reader import examples as fid_format
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.examples import FidExample, Passage
 from tasks import config
 
 NQ = "nq"
@@ -157,7 +157,7 @@ def source_examples(source: seqio.DataSource, split: str, name: str = ""
 
 
 def _title_case_if_upper_tf(text: tf.Tensor) -> tf.Tensor:
-  """``jaxfid.fid.inputs.title_case_if_upper`` of a scalar string tensor."""
+  """``jaxfid.reader.inputs.title_case_if_upper`` of a scalar string tensor."""
   out = tf.numpy_function(
       lambda b: np.bytes_(fid_inputs.title_case_if_upper(
           b.decode("utf-8")).encode("utf-8")), [text], tf.string,

@@ -6,7 +6,7 @@ The cache: one temporary directory for the whole pytest run (made by the
 first process, removed at its end), exported as ``$JAXFID_COMPILATION_CACHE``
 so that the in-process tests, the ``jaxfid`` commands they start as
 subprocesses and pytest-xdist's workers all load a program any of them
-compiled (the CLI turns the cache on from that variable, core/runtime.py;
+compiled (the CLI turns the cache on from that variable, runtime/compilation_cache.py;
 tests/multihost.py turns it off for multi-process runs). A variable the user
 set is left alone (``JAXFID_COMPILATION_CACHE=0`` runs the suite without).
 
@@ -25,14 +25,14 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_backend_optimization_level=0")
 # JAX_PLATFORMS=cpu also keeps the tpu extra's libtpu out of every backend
-# here and in the commands the tests start (jaxfid/core/platforms.py would
+# here and in the commands the tests start (jaxfid/runtime/platforms.py would
 # choose the same on this host); the tests marked `tpu` load it as a
 # compiler through jax.experimental.topologies, which this does not stop.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The CLI's CPU malloc settings (jaxfid/core/host_memory.py) trade compile
+# The CLI's CPU malloc settings (jaxfid/runtime/host_memory.py) trade compile
 # speed and memory for step speed; the suite is mostly compilation, and this
 # process and the commands it starts run without them.
 # tests/test_host_memory.py and test_bench_scripts.py run them explicitly.
@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
 
 import jax  # noqa: E402
 
-from jaxfid.core import runtime  # noqa: E402
+from jaxfid.runtime import compilation_cache as runtime  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 # The in-process tests use the cache from their first compilation on.

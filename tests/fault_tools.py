@@ -53,7 +53,7 @@ class _Budgeted:
 
 # modules whose ``open`` the injected limit replaces (the writers of indexes
 # and runs; numpy's np.save)
-WRITER_MODULES = ("jaxfid.core.files", "jaxfid.core.locks",
+WRITER_MODULES = ("jaxfid.runtime.files", "jaxfid.runtime.locks",
                    "jaxfid.retrieval.store.passage_store",
                    "jaxfid.retrieval.bm25.scoring", "jaxfid.reatt.token_index",
                    "numpy.lib._npyio_impl")

@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.core.tokenization import Tokenizer
+from jaxfid.reader.examples import FidExample, Passage
 from jaxfid.reatt import model as reatt
 from jaxfid.t5.config import T5Config
-from jaxfid.core.tokenization import Tokenizer
 
 WORDS = """red green blue yellow black white brown pink orange purple dog cat
 horse cow sheep goat bird fish mouse bread rice milk cheese apple banana grape

@@ -13,7 +13,7 @@ import pytest
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid.batches import eval_batches
+from jaxfid.reader.batches import eval_batches
 from jaxfid.reatt.model import ReAttConfig
 from jaxfid.training.task import Context
 from method_aot import (MISSING, assert_same_shapes, configured, lower_decode,

@@ -7,7 +7,7 @@ from jaxfid.atlas.batches import AtlasBatcher, with_retrieved
 from jaxfid.atlas.config import AtlasConfig
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer, encode_padded
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader.examples import FidExample
 from jaxfid.retrieval.store.corpus import Passage
 
 

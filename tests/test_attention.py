@@ -1,5 +1,5 @@
 """The reader's attention over passage tokens while it generates an answer
-(jaxfid/fid/attention.py, EncoderDecoderModel.answer_attention): on an
+(jaxfid/reader/attention.py, EncoderDecoderModel.answer_attention): on an
 absolute scale, its first position the reader score, its rows per question."""
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid import attention, predict
-from jaxfid.fid.examples import FidExample, Passage
-from jaxfid.fid.commands.serve_app import ServerState, build_app
-from jaxfid.fid.inputs import encode_example
-from jaxfid.fid.reader import LoadedReader
-from jaxfid.fid.serving.batcher import Batcher
-from jaxfid.fid.serving.metrics import Metrics
-from jaxfid.fid.serving.service import QaService
+from jaxfid.reader import attention, predict
+from jaxfid.reader.examples import FidExample, Passage
+from jaxfid.reader.inputs import encode_example
+from jaxfid.reader.load import LoadedReader
 from jaxfid.retrieval.store.corpus import Passage as StoredPassage
+from jaxfid.serving.batcher import Batcher
+from jaxfid.serving.commands.serve_app import ServerState, build_app
+from jaxfid.serving.metrics import Metrics
+from jaxfid.serving.service import QaService
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel, shift_right
 

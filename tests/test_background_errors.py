@@ -1,5 +1,5 @@
 """asyncio's reports of abandoned orbax/tensorstore work are dropped, the
-rest kept (jaxfid.core.background_errors; the whole-run check is
+rest kept (jaxfid.runtime.background_errors; the whole-run check is
 test_quiet_recoveries.py)."""
 import asyncio
 import gc
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from jaxfid.core import background_errors
+from jaxfid.runtime import background_errors
 
 
 class _Records(logging.Handler):

@@ -16,8 +16,8 @@ import pytest
 
 from jaxfid import cli
 from jaxfid.aot import gpus, topologies
-from jaxfid.core import platforms
 from jaxfid.core.errors import InputError
+from jaxfid.runtime import platforms
 from test_bench_compile import TINY  # tiny.gin at 1+1 layers: seconds
 
 

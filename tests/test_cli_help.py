@@ -6,7 +6,7 @@ import pytest
 from tqdm import tqdm
 
 from jaxfid.cli import build_parser, main, mistyped_option
-from jaxfid.core import console
+from jaxfid.runtime import console
 
 
 @pytest.mark.parametrize("argv, line", [

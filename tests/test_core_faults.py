@@ -10,12 +10,12 @@ import pytest
 
 from jaxfid.cli import main
 from jaxfid.commands import eval_retrieval
-from jaxfid.core import processes
 from jaxfid.core.errors import InputError, StorageError
-from jaxfid.core.files import (atomic_directory, atomic_write, preallocate,
+from jaxfid.runtime import processes
+from jaxfid.runtime.files import (atomic_directory, atomic_write, preallocate,
                                remove_stale_temporaries, storage_errors,
                                storage_fault, temporary_writer)
-from jaxfid.core.locks import DirectoryLock, LockedError, lock_file
+from jaxfid.runtime.locks import DirectoryLock, LockedError, lock_file
 
 
 def _dead_pid() -> int:

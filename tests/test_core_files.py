@@ -1,13 +1,13 @@
-"""core/files.py: outputs appear complete or not at all, never half-written."""
+"""runtime/files.py: outputs appear complete or not at all, never half-written."""
 import os
 import stat
 
 import pytest
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import (atomic_directory, atomic_path, atomic_write,
-                               link_or_copy, replace_directory, write_atomic)
 from jaxfid.retrieval.index_dir import check_output
+from jaxfid.runtime.files import (atomic_directory, atomic_path, atomic_write,
+                               link_or_copy, replace_directory, write_atomic)
 
 
 def _mode(path) -> int:

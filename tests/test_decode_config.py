@@ -11,12 +11,12 @@ from jaxfid.checkpoints.model_dir import CONFIG_FILE
 from jaxfid.cli import build_parser
 from jaxfid.core.config import option
 from jaxfid.core.errors import InputError
-from jaxfid.fid import checkpoint_eval
-from jaxfid.fid import config as config_lib
-from jaxfid.fid.commands import serve
-from jaxfid.fid.config import DecodeConfig, FidReaderConfig
-from jaxfid.fid.reader import decode_config
 from jaxfid.fid.task import FidTask
+from jaxfid.reader import checkpoint_eval
+from jaxfid.reader import config as config_lib
+from jaxfid.reader.config import DecodeConfig, FidReaderConfig
+from jaxfid.reader.load import decode_config
+from jaxfid.serving.commands import serve
 
 RUN = {"method": "fid", "n_context": 3, "text_maxlength": 40,
        "decode_maxlength": 7, "target_maxlength": 9, "eval_beams": 2,

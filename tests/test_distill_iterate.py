@@ -16,8 +16,8 @@ import pytest
 
 from jaxfid.cli import main
 from jaxfid.commands.gin_flags import GinRun
-from jaxfid.fid import distill_iterate
-from jaxfid.fid.commands import distill
+from jaxfid.distill import commands as distill
+from jaxfid.distill import iterate as distill_iterate
 from jaxfid.training import rounds
 from tiny_fid import WORDS
 

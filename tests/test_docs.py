@@ -4,7 +4,7 @@ README.md and docs/*.md are read as text (no model, no device): every
 relative Markdown link names an existing file (and, with ``#anchor``, an
 existing heading of it), no page refers to a path outside the repository
 (``../shared``, ``/work/...``), every repository path a page quotes in
-backticks (``jaxfid/fid/task.py``, ``fid/inputs.py::format_passages``,
+backticks (``jaxfid/reader/task.py``, ``reader/inputs.py::format_passages``,
 ``tests/test_demo.py``, ``test_fid_model.py``) exists, so a moved or deleted
 file shows up here, and every ``jaxfid`` command of a page's ``sh`` blocks
 parses with the CLI's own parser, a ``train`` command's gin (files, macros,
@@ -86,8 +86,8 @@ def test_no_path_outside_the_repository(page):
 
 def _exists(path: str) -> bool:
   """``path`` from the repository root or from ``jaxfid/`` (pages name
-  modules as ``fid/task.py``); ``fid/task.EXAMPLE_SOURCES`` is an attribute
-  of ``fid/task.py``."""
+  modules as ``reader/task.py``); ``fid/task.EXAMPLE_SOURCES`` is an attribute
+  of ``reader/task.py``."""
   for base in (ROOT, ROOT / "jaxfid"):
     if (base / path).exists():
       return True

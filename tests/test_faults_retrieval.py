@@ -28,12 +28,12 @@ import pytest
 from fault_tools import ROOT, SmallDisk, hold_at, kill
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
-from jaxfid.core import processes
 from jaxfid.core.errors import StorageError
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid.examples import FidExample
-from jaxfid.fid.predict import write_predictions
+from jaxfid.reader.examples import FidExample
+from jaxfid.reader.predict import write_predictions
 from jaxfid.reatt import token_index
+from jaxfid.runtime import processes
 from reatt_world import make_world, tiny_model, write_corpus
 
 SAMPLE = ROOT / "tests" / "data" / "retrieval" / "squad_sample"
@@ -194,7 +194,7 @@ def test_retrieve_output_on_a_full_disk(data, bm25_index, disk, name,
 @pytest.mark.parametrize("target, when", [
     ("jaxfid.retrieval.store.passage_store:PassageStoreWriter.close", "after"),
     ("jaxfid.retrieval.bm25.scoring:BM25Index.save", "before"),
-    ("jaxfid.core.files:replace_directory", "before")])
+    ("jaxfid.runtime.files:replace_directory", "before")])
 def test_killed_bm25_build(data, bm25_index, tmp_path, target, when, capsys):
   work = tmp_path / "work"
   out = work / "index"

@@ -1,4 +1,4 @@
-"""jaxfid.fid.examples: reading, validation, passage strings, tensors."""
+"""jaxfid.reader.examples: reading, validation, passage strings, tensors."""
 import gzip
 import json
 import os
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import (FidExample, Passage, read_fid_examples,
+from jaxfid.core.tokenization import EOS_ID, Tokenizer
+from jaxfid.reader.examples import (FidExample, Passage, read_fid_examples,
                                  sorted_passages, write_fid_examples)
-from jaxfid.fid.inputs import (
+from jaxfid.reader.inputs import (
     choose_target, decoder_inputs_from_targets, encode_example,
     encode_examples, encode_target, format_passages)
-from jaxfid.core.tokenization import EOS_ID, Tokenizer
 
 RECORDS = [
     {"id": "q1", "question": "who wrote hamlet?", "answers": ["Shakespeare"],

@@ -5,8 +5,8 @@ only (``T5Config.cross_attention_period``) and shares one key/value head
 among the query heads there (``multi_query_cross_attention``). Checked: the
 parameter tree and counts, cached greedy decoding against the teacher-forced
 argmax, the gin files (``gin/fid/fido_*.gin``), the dense -> FiDO
-parameter conversion (``jaxfid.fid.fido_uptrain``), and uptraining through
-INIT_CHECKPOINT (``fid.task.initial_fid_params`` and ``jaxfid train``).
+parameter conversion (``jaxfid.checkpoints.fido_uptrain``), and uptraining through
+INIT_CHECKPOINT (``reader.task.initial_reader_params`` and ``jaxfid train``).
 """
 from __future__ import annotations
 
@@ -19,21 +19,21 @@ import numpy as np
 import pytest
 
 
-from jaxfid.t5 import decoding
-from jaxfid.core import sharding as shd
+from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.checkpoints.fido_uptrain import fido_params_from_dense
+from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
+from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
+from jaxfid.reader.task import initial_reader_params
 from jaxfid.t5 import config as config_lib
+from jaxfid.t5 import decoding
 from jaxfid.t5 import passages as fid
 from jaxfid.t5.config import T5Config
-from jaxfid.fid.fido_uptrain import fido_params_from_dense
-from jaxfid.checkpoints.load import load_checkpoint
 from jaxfid.t5.model import EncoderDecoderModel, shift_right
 from jaxfid.t5.network import abstract_t5, count_params
-from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.training import launch
-from jaxfid.fid.task import initial_fid_params
 from jaxfid.training import state as state_lib
 
 DENSE = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_heads=4,
@@ -255,7 +255,7 @@ def _load_for_run(path: str, cfg: T5Config):
   mesh = shd.parse_mesh("data=2,fsdp=2,model=2")
   place = state_lib.placement(mesh, model.param_axes())
   with jax.set_mesh(mesh):
-    return (jax.device_put(initial_fid_params(path, cfg), place.params),
+    return (jax.device_put(initial_reader_params(path, cfg), place.params),
             place.params)
 
 

@@ -1,4 +1,4 @@
-"""jaxfid.core.host_memory: glibc malloc settings for XLA on the CPU.
+"""jaxfid.runtime.host_memory: glibc malloc settings for XLA on the CPU.
 
 The behaviour that matters is counted, not timed: with the settings, a
 program whose temporary buffer is larger than a glibc thread arena (64 MB)
@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from jaxfid import cli
-from jaxfid.core import host_memory
+from jaxfid.runtime import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
@@ -25,7 +25,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 # faults its new pages in), then the buffer is reused.
 FAULTS_SCRIPT = textwrap.dedent("""
     import json, resource
-    from jaxfid.core import host_memory
+    from jaxfid.runtime import host_memory
     decided = host_memory.tune_cpu_malloc()
     import jax, jax.numpy as jnp
 

@@ -38,13 +38,15 @@ LAYERS = (
     "jaxfid.aot",
     "jaxfid.commands",
     "tasks",
-    "jaxfid.reatt  |  jaxfid.refusion",
+    "jaxfid.reatt  |  jaxfid.refusion  |  jaxfid.distill  |  jaxfid.serving",
     "jaxfid.fid",
+    "jaxfid.reader",
     "jaxfid.dual_encoder",
     "jaxfid.training",
     "jaxfid.retrieval",
     "jaxfid.checkpoints  |  jaxfid.evaluation",
     "jaxfid.t5",
+    "jaxfid.runtime",
     "jaxfid.core",
 )
 
@@ -367,6 +369,7 @@ def test_the_checker_sees_what_it_should():
   assert find_cycle(graph) == ["a", "b", "c", "a"]
   assert find_cycle({"a": {"b": None}, "b": {}}) is None
   assert layer_of("jaxfid.core.files") == (len(LAYERS) - 1, "jaxfid.core")
+  assert layer_of("jaxfid.runtime.files") == (len(LAYERS) - 2, "jaxfid.runtime")
   assert layer_of("jaxfid") == layer_of("jaxfid.methods")
   assert layer_of("jaxfid.cli")[1] == layer_of("jaxfid.methods")[1]
   assert layer_of("jaxfid.reatt.plugin")[1] == "jaxfid.*.plugin"
@@ -422,11 +425,11 @@ def test_the_checker_sees_what_it_should():
       "needs it", "transformers"]
   # the serve stack: inside a function of a method's commands, nowhere else
   assert function_import_violations(modules, [
-      imp("jaxfid.fid.commands.serve", "uvicorn", True),
+      imp("jaxfid.serving.commands.serve", "uvicorn", True),
       imp("jaxfid.reatt.commands", "starlette.routing", True)]) == []
   found = function_import_violations(modules, [
-      imp("jaxfid.fid.commands.serve", "uvicorn"),
-      imp("jaxfid.fid.serving.app", "starlette", True),
+      imp("jaxfid.serving.commands.serve", "uvicorn"),
+      imp("jaxfid.serving.app", "starlette", True),
       imp("jaxfid.commands.c", "starlette.routing", True)])
   assert len(found) == 3 and all("(the serve extra) outside" in v
                                  for v in found)

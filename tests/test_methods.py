@@ -5,16 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxfid.cli  # registers the shared commands; imports jaxfid.methods
-import jaxfid.methods
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.commands import bench, gin_specs, registry, seqio_eval
 from jaxfid.checkpoints.load import load_checkpoint
+import jaxfid.cli  # registers the shared commands; imports jaxfid.methods
+from jaxfid.commands import bench, gin_specs, registry, seqio_eval
 from jaxfid.core.errors import InputError
 from jaxfid.core.registry import Registry
 from jaxfid.dual_encoder.checkpoint import dual_encoder_run_config
 from jaxfid.dual_encoder.model import DualEncoder, DualEncoderConfig
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+import jaxfid.methods
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.refusion.checkpoint_eval import ReFusionCheckpointEvaluator
 from jaxfid.retrieval import search
 from jaxfid.retrieval.search import open_index
@@ -35,8 +35,7 @@ def test_every_plugin_is_registered():
 # what each method's plugin registers: commands (with the gin reads of its
 # gin-driven subcommands), `jaxfid index` types, `jaxfid eval` evaluators
 PLUGINS = {
-    "fid": ({"predict": (), "plot": (), "demo": ("demo",),
-             "distill": ("distill iterate",), "serve": ()}, (),
+    "fid": ({"predict": (), "plot": (), "demo": ("demo",)}, (),
             FidCheckpointEvaluator),
     "dual_encoder": ({}, ("dense",), None),
     "reatt": ({"reatt": ("reatt iterate",)}, ("reatt",),
@@ -45,6 +44,9 @@ PLUGINS = {
                  ReFusionCheckpointEvaluator),
     "atlas": ({}, (), FidCheckpointEvaluator),
 }
+# plug-ins that are not methods of their own: commands only
+TOOLS = {"distill": {"distill": ("distill iterate",)},
+         "serving": {"serve": ()}}
 SHARED = {"convert": (), "train": ("train",), "eval": ("eval",),
           "index": (), "retrieve": (), "corpus": (), "eval-retrieval": (),
           "bench": ("bench", "bench compile")}
@@ -72,8 +74,18 @@ def test_each_method_registers_what_it_offers(method):
   assert __import__(plugin, fromlist=["METHOD"]).METHOD == method
 
 
+@pytest.mark.parametrize("package", sorted(TOOLS))
+def test_each_tool_registers_its_commands(package):
+  for name, gin_commands in TOOLS[package].items():
+    command = registry.COMMANDS.get(name)
+    assert command.add_parser.__module__.startswith(f"jaxfid.{package}.")
+    assert sorted(command.gin) == list(gin_commands)
+  assert package not in jaxfid.methods.METHOD_LOADERS
+
+
 def test_the_registered_commands_are_the_methods_and_the_shared_ones():
   methods = {n for c, _, _ in PLUGINS.values() for n in c}
+  methods |= {n for c in TOOLS.values() for n in c}
   assert {c.name for c in registry.commands()} == methods | set(SHARED)
   for name, gin_commands in SHARED.items():
     command = registry.COMMANDS.get(name)

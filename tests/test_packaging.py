@@ -322,9 +322,8 @@ def test_vocab_and_licence_are_package_data():
   package_data = _setup_kwargs()["package_data"]
   assert package_data["jaxfid.assets"] == ["*", "lmbff/*", "lmbff/*/*/*"]
   # jaxfid serve's page
-  assert package_data["jaxfid.fid.serving"] == ["static/*"]
-  static = os.path.join(os.path.dirname(jaxfid.__file__), "fid", "serving",
-                        "static")
+  assert package_data["jaxfid.serving"] == ["static/*"]
+  static = os.path.join(os.path.dirname(jaxfid.__file__), "serving", "static")
   assert sorted(os.listdir(static)) == ["index.html", "page.css", "page.js"]
 
 
@@ -340,7 +339,7 @@ def _modules_after(statement: str) -> set[str]:
 
 @pytest.mark.parametrize("statement", [
     "import jaxfid",
-    "import jaxfid.core.tokenization, jaxfid.evaluation.qa, jaxfid.fid.examples",
+    "import jaxfid.core.tokenization, jaxfid.evaluation.qa, jaxfid.reader.examples",
 ])
 def test_light_imports(statement):
   modules = _modules_after(statement)

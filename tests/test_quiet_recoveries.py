@@ -31,7 +31,7 @@ import fault_tools
 import multihost
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.cli import main
-from jaxfid.core import peer_watch
+from jaxfid.runtime import peer_watch
 from test_faults_training import (_args, _largest_file, _steps,  # noqa: F401
                                   data)
 

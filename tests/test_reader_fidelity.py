@@ -16,14 +16,14 @@ from jaxfid.cli import main
 from jaxfid.commands import gin_flags
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import EOS_ID, Tokenizer
-from jaxfid.fid import examples as fid_format
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.fid.config import DecodeConfig
-from jaxfid.fid.examples import FidExample, Passage
-from jaxfid.fid.config import FidReaderConfig
-from jaxfid.fid.config import Lengths
 from jaxfid.fid.task import FidTask
+from jaxfid.reader import examples as fid_format
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.reader.config import DecodeConfig
+from jaxfid.reader.config import FidReaderConfig
+from jaxfid.reader.config import Lengths
+from jaxfid.reader.examples import FidExample, Passage
 from jaxfid.training.task import Settings, train_state
 
 TOK = Tokenizer()

@@ -10,8 +10,8 @@ import pytest
 
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.checkpoints.load import load_t5
-from jaxfid.fid import predict
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader import predict
+from jaxfid.reader.examples import FidExample
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.reatt import commands as reatt_command
-from jaxfid.fid import examples as fid_format
-from jaxfid.reatt import adaptation as adapt
 from jaxfid.core.errors import InputError
+from jaxfid.reader import examples as fid_format
+from jaxfid.reatt import adaptation as adapt
+from jaxfid.reatt import commands as reatt_command
 from jaxfid.retrieval.store.corpus import Passage
 
 CORPUS = [

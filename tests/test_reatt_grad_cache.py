@@ -10,14 +10,14 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.training.microbatches import merge_microbatches, split_microbatches
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.config import FidReaderConfig
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.step import grad_cache, make_grad_cache_step
 from jaxfid.reatt.task import ReAttTask
 from jaxfid.t5.model import cross_entropy
+from jaxfid.training.microbatches import merge_microbatches, split_microbatches
 from jaxfid.training.step import make_train_step, target_tokens
 from jaxfid.training.task import OptimizerSettings, Settings, train_state
 from reatt_world import make_world, tiny_model

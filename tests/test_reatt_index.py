@@ -10,16 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid.cli import main
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import FidExample
-from jaxfid.reatt import model as reatt
-from jaxfid.reatt.checkpoint import load_reatt
-from jaxfid.reatt import token_index
-from jaxfid.retrieval.search import open_index
-from jaxfid.core.tokenization import Tokenizer, bundled_vocab_path
 from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.cli import main
+from jaxfid.core.errors import InputError
+from jaxfid.core.tokenization import Tokenizer, bundled_vocab_path
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.examples import FidExample
+from jaxfid.reatt import model as reatt
+from jaxfid.reatt import token_index
+from jaxfid.reatt.checkpoint import load_reatt
+from jaxfid.retrieval.search import open_index
 from reatt_world import make_world, tiny_model, write_corpus
 
 HEAD = 1

@@ -16,11 +16,11 @@ import os
 import pytest
 
 from jaxfid.cli import main
-from jaxfid.fid import examples as fid_format
 from jaxfid.core.errors import InputError
-from jaxfid.reatt import token_index
+from jaxfid.reader import examples as fid_format
 from jaxfid.reatt import commands as reatt_commands
 from jaxfid.reatt import iterate as reatt_iterate
+from jaxfid.reatt import token_index
 from jaxfid.reatt.refresh import phase_boundaries
 from jaxfid.training import optim
 from reatt_world import make_world, write_corpus, write_examples

@@ -9,11 +9,11 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.core.tokenization import Tokenizer
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.examples import FidExample, Passage
 from jaxfid.reatt import model as reatt
 from jaxfid.t5.model import EncoderDecoderModel
-from jaxfid.core.tokenization import Tokenizer
 from jaxfid.training.step import make_train_step
 from reatt_world import make_world, tiny_model
 

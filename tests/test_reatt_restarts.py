@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfid.fid.config import FidReaderConfig
 from jaxfid.fid.task import FidTask
+from jaxfid.reader.config import FidReaderConfig
 from jaxfid.reatt.restarts import reset_adam
 from jaxfid.reatt.task import ReAttTask, ReAttTraining
 from jaxfid.training.task import OptimizerSettings, Settings

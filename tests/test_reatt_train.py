@@ -9,19 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid.fid import predict as predict_lib
+from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
-from jaxfid.fid import examples as fid_format
-from jaxfid.fid import inputs as fid_inputs
 from jaxfid.core.errors import InputError
-from jaxfid.reatt import model as reatt
-from jaxfid.reatt.checkpoint import load_reatt
-from jaxfid.reatt import token_index
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.checkpoints import model_dir as checkpointing
+from jaxfid.reader import examples as fid_format
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reatt import model as reatt
 from jaxfid.reatt import task as reatt_task
+from jaxfid.reatt import token_index
 from jaxfid.reatt.batches import ReAttBatcher
+from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.reatt.refresh import phase_boundaries, refresh_close_documents
 from jaxfid.training import optim
 from reatt_world import make_world, tiny_model, write_corpus, write_examples

@@ -14,7 +14,7 @@ import pytest
 
 from jaxfid.cli import main
 from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import read_fid_examples
+from jaxfid.reader.examples import read_fid_examples
 from jaxfid.retrieval.store.corpus import Passage, detect_format, read_corpus
 from jaxfid.retrieval.store.queries import Query, read_queries
 

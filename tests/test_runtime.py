@@ -1,4 +1,4 @@
-"""jaxfid.core.runtime: where the persistent compilation cache goes, and when not."""
+"""jaxfid.runtime.compilation_cache: where the persistent compilation cache goes, and when not."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import textwrap
 import jax
 import pytest
 
-from jaxfid.core import runtime
+from jaxfid.runtime import compilation_cache as runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +83,7 @@ def test_a_second_process_loads_the_compiled_program(tmp_path):
   finds it (JAX logs a cache hit) instead of compiling."""
   script = textwrap.dedent("""
       import logging, jax, jax.numpy as jnp
-      from jaxfid.core import runtime
+      from jaxfid.runtime import compilation_cache as runtime
       print(runtime.apply_runtime_defaults())
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
       logging.basicConfig(level=logging.DEBUG)

@@ -20,10 +20,10 @@ import seqio
 
 from jaxfid.cli import main
 from jaxfid.core.tokenization import EOS_ID, Tokenizer
-from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator, checkpoint_step
-from jaxfid.fid.config import DecodeConfig
-from jaxfid.fid.examples import read_fid_examples
+from jaxfid.reader.batches import FidBatcher
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator, checkpoint_step
+from jaxfid.reader.config import DecodeConfig
+from jaxfid.reader.examples import read_fid_examples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "red green blue paris london dog cat bread rice golf".split()

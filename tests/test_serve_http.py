@@ -12,16 +12,16 @@ import logging
 
 import pytest
 
-from jaxfid.fid.commands.serve_app import ServerState, build_app
-from jaxfid.fid.serving import page
-from jaxfid.fid.examples import FidExample
-from jaxfid.fid.serving.batcher import Batcher, Read, bucket_sizes
-from jaxfid.fid.serving.metrics import Metrics
-from jaxfid.fid.serving.service import (MAX_QUESTION_CHARS, AnswerRequest,
+from jaxfid.reader.examples import FidExample
+from jaxfid.retrieval.store.corpus import Passage
+from jaxfid.serving import page
+from jaxfid.serving.batcher import Batcher, Read, bucket_sizes
+from jaxfid.serving.commands.serve_app import ServerState, build_app
+from jaxfid.serving.metrics import Metrics
+from jaxfid.serving.service import (MAX_QUESTION_CHARS, AnswerRequest,
                                         example_titles,
                                         QaService, RequestError,
                                         parse_request)
-from jaxfid.retrieval.store.corpus import Passage
 
 pytest.importorskip("starlette")
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from jaxfid.fid.serving import page
+from jaxfid.serving import page
 
 NODE = shutil.which("node")
 

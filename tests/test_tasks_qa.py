@@ -15,10 +15,10 @@ import tensorflow as tf
 import tasks
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import EOS_ID, Tokenizer, encode_padded
-from jaxfid.fid import examples as fid_format
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid import task as fid_task
-from jaxfid.fid.batches import FidBatcher
+from jaxfid.reader import examples as fid_format
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader import task as fid_task
+from jaxfid.reader.batches import FidBatcher
 from tasks import config, fid_examples, metrics, sources
 from tasks.feature_converter import FidFeatureConverter, fid_feature_converter
 

@@ -9,8 +9,8 @@ def test_tensorboard_is_imported_without_pytorch(monkeypatch):
   torch stays importable."""
   for name in [n for n in sys.modules
                if n == "torch" or n.startswith(("torch.", "tensorboardX"))
-               or n == "jaxfid.core.tensorboard"]:
+               or n == "jaxfid.runtime.tensorboard"]:
     monkeypatch.delitem(sys.modules, name)
-  module = importlib.import_module("jaxfid.core.tensorboard")
+  module = importlib.import_module("jaxfid.runtime.tensorboard")
   assert module.SummaryWriter.__module__ == "tensorboardX.writer"
   assert "torch" not in sys.modules

@@ -1,4 +1,4 @@
-"""jaxfid.core.platforms: a CPU host with libtpu stays a CPU host.
+"""jaxfid.runtime.platforms: a CPU host with libtpu stays a CPU host.
 
 The decision is checked on stand-in hosts (a directory as the file system's
 root, a dict as the environment); the behaviour on this host, where libtpu
@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from jaxfid.core import host_memory, platforms
+from jaxfid.runtime import host_memory, platforms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -205,7 +205,7 @@ def test_a_command_that_starts_jax_says_only_its_own_line(libtpu_cpu_host,
 PROBE = textwrap.dedent("""
     import json, os
     import jaxfid
-    from jaxfid.core import host_memory
+    from jaxfid.runtime import host_memory
     decided = host_memory.why_not()
     import jax
     print(json.dumps({"env": os.environ.get("JAX_PLATFORMS"),
@@ -241,7 +241,7 @@ def test_a_jax_platforms_the_user_set_is_kept(libtpu_cpu_host):
 TOPOLOGY = textwrap.dedent("""
     import jaxfid
     from jax.experimental import topologies
-    from jaxfid.core import platforms
+    from jaxfid.runtime import platforms
     with platforms.libtpu_as_compiler():
       devices = topologies.get_topology_desc(
           platform="tpu", topology_name="v5e:2x2", chip_config_name="default",

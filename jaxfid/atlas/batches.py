@@ -14,9 +14,9 @@ per question, T target tokens.
   (seed, s, the parameters, the index), so a resumed run that restores the
   parameters and the index retrieves the same passages.
 * Targets: a random answer per step and question from ``rng(seed, s, i)``
-  (FiD's batches' draw, :func:`jaxfid.fid.inputs.choose_target`).
+  (FiD's batches' draw, :func:`jaxfid.reader.inputs.choose_target`).
 * Rows: the reader's ``"question: Q title: T context: P"`` rows
-  (:func:`jaxfid.fid.inputs.encode_examples`, in retrieved order) and the
+  (:func:`jaxfid.reader.inputs.encode_examples`, in retrieved order) and the
   retriever's tokens of the same passages.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.examples import FidExample, Passage
 from jaxfid.retrieval.store.corpus import Passage as CorpusPassage
 from jaxfid.training.sampling import stream_indices
 

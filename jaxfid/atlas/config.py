@@ -2,7 +2,7 @@
 @AtlasConfig()``, each field from its macro in ``gin/atlas/tiny.gin``).
 
 The reader's options (``TRAIN_DATA``, ``EVAL_DATA``, ``N_CONTEXT``,
-``TEXT_MAXLENGTH``, ...) are FiD's (:class:`~jaxfid.fid.config.
+``TEXT_MAXLENGTH``, ...) are FiD's (:class:`~jaxfid.reader.config.
 FidReaderConfig`): ``N_CONTEXT`` is the passages the reader reads (Atlas's
 ``--n_context``) and, unless RETRIEVER_N_CONTEXT says more, the passages
 retrieved per question (``--retriever_n_context``). The training

@@ -22,8 +22,8 @@ from jaxfid.atlas.batches import with_retrieved
 from jaxfid.atlas.model import READER
 from jaxfid.atlas.retrieval import InLoopRetriever
 from jaxfid.evaluation.retrieval import answer_recall
-from jaxfid.fid.examples import FidExample
-from jaxfid.fid.predict import QaEvaluator
+from jaxfid.reader.examples import FidExample
+from jaxfid.reader.predict import QaEvaluator
 from jaxfid.retrieval.text.answer_match import has_answer
 
 

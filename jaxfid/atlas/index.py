@@ -63,7 +63,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
+from jaxfid.runtime.files import atomic_write
 
 Array = jax.Array
 META, EMBEDDINGS, SCALES = "meta.json", "embeddings.npy", "scales.npy"

@@ -9,7 +9,7 @@
   load_atlas_reader`, registered by :mod:`jaxfid.atlas.checkpoint`): an
   Atlas run loads as its FiD reader;
 * its ``jaxfid eval`` evaluator ``"atlas"``: FiD's
-  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`, on the
+  (:class:`~jaxfid.reader.checkpoint_eval.FidCheckpointEvaluator`, on the
   passages of the evaluation data);
 * its index type ``"atlas"`` for ``jaxfid retrieve [--device]`` (a saved
   in-loop index, :mod:`jaxfid.atlas.index_search`, registered by that
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from jaxfid.atlas import checkpoint, index_search  # noqa: F401 (registers)
 from jaxfid.commands import seqio_eval
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator
 
 METHOD = checkpoint.METHOD
 

@@ -40,12 +40,13 @@ from jaxfid.atlas.index import load_index, read_meta, save_index
 from jaxfid.atlas.model import READER, RETRIEVER, AtlasModel, untied
 from jaxfid.atlas.retrieval import InLoopRetriever, read_passages
 from jaxfid.atlas.step import atlas_optimizer, make_atlas_step
-from jaxfid.core import multihost, paths
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.model import (QUERY_TOWER, DualEncoder,
                                        DualEncoderConfig)
-from jaxfid.fid.task import FidTask, initial_fid_params
+from jaxfid.reader.task import ReaderTask, initial_reader_params
+from jaxfid.runtime import multihost
 from jaxfid.t5.config import RUN_ONLY_FIELDS
 from jaxfid.t5.model import EncoderDecoderModel
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
@@ -68,7 +69,7 @@ class AtlasTask(Task):
   description = "train atlas"
   best_metric = "eval_em"
 
-  def __init__(self, *, reader: FidTask, atlas: AtlasConfig):
+  def __init__(self, *, reader: ReaderTask, atlas: AtlasConfig):
     self.reader, self.atlas = reader, atlas
     self.retriever: InLoopRetriever | None = None
     self._init_retriever: dict | None = None
@@ -150,7 +151,7 @@ class AtlasTask(Task):
     retriever = (self._init_retriever if self._init_retriever is not None
                  else untied(self.model.retriever.init_params(
                      self.settings.seed + 1)))
-    return {READER: initial_fid_params(path, self.reader.model_config),
+    return {READER: initial_reader_params(path, self.reader.model_config),
             RETRIEVER: retriever}
 
   # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
@@ -159,7 +160,7 @@ class AtlasTask(Task):
   def compile_bindings(cls, macro) -> dict:
     """Placeholders for TRAIN_DATA (the reader's) and CORPUS where a gin file
     sized before its data exists leaves them unset; nothing reads them."""
-    out = FidTask.compile_bindings(macro)
+    out = ReaderTask.compile_bindings(macro)
     if macro("CORPUS") is None:
       out["CORPUS"] = "(not read by bench compile)"
     return out

@@ -28,7 +28,7 @@ from jaxfid.checkpoints.configs import (
     as_fields, config_from_hf_json, hf_json_from_config, replace)
 from jaxfid.checkpoints.torch_bin import read_torch_bin
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_directory, check_destination
+from jaxfid.runtime.files import atomic_directory, check_destination
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

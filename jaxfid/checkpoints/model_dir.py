@@ -25,10 +25,10 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxfid.core import paths
-from jaxfid.core.background_errors import held_logs, settled_on_failure
 from jaxfid.core.errors import InputError, StorageError
-from jaxfid.core.files import atomic_write
-from jaxfid.core.storage import remove_path, storage_fault
+from jaxfid.runtime.background_errors import held_logs, settled_on_failure
+from jaxfid.runtime.files import atomic_write
+from jaxfid.runtime.storage import remove_path, storage_fault
 
 CONFIG_FILE = "jaxfid_config.json"
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the names of orbax's temporaries

@@ -28,7 +28,7 @@ from jaxfid.checkpoints import names
 from jaxfid.checkpoints.configs import config_from_params, t5x_activations
 from jaxfid.checkpoints.hf import check_params
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_directory, check_destination, write_atomic
+from jaxfid.runtime.files import atomic_directory, check_destination, write_atomic
 
 CHECKPOINT_FILE = "checkpoint"
 _STEP_DIR = re.compile(r"^checkpoint_(\d+)$")

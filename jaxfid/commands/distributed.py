@@ -13,9 +13,9 @@ import os
 
 import jax
 
-from jaxfid.core import peer_watch
 from jaxfid.core.errors import InputError
-from jaxfid.core.runtime import apply_runtime_defaults
+from jaxfid.runtime import peer_watch
+from jaxfid.runtime.compilation_cache import apply_runtime_defaults
 
 ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
        "num_processes": "JAX_NUM_PROCESSES",
@@ -78,5 +78,5 @@ def initialize(args: argparse.Namespace) -> None:
   # a process killed (or its host lost): the others stop at once, one line
   peer_watch.start(getattr(args, "command", "run"))
   # A multi-process run: the persistent compilation cache the CLI turned on
-  # for one process goes off (see jaxfid.core.runtime).
+  # for one process goes off (see jaxfid.runtime.compilation_cache).
   apply_runtime_defaults()

@@ -20,9 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
-from jaxfid.core.tensorboard import SummaryWriter
+from jaxfid.runtime.tensorboard import SummaryWriter
 
-from jaxfid.core.files import atomic_write
+from jaxfid.runtime.files import atomic_write
 
 EXAMPLE_FIELDS = ("id", "question", "answers", "text_a", "text_b", "label")
 METRICS_FILE = "metrics.jsonl"

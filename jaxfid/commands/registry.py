@@ -29,7 +29,7 @@ class Command:
       ``set_defaults(func=run)`` names what :func:`jaxfid.cli.main` calls.
     order: its place in ``jaxfid --help`` (module docstring).
     model: it runs XLA programs (on a CPU, with
-      :func:`jaxfid.core.host_memory.tune_cpu_malloc`).
+      :func:`jaxfid.runtime.host_memory.tune_cpu_malloc`).
     gin: per gin-driven (sub)command name (``"train"``, ``"reatt iterate"``),
       its :class:`~jaxfid.core.gin_checks.Reads` or a function returning them.
   """

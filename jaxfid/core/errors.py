@@ -4,7 +4,7 @@ The command line prints ``str(error)`` as one line and exits non-zero, with no
 traceback. Every reader in jaxfid raises :class:`InputError` (never a bare
 ``ValueError``) for problems in user-supplied files (exit status 2); writers
 raise :class:`StorageError` when the disk is full, over quota, read-only or
-not writable (exit status 1; see :func:`jaxfid.core.files.storage_errors`).
+not writable (exit status 1; see :func:`jaxfid.runtime.files.storage_errors`).
 """
 from __future__ import annotations
 

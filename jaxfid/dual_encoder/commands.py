@@ -13,8 +13,8 @@ import json
 
 from jaxfid.commands import distributed
 from jaxfid.commands.progress import add_progress_flag
-from jaxfid.core import multihost
 from jaxfid.dual_encoder.index import build_dense_index, import_dpr_embeddings
+from jaxfid.runtime import multihost
 
 
 def _positive(text: str) -> int:

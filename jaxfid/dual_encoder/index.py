@@ -16,7 +16,6 @@ from typing import Iterator, Sequence
 import jax
 import numpy as np
 
-from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import LoadedEncoder, load_dual_encoder
@@ -30,6 +29,7 @@ from jaxfid.retrieval.dense.index import (
 from jaxfid.retrieval.index_dir import check_output
 from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.passage_store import PassageStore
+from jaxfid.runtime import multihost
 
 # the settings that change passage vectors (embeddings are reused only when
 # they, the weights and the corpus are unchanged)

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
 from jaxfid.core.config import Config, option
 from jaxfid.core.tokenization import pad_ids
+from jaxfid.runtime import multihost
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
 

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
+from jaxfid.runtime.files import atomic_write
 
 _TRIPLE = re.compile(r"^(?P<label>[^:]+):(?P<n>\d+):(?P<path>.+)$")
 _NAMED = re.compile(r"^(?P<label>.+)_n(?P<n>\d+)\.jsonl$")

@@ -1,4 +1,4 @@
-"""What FiD, the built-in reader, offers, registered by name.
+"""What FiD offers, registered by name.
 
 :mod:`jaxfid.methods` imports this module (as it imports every method's
 ``plugin``); nothing else needs to. FiD offers
@@ -9,14 +9,12 @@
   :mod:`jaxfid.checkpoints.load` (what every T5 checkpoint without a run
   config loads as too);
 * its ``jaxfid eval`` evaluator ``"fid"``
-  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`; also the
+  (:class:`~jaxfid.reader.checkpoint_eval.FidCheckpointEvaluator`; also the
   evaluator of checkpoints without a run config,
   :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), whose decoding
-  settings are one :class:`~jaxfid.fid.config.DecodeConfig`;
-* its commands ``jaxfid predict``, ``plot``, ``demo``, ``distill
-  iterate`` (FiD-KD's rounds, which train the dual encoder too) and
-  ``serve`` (QA over HTTP, with a page) (:mod:`jaxfid.fid.commands`), with
-  the gin reads of ``demo`` and ``distill iterate``;
+  settings are one :class:`~jaxfid.reader.config.DecodeConfig`;
+* its commands ``jaxfid predict``, ``plot`` and ``demo``
+  (:mod:`jaxfid.fid.commands`);
 * its modes of the shared ``jaxfid bench``: ``train``, ``decode`` and
   ``memory`` (:mod:`jaxfid.fid.commands.bench`), read as gin command
   ``bench``.
@@ -25,19 +23,18 @@ from __future__ import annotations
 
 from jaxfid.commands import bench as shared_bench
 from jaxfid.commands import seqio_eval
-from jaxfid.commands.gin_specs import OPTIONAL_SIZE, SIZE, TABLE
+from jaxfid.commands.gin_specs import TABLE
 from jaxfid.commands.registry import register_command
-from jaxfid.core.gin_checks import number, text
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
-from jaxfid.fid.commands import bench, demo, distill, plot, predict, serve
+from jaxfid.core.gin_checks import text
+from jaxfid.fid.commands import bench, demo, plot, predict
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.t5.config import DTYPES
 
 METHOD = "fid"
 
 seqio_eval.METHODS.register(METHOD, FidCheckpointEvaluator)
 TABLE.add(FidCheckpointEvaluator, dtype=text(DTYPES, optional=True))
-for _command in (predict.COMMAND, plot.COMMAND, demo.COMMAND,
-                 distill.COMMAND, serve.COMMAND):
+for _command in (predict.COMMAND, plot.COMMAND, demo.COMMAND):
   register_command(_command)
 for _mode in bench.MODES:
   shared_bench.register_mode(_mode)

@@ -18,12 +18,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
 from jaxfid.evaluation.retrieval import read_qrels
-from jaxfid.fid.examples import FidExample, Passage as Context
+from jaxfid.reader.examples import FidExample, Passage as Context
 from jaxfid.retrieval.search import search_all
 from jaxfid.retrieval.store.corpus import Passage, read_corpus
 from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.runtime.files import atomic_write
 
 MASK = "<extra_id_0>"
 END = "<extra_id_1>"

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxfid.fid.batches import FidBatcher
-from jaxfid.fid.examples import QUESTION_PREFIX, FidExample
+from jaxfid.reader.batches import FidBatcher
+from jaxfid.reader.examples import QUESTION_PREFIX, FidExample
 
 
 class ReAttBatcher:

@@ -24,16 +24,16 @@ from jaxfid.commands import distributed, gin_flags
 from jaxfid.commands.gin_flags import GinRun
 from jaxfid.commands.progress import add_progress_flag
 from jaxfid.commands.registry import Command
-from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
+from jaxfid.reader.examples import write_fid_examples
 from jaxfid.reatt import adaptation as adapt
 from jaxfid.reatt import iterate as reatt_iterate
 from jaxfid.reatt.index_build import build_from_checkpoint
 from jaxfid.reatt.task import ReAttTask
-from jaxfid.fid.examples import write_fid_examples
 from jaxfid.retrieval.search import open_index
 from jaxfid.retrieval.store.corpus import iter_passages
+from jaxfid.runtime import multihost
 from jaxfid.training import launch
 
 # `reatt iterate` runs `jaxfid train`'s trainer and reads its settings' macros

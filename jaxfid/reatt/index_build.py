@@ -16,12 +16,12 @@ from typing import Iterable, Iterator
 import jax
 
 from jaxfid.checkpoints import model_dir as checkpointing
-from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer, load_tokenizer
 from jaxfid.reatt import token_index
 from jaxfid.reatt.checkpoint import load_reatt
 from jaxfid.retrieval.store.corpus import read_corpus
+from jaxfid.runtime import multihost
 
 ANNOUNCE_GROUP = 16  # batches announced (and checked) at a time
 

@@ -24,13 +24,13 @@ import sys
 import time
 from typing import Callable
 
-from jaxfid.core import multihost
 from jaxfid.core.errors import InputError
-from jaxfid.fid import examples as fid_format
+from jaxfid.reader import examples as fid_format
 from jaxfid.reatt import index_build
 from jaxfid.retrieval import evaluate
 from jaxfid.retrieval.search import retrieve_to_file
 from jaxfid.retrieval.store.queries import read_queries
+from jaxfid.runtime import multihost
 from jaxfid.training import rounds
 from jaxfid.training.metrics_log import read_records
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jaxfid.commands import seqio_eval
 from jaxfid.commands.registry import INDEX_COMMANDS, register_command
-from jaxfid.fid.checkpoint_eval import FidCheckpointEvaluator
+from jaxfid.reader.checkpoint_eval import FidCheckpointEvaluator
 from jaxfid.reatt import checkpoint, commands, token_index
 
 METHOD = checkpoint.METHOD

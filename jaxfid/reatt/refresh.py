@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import Sequence
 
-from jaxfid.fid.examples import FidExample, Passage
+from jaxfid.reader.examples import FidExample, Passage
 from jaxfid.reatt import token_index
 from jaxfid.reatt.model import ReAttModel
 from jaxfid.retrieval.search import search_all

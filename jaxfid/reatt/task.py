@@ -22,9 +22,9 @@ from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.core import paths
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
-from jaxfid.fid.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
+from jaxfid.reader.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
-from jaxfid.fid.task import FidTask
+from jaxfid.reader.task import ReaderTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.reatt.checkpoint import load_reatt
@@ -97,7 +97,7 @@ class ReAttTask(Task):
   description = "train reatt"
   best_metric = "eval_em"
 
-  def __init__(self, *, reader: FidTask,
+  def __init__(self, *, reader: ReaderTask,
                reatt: reatt.ReAttConfig = reatt.ReAttConfig(),
                training: ReAttTraining = ReAttTraining()):
     self.reader, self.config, self.training = reader, reatt, training
@@ -155,7 +155,7 @@ class ReAttTask(Task):
     self.settings = settings
     self.model = self._make_model()
 
-  compile_bindings = FidTask.compile_bindings  # the reader's TRAIN_DATA
+  compile_bindings = ReaderTask.compile_bindings  # the reader's TRAIN_DATA
 
   def abstract_batch(self, settings: Settings, phase: int) -> dict:
     """:class:`ReAttBatcher`'s global batch: the FiD reader's (rows

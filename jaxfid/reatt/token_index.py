@@ -36,12 +36,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from jaxfid.checkpoints import names
-from jaxfid.core import multihost
 from jaxfid.core import sharding as shd
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_directory
 from jaxfid.core.tokenization import Tokenizer, encode_padded, pad_ids
-from jaxfid.fid.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
+from jaxfid.reader.examples import PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX
 from jaxfid.reatt import model as reatt
 from jaxfid.retrieval.index_dir import building, check_output, write_meta
 from jaxfid.retrieval.index_files import (
@@ -50,6 +48,8 @@ from jaxfid.retrieval.search import register_index_type
 from jaxfid.retrieval.store.corpus import read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
+from jaxfid.runtime import multihost
+from jaxfid.runtime.files import atomic_directory
 from jaxfid.t5 import layers
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.network import EncoderLayer

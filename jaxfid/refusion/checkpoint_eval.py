@@ -20,7 +20,7 @@ import numpy as np
 from jaxfid.checkpoints.model_dir import CONFIG_FILE, read_run_config
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import encode_padded, load_tokenizer
-from jaxfid.fid.checkpoint_eval import checkpoint_step
+from jaxfid.reader.checkpoint_eval import checkpoint_step
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib

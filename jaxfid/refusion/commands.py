@@ -17,9 +17,9 @@ import sys
 from jaxfid.commands import gin_flags, gin_specs
 from jaxfid.commands.gin_flags import GinRun
 from jaxfid.commands.registry import Command
-from jaxfid.core.files import atomic_write
 from jaxfid.refusion import seeds as seeds_lib
 from jaxfid.refusion.seeds import DEFAULT_SEEDS
+from jaxfid.runtime.files import atomic_write
 
 
 SEEDS_READS = gin_specs.TRAIN_READS  # each seed is a `jaxfid train`

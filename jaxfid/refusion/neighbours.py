@@ -22,12 +22,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
 from jaxfid.dual_encoder.index import open_dense_index
 from jaxfid.retrieval.dense.embedding_store import shard_name
 from jaxfid.retrieval.dense.index import store_fingerprint
 from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.store.passage_store import PassageStore
+from jaxfid.runtime.files import atomic_write
 
 CACHE_SUBDIR = "neighbour_cache"
 CACHE_VERSION = 1

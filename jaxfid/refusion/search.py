@@ -18,8 +18,8 @@ import optax
 
 from jaxfid.core import paths
 from jaxfid.core.config import Config, option
-from jaxfid.core.files import atomic_write
 from jaxfid.refusion.model import ReFusionModel, is_arch_path
+from jaxfid.runtime.files import atomic_write
 from jaxfid.training.settings import OptimizerSettings
 from jaxfid.training.step import make_train_step
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from jaxfid.checkpoints import matching
 from jaxfid.checkpoints.load import load_checkpoint
-from jaxfid.core import console
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
@@ -33,6 +32,7 @@ from jaxfid.refusion import template_sets
 from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
 from jaxfid.refusion.model import ReFusionModel
 from jaxfid.refusion.scoring import SCORINGS, SplitScorer
+from jaxfid.runtime import console
 from jaxfid.t5.config import T5Config
 from jaxfid.training.metrics_log import read_records
 from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,

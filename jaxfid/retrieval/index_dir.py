@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import (
+from jaxfid.runtime.files import (
     atomic_write, remove_stale_temporaries, storage_errors)
-from jaxfid.core.locks import DirectoryLock
+from jaxfid.runtime.locks import DirectoryLock
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1

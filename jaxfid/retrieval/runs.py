@@ -17,12 +17,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
-from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
-from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import (
     iter_json_lines, iter_lines, read_json_document, starts_json_array)
 from jaxfid.retrieval.store.passage_store import PassageStore
 from jaxfid.retrieval.store.queries import Query
+from jaxfid.retrieval.text.answer_match import AnswerMatcher, PreparedCache
+from jaxfid.runtime.files import atomic_write
 
 FID_SUFFIXES = (".json", ".jsonl")
 

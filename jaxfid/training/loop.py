@@ -41,11 +41,12 @@ from tqdm import tqdm
 
 from jaxfid.checkpoints.model_dir import (RunCheckpoints, brief,
                                          write_run_config)
-from jaxfid.core import console, multihost, paths
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import remove_stale_temporaries
-from jaxfid.core.locks import DirectoryLock
 from jaxfid.core.registry import Registry
+from jaxfid.runtime import console, multihost
+from jaxfid.runtime.files import remove_stale_temporaries
+from jaxfid.runtime.locks import DirectoryLock
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.settings import OptimizerSettings, Settings

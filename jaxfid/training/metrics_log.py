@@ -12,12 +12,12 @@ import os
 import tempfile
 
 import jax
-from jaxfid.core.tensorboard import SummaryWriter
+from jaxfid.runtime.tensorboard import SummaryWriter
 
 from jaxfid.core import paths
-from jaxfid.core.files import atomic_write
-from jaxfid.core.storage import storage_errors
 from jaxfid.core.textio import json_records
+from jaxfid.runtime.files import atomic_write
+from jaxfid.runtime.storage import storage_errors
 
 METRICS_FILE = "metrics.jsonl"
 

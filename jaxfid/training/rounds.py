@@ -11,7 +11,7 @@ import os
 
 from jaxfid.checkpoints import model_dir as checkpointing
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
+from jaxfid.runtime.files import atomic_write
 
 
 def claim_work_dir(work_dir: str, state_file: str, identity: dict,

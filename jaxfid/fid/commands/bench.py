@@ -25,7 +25,7 @@ from jaxfid.commands.bench import Mode
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads, flag, integer
 from jaxfid.fid import bench
-from jaxfid.fid import config as fid_config
+from jaxfid.reader import config as fid_config
 from jaxfid.t5 import config as config_lib
 from jaxfid.training import launch
 

@@ -36,11 +36,11 @@ from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
 from jaxfid.fid import demo_world as synthetic
-from jaxfid.fid import predict as predict_lib
-from jaxfid.fid.commands.serve import SERVE_STACK
-from jaxfid.fid.examples import read_fid_examples
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.examples import read_fid_examples
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.search import retrieve_to_file
+from jaxfid.serving.commands.serve import SERVE_STACK
 from jaxfid.training import launch
 
 

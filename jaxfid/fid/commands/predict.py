@@ -9,13 +9,13 @@
 DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
 an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
 checkpoint, else the latest). The decoding flags are the fields of
-:class:`~jaxfid.fid.config.DecodeConfig` (``--answer-maxlength`` is another
+:class:`~jaxfid.reader.config.DecodeConfig` (``--answer-maxlength`` is another
 name of ``--decode-maxlength``); one not given is the checkpoint's run
 config's, else the field's default. Passages end with EOS as the checkpoint was trained
 (``auto``: a MODEL_DIR's run config; none for original FiD readers).
 ``--attention`` adds each answer's tokens and the reader's cross-attention
 over each passage's tokens while it generated them
-(:mod:`jaxfid.fid.attention`).
+(:mod:`jaxfid.reader.attention`).
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import sys
 from jaxfid.checkpoints.model_dir import WHICH
 from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
-from jaxfid.fid import attention as attention_lib
-from jaxfid.fid import predict as predict_lib
-from jaxfid.fid.examples import read_fid_examples
-from jaxfid.fid.reader import (PASSAGE_EOS, add_decode_flags, decode_config,
+from jaxfid.distill.scored_data import same_file, write_scored_data
+from jaxfid.reader import attention as attention_lib
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.examples import read_fid_examples
+from jaxfid.reader.load import (PASSAGE_EOS, add_decode_flags, decode_config,
                                load_reader)
-from jaxfid.fid.scored_data import same_file, write_scored_data
 
 
 SKIPPED = ("target_maxlength",)  # DecodeConfig fields predict does not use

@@ -20,12 +20,12 @@ from typing import Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxfid.core.files import preallocate
 from jaxfid.retrieval.bm25.scoring import (
     BM25Index, BM25Params, lucene_avgdl, lucene_idf, norm_inverse, term_scores)
-from jaxfid.retrieval.bm25.topk import quantize_impacts
 from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
+from jaxfid.retrieval.bm25.topk import quantize_impacts
 from jaxfid.retrieval.text.analysis import EnglishAnalyzer
+from jaxfid.runtime.files import preallocate
 
 _FIELDS = ("terms", "docs", "tfs")
 

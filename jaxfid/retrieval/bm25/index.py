@@ -22,7 +22,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_directory
 from jaxfid.retrieval.bm25.builder import BM25Builder
 from jaxfid.retrieval.bm25.check import open_bm25_index
 from jaxfid.retrieval.bm25.scoring import BM25Params
@@ -30,11 +29,12 @@ from jaxfid.retrieval.bm25.tokens import BatchAnalyzer, TokenBatch
 from jaxfid.retrieval.index_dir import (
     building, check_output, read_meta, write_meta)
 from jaxfid.retrieval.search import register_index_type
-from jaxfid.retrieval.text.analysis import EnglishAnalyzer
-from jaxfid.retrieval.workers import ordered_map, resolve_threads
 from jaxfid.retrieval.store.corpus import passage_contents, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
+from jaxfid.retrieval.text.analysis import EnglishAnalyzer
+from jaxfid.retrieval.workers import ordered_map, resolve_threads
+from jaxfid.runtime.files import atomic_directory
 
 INDEX_TYPE = "bm25"
 

@@ -21,7 +21,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import replace_directory
 from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
@@ -30,6 +29,7 @@ from jaxfid.retrieval.dense.index import (
     INDEX_TYPE, staging_dir, store_fingerprint, write_store)
 from jaxfid.retrieval.dense.vector_files import iter_pairs, load_pickle
 from jaxfid.retrieval.index_dir import building, check_output, write_meta
+from jaxfid.runtime.files import replace_directory
 
 
 def expand_files(patterns: str | Sequence[str]) -> list[str]:

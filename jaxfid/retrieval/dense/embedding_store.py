@@ -21,9 +21,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import (
-    atomic_path, atomic_write, link_or_copy, preallocate, write_atomic)
 from jaxfid.retrieval.index_files import load_array
+from jaxfid.runtime.files import (
+    atomic_path, atomic_write, link_or_copy, preallocate, write_atomic)
 
 MANIFEST = "embeddings.json"
 DTYPES = ("float32", "float16")

@@ -19,9 +19,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_path
 from jaxfid.retrieval.dense.embedding_store import EmbeddingStore
 from jaxfid.retrieval.index_files import check_file_size, file_size
+from jaxfid.runtime.files import atomic_path
 
 DEFAULT_FACTORY = "Flat"
 METRICS = ("ip", "l2")

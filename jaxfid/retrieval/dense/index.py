@@ -25,7 +25,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import remove_stale_temporaries, replace_directory
 from jaxfid.retrieval.dense.embedding_store import (
     DEFAULT_SHARD_SIZE, EmbeddingStore, ShardWriter)
 from jaxfid.retrieval.dense.faiss_index import (
@@ -39,6 +38,7 @@ from jaxfid.retrieval.store.corpus import Passage, read_corpus
 from jaxfid.retrieval.store.passage_store import (
     PassageStore, PassageStoreWriter)
 from jaxfid.retrieval.workers import resolve_threads
+from jaxfid.runtime.files import remove_stale_temporaries, replace_directory
 
 INDEX_TYPE = "dense"
 QUERY_CHUNK = 16  # search batches whose queries are embedded together

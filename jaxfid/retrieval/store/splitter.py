@@ -13,8 +13,8 @@ import io
 import os
 from typing import Iterable, Iterator
 
-from jaxfid.core.files import atomic_write
 from jaxfid.retrieval.store.corpus import Passage
+from jaxfid.runtime.files import atomic_write
 
 DPR_TSV_HEADER = ("id", "text", "title")
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxfid.checkpoints.load import params_from_flat
 from jaxfid.checkpoints.names import flatten
 from jaxfid.t5.config import T5Config
-from jaxfid.checkpoints.load import params_from_flat
 from jaxfid.t5.model import EncoderDecoderModel
 
 # The FiDO switches: the T5Config fields an uptraining may change.

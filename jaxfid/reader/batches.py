@@ -5,9 +5,9 @@
   No iterator state to checkpoint: resuming at step ``s`` gives exactly the
   batches an uninterrupted run would have seen.
 * Targets: a random answer per step and example from ``rng(seed, s, i)``
-  (``target`` when the example has one), ``target_maxlength`` tokens (FidTask
+  (``target`` when the example has one), ``target_maxlength`` tokens (ReaderTask
   passes the longest target of the data when TARGET_MAXLENGTH is None).
-* Passages: :func:`jaxfid.fid.inputs.encode_example`, with or without a
+* Passages: :func:`jaxfid.reader.inputs.encode_example`, with or without a
   final EOS (``passage_eos``).
 * Hosts: each process builds only the rows of the global batch that its
   devices hold (``rows``, given by the loop); the loop assembles the global
@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxfid.fid import inputs as fid_inputs
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader import inputs as fid_inputs
+from jaxfid.reader.examples import FidExample
 from jaxfid.training.sampling import stream_indices
 
 

@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfid.core.console import inner_bar
-from jaxfid.core.files import atomic_write
 from jaxfid.evaluation import qa as evaluation
-from jaxfid.fid import batches as pipeline
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader import batches as pipeline
+from jaxfid.reader.examples import FidExample
+from jaxfid.runtime.console import inner_bar
+from jaxfid.runtime.files import atomic_write
 
 
 def predict_program(model, *, max_decode_len: int, num_beams: int = 1,
@@ -138,7 +138,7 @@ def write_predictions(path: str, examples: Sequence[FidExample],
                       passage_scores: Sequence[Sequence[float]] | None = None,
                       attention: Sequence[dict] | None = None) -> None:
   """One JSON line per example, input order; atomic. ``attention``: each
-  example's :func:`jaxfid.fid.attention.attention_rows` row, written as
+  example's :func:`jaxfid.reader.attention.attention_rows` row, written as
   ``answer_tokens`` and ``attention`` (its passages)."""
   with atomic_write(path) as f:
     for i, (ex, pred) in enumerate(zip(examples, predictions)):

@@ -12,13 +12,13 @@ runs afterwards: a shape they were not compiled for is an error, never a
 silent recompilation.
 
 A batch is built and read by the functions ``jaxfid predict`` uses
-(:func:`jaxfid.fid.batches.eval_batches`, :func:`jaxfid.fid.predict.
-make_predict_fn`, :func:`~jaxfid.fid.predict.make_passage_scores_fn`,
-:func:`~jaxfid.fid.predict.decode_rows`, :func:`~jaxfid.fid.predict.
+(:func:`jaxfid.reader.batches.eval_batches`, :func:`jaxfid.reader.predict.
+make_predict_fn`, :func:`~jaxfid.reader.predict.make_passage_scores_fn`,
+:func:`~jaxfid.reader.predict.decode_rows`, :func:`~jaxfid.reader.predict.
 passage_score_rows`): the answer and the reader scores of a question are
 those of ``jaxfid predict --passage-scores`` on the same passages. A batch
 with a question that asks for the reader's attention also runs
-:func:`jaxfid.fid.attention.attention_program` on the generated answers
+:func:`jaxfid.reader.attention.attention_program` on the generated answers
 (compiled per bucket, beside the others), as ``jaxfid predict --attention``.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxfid.fid import attention as attention_lib
-from jaxfid.fid import predict as predict_lib
-from jaxfid.fid.batches import eval_batches
-from jaxfid.fid.examples import FidExample
-from jaxfid.fid.reader import LoadedReader
+from jaxfid.reader import attention as attention_lib
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.batches import eval_batches
+from jaxfid.reader.examples import FidExample
+from jaxfid.reader.load import LoadedReader
 
 SCORE_MODE = "probs"  # `jaxfid predict --passage-scores`' default
 
@@ -61,7 +61,7 @@ class Read:
   reader_scores: list[float]  # per passage, in the reader's input order
   batch_size: int             # real questions in its device batch
   bucket: int                 # the batch's padded size
-  # asked for: jaxfid.fid.attention.attention_rows' row (else None)
+  # asked for: jaxfid.reader.attention.attention_rows' row (else None)
   attention: dict[str, Any] | None = None
 
 

@@ -15,7 +15,7 @@ fixed-size batches of NumPy model features (the FiD feature converter's
   log-likelihood (teacher forcing, padding excluded:
   :meth:`~jaxfid.t5.model.EncoderDecoderModel.score`).
 
-The decoding settings are one :class:`~jaxfid.fid.config.DecodeConfig`: the
+The decoding settings are one :class:`~jaxfid.reader.config.DecodeConfig`: the
 checkpoint's ``jaxfid_config.json`` (a FiD MODEL_DIR records them), with the
 values gin gives that are not None over it (``gin/fid/base.gin`` binds
 ``FidCheckpointEvaluator.decode`` from ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
@@ -42,8 +42,8 @@ from jaxfid.checkpoints.detect import detect_format
 from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
 from jaxfid.checkpoints.model_dir import CONFIG_FILE
 from jaxfid.core.tokenization import load_tokenizer
-from jaxfid.fid import config as config_lib
-from jaxfid.fid.predict import make_predict_fn
+from jaxfid.reader import config as config_lib
+from jaxfid.reader.predict import make_predict_fn
 
 _T5X_STEP = re.compile(r"^checkpoint_(\d+)$")
 # restore_params' choices: which -> the MODEL_DIR subdirectories tried, in order
@@ -92,10 +92,10 @@ class FidCheckpointEvaluator:
     checkpoint: anything ``load_checkpoint`` reads (a MODEL_DIR: its best
       checkpoint, else the latest, as ``jaxfid predict``).
     run_config: the checkpoint's ``jaxfid_config.json`` ({} for other
-      formats): the decoding settings' :meth:`~jaxfid.fid.config.
+      formats): the decoding settings' :meth:`~jaxfid.reader.config.
       DecodeConfig.from_run_config`.
     decode: gin's decoding settings; those that are not None win over the
-      run's (:meth:`~jaxfid.fid.config.DecodeConfig.override`).
+      run's (:meth:`~jaxfid.reader.config.DecodeConfig.override`).
     dtype: activation dtype override.
 
   Attributes:

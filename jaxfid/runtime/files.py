@@ -20,8 +20,8 @@ from typing import IO, Callable, Iterator
 
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
-from jaxfid.core.processes import host_tag, is_running
-from jaxfid.core.storage import (  # noqa: F401 (part of this module's API)
+from jaxfid.runtime.processes import host_tag, is_running
+from jaxfid.runtime.storage import (  # noqa: F401 (part of this module's API)
     preallocate, remove_path, storage_errors, storage_fault)
 
 

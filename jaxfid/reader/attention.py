@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfid.core.tokenization import EOS_ID
-from jaxfid.fid import batches as pipeline
-from jaxfid.fid import predict as predict_lib
-from jaxfid.fid.examples import FidExample, sorted_passages
+from jaxfid.reader import batches as pipeline
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.examples import FidExample, sorted_passages
 
 DECIMALS = 6
 
@@ -110,7 +110,7 @@ def generate_with_attention(model, params, tokenizer,
                             batch_size: int = 8, num_beams: int = 1,
                             alpha: float = 0.6, passage_eos: bool = True
                             ) -> tuple[list[str], list[dict[str, Any]]]:
-  """:func:`~jaxfid.fid.predict.generate`'s answers (the same programs) and
+  """:func:`~jaxfid.reader.predict.generate`'s answers (the same programs) and
   each question's attention (:func:`attention_rows`, each passage with its
   ``id``), in input order."""
   predict_fn = predict_lib.make_predict_fn(

@@ -23,7 +23,7 @@ Each round ends with ``W/round_r/round.json`` (atomic, last): ``{"round",
 is skipped on rerun, an unfinished one resumes from its outputs;
 ``W/distill_iterate.json`` refuses a rerun with other inputs, and a larger
 ``--rounds`` runs only the rounds after the finished ones. Training runs
-in-process through callbacks (:mod:`jaxfid.fid.commands.distill`).
+in-process through callbacks (:mod:`jaxfid.distill.commands`).
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ from typing import Callable
 from jaxfid.checkpoints.load import checkpoint_passage_eos, load_checkpoint
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import load_tokenizer
+from jaxfid.distill.scored_data import write_scored_data
 from jaxfid.dual_encoder.index import build_dense_index
-from jaxfid.fid import predict as predict_lib
-from jaxfid.fid.examples import read_fid_examples
-from jaxfid.fid.scored_data import write_scored_data
+from jaxfid.reader import predict as predict_lib
+from jaxfid.reader.examples import read_fid_examples
 from jaxfid.retrieval import evaluate
 from jaxfid.retrieval.bm25.index import build_bm25_index
 from jaxfid.retrieval.search import retrieve_to_file

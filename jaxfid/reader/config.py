@@ -120,7 +120,7 @@ class FidReaderConfig(Config):
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig(Config):
   """How a trained reader decodes: what ``jaxfid eval``
-  (:class:`~jaxfid.fid.checkpoint_eval.FidCheckpointEvaluator`), ``jaxfid
+  (:class:`~jaxfid.reader.checkpoint_eval.FidCheckpointEvaluator`), ``jaxfid
   predict`` and ``jaxfid serve`` share. Each field is read from the
   checkpoint's run config under its own name (or :data:`RUN_KEYS`'), is a
   flag of ``predict`` and ``serve`` (``--field-name`` or

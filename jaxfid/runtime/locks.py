@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.processes import host_name, host_tag, is_running
-from jaxfid.core.storage import storage_errors
+from jaxfid.runtime.processes import host_name, host_tag, is_running
+from jaxfid.runtime.storage import storage_errors
 
 INSIDE_NAME = ".jaxfid.lock"
 # a lock file that cannot be parsed (its writer died while creating it

@@ -23,7 +23,7 @@ demo, ...), only when all of these hold: the C library is glibc; JAX's
 backend has not started (the worker threads, which would keep their own
 arenas, do not exist yet); JAX will run on the CPU (no accelerator plugin
 or libtpu that JAX would load installed: a libtpu or CUDA plugin that
-``JAX_PLATFORMS`` leaves out, as :mod:`jaxfid.core.platforms` does on a
+``JAX_PLATFORMS`` leaves out, as :mod:`jaxfid.runtime.platforms` does on a
 host without a TPU or NVIDIA GPU, does not count; and ``JAX_PLATFORMS``
 unset or naming ``cpu`` first);
 ``$JAXFID_CPU_MALLOC`` is not ``0`` / ``off`` / ``false`` / ``no``; and the
@@ -40,7 +40,7 @@ import sys
 
 from jax._src import xla_bridge
 
-from jaxfid.core import platforms
+from jaxfid.runtime import platforms
 
 ENV_VAR = "JAXFID_CPU_MALLOC"
 OFF_VALUES = ("0", "off", "false", "no")

@@ -11,7 +11,7 @@ reads each question's ``n_context`` best passages by the input's score
 crossattention_scores[k, j]`` for those (``test_reader.py:61-62``), leaves the
 others' scores as they were, and writes the records back
 (``test_reader.py:138``, ``src/util.py:187-209``). jaxfid's reader reads the
-same passages (:func:`jaxfid.fid.examples.sorted_passages`: the same sort), and
+same passages (:func:`jaxfid.reader.examples.sorted_passages`: the same sort), and
 this writes the same scores with the write atomic (a crash leaves no
 half-written file). The one difference: the original writes each record's
 ``ctxs`` in that sorted order, this keeps the input's order of records, keys
@@ -34,10 +34,10 @@ import os
 from typing import Sequence
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import (iter_json_lines, read_json_document,
                                 starts_json_array)
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader.examples import FidExample
+from jaxfid.runtime.files import atomic_write
 
 
 def same_file(a: str, b: str) -> bool:
@@ -53,7 +53,7 @@ def same_file(a: str, b: str) -> bool:
 def read_order(example: FidExample) -> list[int]:
   """Indices of ``example.ctxs`` in the order the reader reads them.
 
-  The key of :func:`jaxfid.fid.examples.sorted_passages`: by score,
+  The key of :func:`jaxfid.reader.examples.sorted_passages`: by score,
   descending and stable, unscored passages last in file order.
   """
   return sorted(range(len(example.ctxs)),

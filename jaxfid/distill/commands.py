@@ -10,7 +10,7 @@ Round 0 retrieves with BM25; each later round trains the reader (the
 reader gin run, ``--reader.`` bindings over it) on the current retrieval,
 scores the training passages with it, trains the retriever (the
 distillation gin run, ``--retriever.`` bindings) on the scores, indexes the
-corpus with it and retrieves again (:mod:`jaxfid.fid.distill_iterate`).
+corpus with it and retrieves again (:mod:`jaxfid.distill.iterate`).
 ``W/rounds.jsonl`` holds one record per finished round; rerunning resumes
 and skips finished rounds. The command binds MODEL_DIR, TRAIN_DATA,
 EVAL_DATA (the reader's) and, from round 2, the retriever's
@@ -33,8 +33,8 @@ from jaxfid.commands.progress import add_progress_flag
 from jaxfid.commands.registry import Command
 from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
+from jaxfid.distill import iterate as distill_iterate
 from jaxfid.dual_encoder.task import DualEncoderTask
-from jaxfid.fid import distill_iterate
 from jaxfid.fid.task import FidTask
 from jaxfid.training import launch
 
@@ -160,7 +160,7 @@ def iterate(reader: GinRun, retriever: GinRun, *, work_dir: str, corpus: str,
             reader_init: str = "restart", retriever_init: str = "continue",
             progress: bool | None = None, emit=None) -> dict:
   """``distill iterate`` of two gin runs; returns the summary
-  (:func:`jaxfid.fid.distill_iterate.run_rounds`)."""
+  (:func:`jaxfid.distill.iterate.run_rounds`)."""
   settings = _settings(reader, retriever, work_dir, train)
   identity = run_identity(reader, retriever, corpus=corpus, train=train,
                           dev=dev, top_k=top_k, reader_init=reader_init,

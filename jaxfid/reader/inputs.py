@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxfid.core.tokenization import (
     DECODER_START_ID, PAD_ID, Tokenizer, encode_padded)
-from jaxfid.fid.examples import (PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX,
+from jaxfid.reader.examples import (PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFIX,
                                  TRIVIA_QA, FidExample, sorted_passages)
 
 

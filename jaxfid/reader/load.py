@@ -8,7 +8,7 @@ tokenizer (the checkpoint's spiece.model wins over the bundled vocabulary)
 and whether its passages end with EOS, once, so that the two commands cannot
 drift apart in how they load one. :func:`add_decode_flags` and
 :func:`decode_config` give both their decoding flags: one per
-:class:`~jaxfid.fid.config.DecodeConfig` field, whose default is the
+:class:`~jaxfid.reader.config.DecodeConfig` field, whose default is the
 checkpoint's run config, then the field's default.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from jaxfid.core import paths
 from jaxfid.core.config import field_docs, field_types
 from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer, load_tokenizer
-from jaxfid.fid import config as config_lib
+from jaxfid.reader import config as config_lib
 
 PASSAGE_EOS = ("auto", "on", "off")
 
@@ -79,7 +79,7 @@ def load_reader(checkpoint: str, *, which: str = "auto",
 
 def flag_names(name: str) -> tuple[str, ...]:
   """The flags of DecodeConfig field ``name`` (``--field-name`` unless
-  :data:`~jaxfid.fid.config.FLAGS` says otherwise)."""
+  :data:`~jaxfid.reader.config.FLAGS` says otherwise)."""
   return config_lib.FLAGS.get(name, ("--" + name.replace("_", "-"),))
 
 

@@ -1,7 +1,7 @@
 """FiD question files: read, validate and write them.
 
 Their model inputs (passage formatting, tokenization, targets):
-:mod:`jaxfid.fid.inputs`.
+:mod:`jaxfid.reader.inputs`.
 
 The format is the one of facebookresearch/FiD (README "Data format"): a list of
 records ::
@@ -40,9 +40,9 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from jaxfid.core.errors import InputError
-from jaxfid.core.files import atomic_write
 from jaxfid.core.textio import open_binary
 from jaxfid.retrieval.store.queries import qa_lines, split_qa_line
+from jaxfid.runtime.files import atomic_write
 
 QUESTION_PREFIX = "question:"
 TITLE_PREFIX = "title:"

@@ -5,13 +5,13 @@
       [--text-maxlength L] [--decode-maxlength T] [--beam-size K]
       [--length-penalty A] [--max-batch 16] [--max-wait-ms 10]
 
-The decoding flags are the fields of :class:`~jaxfid.fid.config.
+The decoding flags are the fields of :class:`~jaxfid.reader.config.
 DecodeConfig`; one not given is the checkpoint's run config's (a MODEL_DIR
 records what it was trained and evaluated with), else the field's default.
 
 One process owns the devices. It opens the index (any type ``jaxfid
 retrieve`` opens: BM25, dense, ReAtt), starts the HTTP server (uvicorn, on
-Starlette: :mod:`jaxfid.fid.commands.serve_app`), and loads the checkpoint
+Starlette: :mod:`jaxfid.serving.commands.serve_app`), and loads the checkpoint
 and compiles the reader's programs for every batch bucket and beam size in
 the background (``/healthz`` answers 503 meanwhile); then it prints one line
 with the URL on stdout. SIGTERM or Ctrl-C stops accepting connections,
@@ -37,14 +37,14 @@ from jaxfid.commands import shell
 from jaxfid.commands.registry import Command
 from jaxfid.core import paths
 from jaxfid.core.errors import InputError
-from jaxfid.fid import config as config_lib
-from jaxfid.fid.commands.serve_app import ServerState, build_app
-from jaxfid.fid.reader import add_decode_flags, decode_config, load_reader
-from jaxfid.fid.serving.batcher import Batcher, bucket_sizes
-from jaxfid.fid.serving.metrics import Metrics
-from jaxfid.fid.serving.service import QaService, example_titles
+from jaxfid.reader import config as config_lib
+from jaxfid.reader.load import add_decode_flags, decode_config, load_reader
 from jaxfid.retrieval.index_dir import read_meta
 from jaxfid.retrieval.search import Searcher, open_index
+from jaxfid.serving.batcher import Batcher, bucket_sizes
+from jaxfid.serving.commands.serve_app import ServerState, build_app
+from jaxfid.serving.metrics import Metrics
+from jaxfid.serving.service import QaService, example_titles
 
 LOG = logging.getLogger("jaxfid.serve")
 # The serve extra (setup.py): without it, one line says how to install it.

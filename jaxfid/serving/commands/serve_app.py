@@ -7,10 +7,10 @@
   serve.server_info`), with ``"ready"``, loading or not;
 * ``GET /healthz``: 200 ``{"status": "ready"}`` once the programs are
   compiled, 503 ``{"status": "loading"}`` before;
-* ``GET /metrics``: Prometheus text (:mod:`jaxfid.fid.serving.metrics`);
+* ``GET /metrics``: Prometheus text (:mod:`jaxfid.serving.metrics`);
 * ``POST /v1/answer`` ``{"question", "n_context"?, "beam_size"?}`` -> one
   answer; ``POST /v1/answer:batch`` ``{"questions": [...], ...}`` ->
-  ``{"answers": [...]}`` (:mod:`jaxfid.fid.serving.service`).
+  ``{"answers": [...]}`` (:mod:`jaxfid.serving.service`).
 
 Every error is JSON ``{"error": "..."}``: 4xx for a bad request (an unknown
 path or method too), 503 while loading, 500 for a failure inside, which
@@ -25,9 +25,9 @@ import dataclasses
 import logging
 import time
 
-from jaxfid.fid.serving import page
-from jaxfid.fid.serving.metrics import Metrics
-from jaxfid.fid.serving.service import MAX_BODY_BYTES, QaService, RequestError
+from jaxfid.serving import page
+from jaxfid.serving.metrics import Metrics
+from jaxfid.serving.service import MAX_BODY_BYTES, QaService, RequestError
 
 LOG = logging.getLogger("jaxfid.serve")
 ANSWER, BATCH = "/v1/answer", "/v1/answer:batch"

@@ -3,13 +3,13 @@
 :func:`parse_request` checks a request body (a :class:`RequestError`, with
 its 4xx status, says what is wrong); :meth:`QaService.answer` retrieves each
 question's passages (on a thread of its own, off the event loop), hands the
-questions to the :class:`~jaxfid.fid.serving.batcher.Batcher` and builds the
+questions to the :class:`~jaxfid.serving.batcher.Batcher` and builds the
 response. Nothing here knows HTTP or the web framework.
 
 A question's passages are made as ``jaxfid retrieve`` writes them into FiD
 JSON and as ``jaxfid predict`` reads that file back
 (:func:`jaxfid.retrieval.runs.fid_example`, then
-:func:`jaxfid.fid.examples.parse_record`): the same passages, the same
+:func:`jaxfid.reader.examples.parse_record`): the same passages, the same
 scores (float32 rounded), so the same tokens.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ import json
 import time
 from typing import Any, Sequence
 
-from jaxfid.fid.examples import FidExample, parse_record, sorted_passages
-from jaxfid.fid.serving.batcher import Batcher, Read
+from jaxfid.reader.examples import FidExample, parse_record, sorted_passages
 from jaxfid.retrieval.runs import fid_example
 from jaxfid.retrieval.search import Searcher
 from jaxfid.retrieval.store.queries import Query
+from jaxfid.serving.batcher import Batcher, Read
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUESTION_CHARS = 2000
@@ -230,7 +230,7 @@ def response(example: FidExample, read: Read | None,
   passage retrieved (``read`` None), ``"answer": null`` and a ``"notice"``
   saying why (else ``"notice": null``). A read with the reader's attention
   adds ``"answer_tokens"`` and each passage's ``"attention"``
-  (:mod:`jaxfid.fid.attention`: ``weight``, ``tokens``, ``weights``,
+  (:mod:`jaxfid.reader.attention`: ``weight``, ``tokens``, ``weights``,
   ``by_answer_token``)."""
   if read is None:
     return {"question": example.question, "answer": None, "passages": [],

@@ -1,0 +1,1 @@
+"""FiD-KD: the reader's cross-attention scores distilled into the retriever."""

@@ -1,0 +1,1 @@
+"""``jaxfid serve``: the command and its HTTP app (the serve extra)."""
