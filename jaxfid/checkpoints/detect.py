@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxfid.checkpoints import hf, t5x
+from jaxfid.core import paths
 from jaxfid.core.errors import InputError
 
 FORMATS = ("hf", "fid", "t5x", "t5x-orbax", "jaxfid")
@@ -36,12 +37,19 @@ def _has_hf_weights(directory: Path) -> bool:
 
 
 def detect_format(path) -> str:
-  """One of :data:`FORMATS` for ``path``; InputError if none is recognised."""
+  """One of :data:`FORMATS` for ``path``; InputError if none is recognised.
+
+  The one place a checkpoint's format is decided. A jaxfid MODEL_DIR may be
+  a bucket URL; the other formats are local."""
+  if paths.exists(paths.join(path, JAXFID_MARKER)):
+    return "jaxfid"
+  if paths.is_url(path):
+    raise InputError(path, "does not exist" if not paths.exists(path)
+                     else f"has no {JAXFID_MARKER}: only a jaxfid model "
+                     "directory is read from a bucket")
   path = Path(path)
   if not path.exists():
     raise InputError(path, "does not exist")
-  if path.is_dir() and (path / JAXFID_MARKER).is_file():
-    return "jaxfid"
   if path.is_dir() and (path / "config.json").is_file() and _has_hf_weights(
       path):
     return "fid" if hf.is_fid_layout(hf.WeightFiles(path).files) else "hf"
@@ -88,10 +96,12 @@ for _fmt in ("t5x", "t5x-orbax"):
   register_loader(_fmt, _load_t5x)
 
 
-def load_flat(path) -> tuple[dict, dict[str, np.ndarray], Path | None]:
-  """Loads any checkpoint: ``(fields, flat_params, spiece_path_or_None)``."""
+def load_flat(path, fmt: str | None = None
+              ) -> tuple[dict, dict[str, np.ndarray], Path | None]:
+  """Loads any checkpoint: ``(fields, flat_params, spiece_path_or_None)``;
+  ``fmt``: its :func:`detect_format`, when the caller has it."""
+  fmt = fmt or detect_format(path)
   path = Path(path)
-  fmt = detect_format(path)
   if fmt not in _LOADERS:
     raise InputError(path, f"a {fmt} checkpoint, but no loader is registered "
                      "for it (jaxfid.checkpoints.register_loader"

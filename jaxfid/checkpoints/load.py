@@ -101,12 +101,13 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
   path = os.fspath(path)
   if not paths.exists(path):
     raise InputError(path, "no such checkpoint")
-  config_file = paths.join(path, checkpointing.CONFIG_FILE)
-  if paths.exists(config_file):
+  fmt = detect_format(path)
+  if fmt == "jaxfid":
+    config_file = paths.join(path, checkpointing.CONFIG_FILE)
     method = checkpointing.read_run_config(path).get("method", "fid")
     loader = METHOD_LOADERS.get(method, where=config_file)
     return loader(path, dtype=dtype, which=which)
-  fields, flat, spiece = load_flat(path)
+  fields, flat, spiece = load_flat(path, fmt)
   model = EncoderDecoderModel(inference_config(fields, dtype))
   return model, params_from_flat(model, flat, path), spiece
 
@@ -119,9 +120,10 @@ def checkpoint_passage_eos(path: str) -> bool:
   3.0.2 appended no EOS). Any other checkpoint: True.
   """
   path = os.fspath(path)
-  if paths.exists(paths.join(path, checkpointing.CONFIG_FILE)):
+  fmt = detect_format(path)
+  if fmt == "jaxfid":
     return bool(checkpointing.read_run_config(path).get("passage_eos", True))
-  return detect_format(path) != "fid"
+  return fmt != "fid"
 
 
 class LoadedT5:
