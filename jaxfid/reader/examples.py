@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 
 from jaxfid.core.errors import InputError
 from jaxfid.core.textio import open_binary
-from jaxfid.retrieval.store.queries import qa_lines, split_qa_line
+from jaxfid.retrieval.store.qa_tsv import qa_lines, split_qa_line
 from jaxfid.runtime.files import atomic_write
 
 QUESTION_PREFIX = "question:"
