@@ -1,28 +1,17 @@
-"""How the reader read: its cross-attention over each passage's tokens while
-it generated the answer (``jaxfid predict --attention``, ``jaxfid serve``'s
+"""The reader's cross-attention over each passage's tokens while it generated
+the answer (``jaxfid predict --attention``, ``jaxfid serve``'s
 ``"attention": true``).
 
-The generated answer is fed back teacher-forced (one more forward pass,
-encoder and decoder: :meth:`~jaxfid.t5.model.EncoderDecoderModel.
-answer_attention`); every decoder layer's cross-attention probabilities are
-averaged over heads and layers. Per question (:func:`attention_rows`):
-
-* ``answer_tokens``: the generated tokens up to and including the first EOS
-  (``</s>``; all of them if there is none);
-* per passage read, in the reader's input order: ``tokens``, its reader
-  input (``question: .. title: .. context: ..`` as truncated to
-  ``--text-maxlength``, with its EOS where passages end with one, padding
-  left out), each SentencePiece piece with its word-start mark ``▁`` as a
-  space, so that joined they read as the input; ``by_answer_token``
-  [answer token][passage token], each token's share of the attention at
-  that answer token; ``weights``, those shares averaged over the answer
-  tokens; ``weight``, their sum.
-
-Absolute scale: at each answer token the shares over every token of every
-passage sum to 1, so the passages' ``weight`` sum to 1 too, and at the first
-answer token a passage's summed share is its ``reader_score`` (the 'probs'
-first-position score of ``jaxfid predict --passage-scores``). Shares are
-rounded to :data:`DECIMALS` places.
+The generated answer is fed back teacher-forced (one more forward pass) and
+the decoder's cross-attention probabilities are averaged over heads and
+layers. Per question (:func:`attention_rows`): ``answer_tokens`` (up to and
+including the first EOS) and, per passage read in input order, ``tokens``
+(its reader input as truncated, padding left out, SentencePiece's ``▁`` as a
+space), ``by_answer_token`` [answer token][passage token] (each token's
+share of the attention), ``weights`` (those shares averaged over answer
+tokens) and ``weight`` (their sum). At each answer token the shares over all
+passages sum to 1, so the ``weight``\\ s do too; at the first answer token a
+passage's share is its 'probs' ``reader_score``. Rounded to :data:`DECIMALS`.
 """
 from __future__ import annotations
 
@@ -73,14 +62,9 @@ def _rounded(values: np.ndarray) -> list[float]:
 def attention_rows(tokenizer, weights, answer_tokens, batch: dict,
                    real: int) -> list[dict[str, Any]]:
   """The attention of the first ``real`` questions of a batch (the module
-  docstring's fields; ``passages`` without ids).
-
-  Args:
-    weights: float32 [B, T, P*L] (:func:`attention_program`).
-    answer_tokens: int32 [B, T], the generated tokens.
-    batch: the host batch: ``encoder_input_tokens`` [B, P, L],
-      ``passage_mask`` [B, P] (a question's real passages first).
-  """
+  docstring's fields; ``passages`` without ids) from ``weights`` float32 [B,
+  T, P*L], ``answer_tokens`` int32 [B, T] and the host batch
+  (``encoder_input_tokens`` [B, P, L], ``passage_mask`` [B, P])."""
   weights = np.asarray(jax.device_get(weights), np.float64)  # [B, T, P*L]
   answer_tokens = np.asarray(jax.device_get(answer_tokens))  # [B, T]
   tokens = np.asarray(batch["encoder_input_tokens"])         # [B, P, L]

@@ -1,18 +1,11 @@
-"""Deterministic, resumable FiD batches: the batch of step ``s`` is a pure function of (seed, s).
+"""Deterministic, resumable FiD batches: step ``s``'s batch is a pure
+function of (seed, s), so resuming needs no iterator state.
 
-* Order: :func:`jaxfid.training.sampling.stream_indices` (epochs of
-  ``permutation(seed, e)``; step ``s`` takes positions ``[s*B, (s+1)*B)``).
-  No iterator state to checkpoint: resuming at step ``s`` gives exactly the
-  batches an uninterrupted run would have seen.
-* Targets: a random answer per step and example from ``rng(seed, s, i)``
-  (``target`` when the example has one), ``target_maxlength`` tokens (ReaderTask
-  passes the longest target of the data when TARGET_MAXLENGTH is None).
-* Passages: :func:`jaxfid.reader.inputs.encode_example`, with or without a
-  final EOS (``passage_eos``).
-* Hosts: each process builds only the rows of the global batch that its
-  devices hold (``rows``, given by the loop); the loop assembles the global
-  array.
-* A background thread prepares the next batches while the device trains.
+Order: :func:`jaxfid.training.sampling.stream_indices` (epochs of
+``permutation(seed, e)``, step ``s`` taking positions ``[s*B, (s+1)*B)``).
+Targets: ``target``, else an answer drawn from ``rng(seed, s, i)``, to
+``target_maxlength`` tokens. Each process builds only the global batch's
+``rows`` that its devices hold, in a background thread ahead of the step.
 """
 from __future__ import annotations
 
@@ -60,13 +53,9 @@ class FidBatcher:
     self._pending: dict[int, concurrent.futures.Future] = {}
 
   def indices(self, step: int) -> np.ndarray:
-    """Global example indices of the batch of 0-based ``step``.
-
-    One part: the epoch stream. A mixture: row j of step s comes from part
-    c drawn by rate from ``rng(seed, s, j)``, at position ``s*B + j`` of
-    part c's own epoch stream (a pure function of the step, as seqio
-    samples mixtures from repeated, shuffled tasks).
-    """
+    """Global example indices of step ``s``'s batch: the epoch stream; for a
+    mixture, row j comes from part c drawn by rate from ``rng(seed, s, j)``,
+    at position ``s*B + j`` of part c's own stream (as seqio's mixtures)."""
     start = step * self.batch_size
     if len(self.mixture) == 1:
       return stream_indices(len(self.examples), self.seed, start,
@@ -132,11 +121,8 @@ class FidBatcher:
 def eval_batches(examples: Sequence[FidExample], tokenizer, *, batch_size: int,
                  n_context: int, text_maxlength: int,
                  passage_eos: bool = True):
-  """Fixed-order batches for evaluation/prediction, the last one padded.
-
-  Yields (first index, number of real rows, batch dict) with every batch of
-  exactly ``batch_size`` rows, so one compiled function serves them all.
-  """
+  """Fixed-order evaluation batches, each of exactly ``batch_size`` rows (the
+  last padded): ``(first index, real rows, batch dict)``."""
   for start in range(0, len(examples), batch_size):
     chunk = examples[start:start + batch_size]
     enc, pmask = [], []

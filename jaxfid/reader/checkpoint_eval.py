@@ -1,31 +1,14 @@
-"""A FiD checkpoint as the model of a ``jaxfid eval``: generation and scores.
+"""A FiD (or ReAtt) checkpoint as the model of a ``jaxfid eval``.
 
-``jaxfid eval`` (:mod:`jaxfid.commands.seqio_eval`) runs ``seqio.Evaluator``
-on a task or mixture and asks the checkpoint's method for its model
-functions; for FiD (and ReAtt, whose checkpoints load and generate the same
-way) that is a :class:`FidCheckpointEvaluator`. It knows no seqio: it gets
-fixed-size batches of NumPy model features (the FiD feature converter's
-``encoder_input_tokens`` [B, P, L], ``passage_mask`` [B, P],
-``decoder_target_tokens`` [B, T]) and returns
-
-* :meth:`~FidCheckpointEvaluator.predict`: generated ids int32 [B,
-  decode_maxlength] (greedy or beam search, 0 after EOS: one length for
-  every row, as NumPy 2 needs), exactly ``jaxfid predict``'s decoding;
-* :meth:`~FidCheckpointEvaluator.score`: each example's target
-  log-likelihood (teacher forcing, padding excluded:
-  :meth:`~jaxfid.t5.model.EncoderDecoderModel.score`).
-
-The decoding settings are one :class:`~jaxfid.reader.config.DecodeConfig`: the
-checkpoint's ``jaxfid_config.json`` (a FiD MODEL_DIR records them), with the
-values gin gives that are not None over it (``gin/fid/base.gin`` binds
-``FidCheckpointEvaluator.decode`` from ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
-``DECODE_MAXLENGTH``, ``TARGET_MAXLENGTH``, ``EVAL_BEAMS``); the decoding
-bound defaults to 49 new tokens, the original's.
-Whether passages end with EOS is the checkpoint's
-(:func:`~jaxfid.checkpoints.load.checkpoint_passage_eos`: a MODEL_DIR's
-run config, no EOS for original FiD readers): ``jaxfid eval`` gives it to
-the seqio preprocessing (:attr:`FidCheckpointEvaluator.passage_eos`).
-:func:`checkpoint_step` names the step of the parameters that were loaded.
+:class:`FidCheckpointEvaluator` knows no seqio: it takes fixed-size batches of
+the FiD feature converter's NumPy features (``encoder_input_tokens`` [B, P,
+L], ``passage_mask`` [B, P], ``decoder_target_tokens`` [B, T]) and returns
+generated ids int32 [B, decode_maxlength] (``jaxfid predict``'s decoding, 0
+after EOS) or each target's log-likelihood (teacher forcing, padding
+excluded). Its decoding is one :class:`~jaxfid.reader.config.DecodeConfig`:
+the checkpoint's ``jaxfid_config.json``, under gin's values that are not None
+(``gin/fid/base.gin``). Whether passages end with EOS is the checkpoint's
+(:func:`~jaxfid.checkpoints.load.checkpoint_passage_eos`).
 """
 from __future__ import annotations
 
@@ -62,13 +45,10 @@ def _saved_steps(directory: str) -> list[int]:
 
 
 def checkpoint_step(path: str, which: str = "auto") -> int:
-  """The training step of the parameters ``load_checkpoint(path)`` loads.
-
-  A jaxfid MODEL_DIR: the step of the checkpoint ``which`` selects ('auto':
-  the best one when there is one, else the latest, as
-  ``jaxfid.checkpoints.model_dir.restore_params`` chooses); a T5X checkpoint:
-  its ``checkpoint_<step>``; anything else (Hugging Face, FiD readers): 0.
-  """
+  """The training step of the parameters ``load_checkpoint(path)`` loads: a
+  MODEL_DIR's checkpoint that ``which`` selects (as
+  ``checkpoints.model_dir.restore_params``), a T5X ``checkpoint_<step>``'s
+  step, else 0."""
   path = os.fspath(path)
   if os.path.isfile(os.path.join(path, CONFIG_FILE)):
     for sub in _MODEL_DIR_ORDER[which]:

@@ -1,23 +1,13 @@
 """The FiD reader's options as one config value, and its lengths.
 
 ``gin/fid/base.gin`` binds ``FidTask.reader = @FidReaderConfig()``, each
-field from its macro (``TRAIN_DATA``, ``N_CONTEXT``, ``TEXT_MAXLENGTH``,
-...). The value checks itself once when gin builds it
-(:class:`~jaxfid.core.config.Config`): the field bounds and choices, and
-that exactly one of ``TRAIN_DATA`` and ``MIXTURE_OR_TASK_NAME`` is set.
-
-Lengths. ``TARGET_MAXLENGTH`` truncates training targets (None: no
-truncation, the original's ``answer_maxlength=-1``: targets are padded to
-the longest target the training data can draw, computed once, so batches
-keep one shape); ``DECODE_MAXLENGTH`` bounds generation at evaluation
-(None: 49, the new tokens of the original's ``generate(max_length=50)``).
-``ANSWER_MAXLENGTH`` is the shorthand the gin files point both at
-(:class:`Lengths`).
-
-Decoding a trained reader (``jaxfid eval``, ``predict``, ``serve``) reads
-one :class:`DecodeConfig`: the checkpoint's run config
-(:meth:`DecodeConfig.from_run_config`), then what the command line or gin
-gives (:meth:`DecodeConfig.override`). A decoding option is one field there.
+field from its macro. ``TARGET_MAXLENGTH`` truncates training targets (None:
+padded to the longest target of the training data, FiD's -1);
+``DECODE_MAXLENGTH`` bounds generation (None: 49, FiD's
+``generate(max_length=50)``); ``ANSWER_MAXLENGTH`` is the shorthand for both
+(:class:`Lengths`). Decoding a trained reader (``eval``, ``predict``,
+``serve``) reads one :class:`DecodeConfig`: the checkpoint's run config, then
+the command line's or gin's values.
 """
 from __future__ import annotations
 
@@ -119,12 +109,9 @@ class FidReaderConfig(Config):
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig(Config):
-  """How a trained reader decodes: what ``jaxfid eval``
-  (:class:`~jaxfid.reader.checkpoint_eval.FidCheckpointEvaluator`), ``jaxfid
-  predict`` and ``jaxfid serve`` share. Each field is read from the
-  checkpoint's run config under its own name (or :data:`RUN_KEYS`'), is a
-  flag of ``predict`` and ``serve`` (``--field-name`` or
-  :data:`FLAGS`'), and is bound in gin (gin/fid/base.gin).
+  """How a trained reader decodes (``eval``, ``predict``, ``serve``): each
+  field read from the run config under its name (or :data:`RUN_KEYS`'), a
+  flag (``--field-name`` or :data:`FLAGS`') and bound in gin.
 
   Attributes:
     n_context: passages per question.

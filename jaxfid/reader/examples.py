@@ -1,32 +1,18 @@
 """FiD question files: read, validate and write them.
 
-Their model inputs (passage formatting, tokenization, targets):
-:mod:`jaxfid.reader.inputs`.
-
-The format is the one of facebookresearch/FiD (README "Data format"): a list of
-records ::
+The format is facebookresearch/FiD's (README "Data format"), a JSON list or
+JSONL (one record per line), optionally gzip-compressed; which one is told by
+content (a first non-blank ``[``; gzip's magic bytes), and JSONL is streamed::
 
   {"id": "0", "question": "...", "target": "...", "answers": ["...", ...],
    "ctxs": [{"title": "...", "text": "...", "score": 12.3, "id": "..."}, ...]}
 
-stored either as one JSON list or as JSONL (one record per line), optionally
-gzip-compressed. The reader decides by content, not by name: if the first
-non-blank character is ``[`` the file is a JSON list, otherwise JSONL; gzip is
-recognised by its magic bytes. JSONL is streamed line by line, so large
-retrieval outputs need not fit in memory twice. Questions without passages
-may also come as the QA TSV of DPR's and Anserini's open-domain test sets
-(``question<TAB>['answer 1', 'answer 2']``, recognised by its first line;
-ids are the 0-based line positions, see
-:mod:`jaxfid.retrieval.store.queries`).
-
-Only ``question`` is required. ``answers`` defaults to ``[]`` (prediction
-needs none; the NQ-open spelling ``answer`` and FlashRAG's
-``golden_answers`` are accepted when ``answers`` is absent), ``target`` to None, ``ctxs`` to ``[]``, a passage's ``title`` to
-``""`` and its ``score`` / ``id`` to None. Scores may be numbers or numeric
-strings (DPR writes ``"score": "80.3"``; FiD calls ``float()`` on them). Ids
-may be strings or integers and are kept as strings. Anything else raises
-:class:`~jaxfid.core.errors.InputError` naming the file and the JSONL line (or
-``record N``, counted from 1, in a JSON list).
+Only ``question`` is required (``answers`` may be spelt ``answer`` or
+``golden_answers``); scores may be numeric strings (DPR's), ids strings or
+integers (kept as strings). Questions without passages may come as the QA
+TSV of DPR and Anserini (``question<TAB>['answer 1', ...]``, ids the 0-based
+line positions). Anything else raises InputError naming the file and the
+JSONL line (or ``record N``, from 1).
 """
 from __future__ import annotations
 
@@ -140,20 +126,9 @@ def _passage(ctx, k: int, path, where) -> Passage:
 
 def parse_record(record, path, where,
                  require_answers: bool = False) -> FidExample:
-  """Validates one decoded JSON record and returns its :class:`FidExample`.
-
-  Args:
-    record: the decoded JSON value.
-    path: the file it came from (for errors).
-    where: its line number (int) or a description such as ``"record 3"``.
-    require_answers: the record must have a ``target`` or an answer.
-
-  Returns:
-    the example.
-
-  Raises:
-    InputError: the record does not follow the FiD format.
-  """
+  """The :class:`FidExample` of one decoded JSON record; InputError naming
+  ``path`` and ``where`` (a line number or ``"record 3"``) if it does not
+  follow the FiD format, or (``require_answers``) has no target nor answer."""
   if not isinstance(record, dict):
     raise InputError(path, "expected a JSON object with a \"question\", got "
                      f"{_json_type(record)}", where=where)
@@ -262,13 +237,8 @@ def _read_qa_tsv(first: tuple[int, bytes], lines, path,
 
 def iter_fid_examples(path: str | os.PathLike,
                       require_answers: bool = False) -> Iterator[FidExample]:
-  """Yields the examples of a FiD JSON / JSONL (/ .gz) file, validating each.
-
-  See :func:`read_fid_examples`.
-
-  Raises:
-    InputError: a missing, empty, non-UTF-8, corrupt or malformed file.
-  """
+  """Yields the validated examples of a FiD JSON / JSONL (/ .gz) file
+  (:func:`read_fid_examples`)."""
   path = os.fspath(path)
   stream = open_binary(path, expected="a FiD JSON or JSONL file")
   try:
@@ -300,23 +270,11 @@ def read_fid_examples(path: str | os.PathLike, *,
                       require_answers: bool = False,
                       n_context: int | None = None,
                       limit: int | None = None) -> list[FidExample]:
-  """Reads and validates a FiD JSON / JSONL file (gzip allowed).
-
-  Args:
-    path: the file.
-    require_answers: every example must have a ``target`` or at least one
-      answer (training and evaluation need one).
-    n_context: if given, keep only the passages :func:`format_passages` would
-      use (the ``n_context`` best by score), to save memory.
-    limit: read at most this many examples.
-
-  Returns:
-    the examples, in file order.
-
-  Raises:
-    InputError: the file is missing, empty, not UTF-8, not JSON, or a record
-      is malformed; the message names the file and line / record.
-  """
+  """The validated examples of a FiD JSON / JSONL file (gzip allowed), in
+  file order. ``require_answers``: each needs a target or an answer;
+  ``n_context``: keep only the passages :func:`format_passages` would use;
+  ``limit``: at most this many. InputError naming the file and line /
+  record for a missing, empty, non-UTF-8, non-JSON or malformed file."""
   out = []
   examples = iter_fid_examples(path, require_answers=require_answers)
   try:
@@ -354,11 +312,8 @@ def example_to_record(example: FidExample) -> dict:
 
 def write_fid_examples(path: str | os.PathLike,
                        examples: Sequence[FidExample]) -> None:
-  """Writes examples atomically: JSONL unless the name ends in ``.json``.
-
-  A ``.gz`` suffix compresses (``x.json.gz`` is a gzip JSON list). The file is
-  written next to its destination and renamed into place at the end.
-  """
+  """Writes examples atomically: JSONL unless the name ends in ``.json``;
+  ``.gz`` compresses (``x.json.gz`` is a gzip JSON list)."""
   path = os.fspath(path)
   name = path[:-3] if path.endswith(".gz") else path
   as_list = name.endswith(".json")

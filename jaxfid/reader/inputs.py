@@ -1,20 +1,16 @@
 """FiD model inputs: passages formatted and tokenized, training targets.
 
-The model input follows FiD's ``Dataset`` and ``Collator`` (``src/data.py``):
-passages sorted by score, descending and stable (FiD gives score-less passages
-one shared score, which keeps their order; here unscored passages also follow
-all scored ones), the first ``n_context`` kept, each rendered as
-``"question: Q title: T context: P"``; an example without passages is the
-question alone (``"question: Q"``). Each string is tokenized, truncated to
-``text_maxlength`` and padded with 0; with ``passage_eos`` (the default) it
-ends with EOS, kept on truncation (what T5 tokenizers of transformers >= 3.1
-and seqio do); without, it is cut at ``text_maxlength`` tokens and has no EOS
-(FiD pinned transformers 3.0.2, whose T5 tokenizer appended none: its
-published readers were trained so). Missing passages are all-zero rows with
-a False mask. Targets are ``target`` if given, else an answer drawn
-uniformly with a NumPy generator (FiD: ``random.choice``); for TriviaQA an
-all-uppercase answer is title-cased, as FiD's preprocessing does. Targets
-always end with EOS (FiD appended ``" </s>"`` to them explicitly).
+As FiD's ``Dataset`` and ``Collator`` (``src/data.py``): passages sorted by
+score, descending and stable (unscored ones after all scored ones), the
+first ``n_context`` kept, each rendered as ``"question: Q title: T context:
+P"`` (no passages: ``"question: Q"``), tokenized, cut to ``text_maxlength``
+and padded with 0. With ``passage_eos`` (the default, as seqio and T5
+tokenizers of transformers >= 3.1) a passage ends with EOS, kept on
+truncation; without it has none (as FiD's published readers were trained,
+on transformers 3.0.2). Missing passages are all-zero rows with a False
+mask. The target is ``target`` if given, else a uniformly drawn answer
+(FiD: ``random.choice``; TriviaQA's all-uppercase answers title-cased), and
+always ends with EOS.
 """
 from __future__ import annotations
 
@@ -29,16 +25,9 @@ from jaxfid.reader.examples import (PASSAGE_PREFIX, QUESTION_PREFIX, TITLE_PREFI
 
 
 def format_passages(example: FidExample, n_context: int) -> list[str]:
-  """FiD encoder strings: ``"question: Q title: T context: P"`` per passage.
-
-  Args:
-    example: the example.
-    n_context: the number of passages to keep (the best by score).
-
-  Returns:
-    ``min(n_context, len(ctxs))`` strings, or ``["question: Q"]`` when the
-    example has no passages.
-  """
+  """FiD encoder strings: ``"question: Q title: T context: P"`` for each of
+  the ``n_context`` best-scored passages, or ``["question: Q"]`` for an
+  example without passages."""
   if n_context < 1:
     raise ValueError(f"n_context must be at least 1, got {n_context}")
   question = f"{QUESTION_PREFIX} {example.question}"
@@ -52,16 +41,9 @@ def encode_examples(tokenizer: Tokenizer, examples: Sequence[FidExample],
                     n_context: int, text_maxlength: int,
                     passage_eos: bool = True
                     ) -> tuple[np.ndarray, np.ndarray]:
-  """Encoder inputs of a batch: tokens int32 ``[B, n_context, L]`` and mask.
-
-  Every passage string is cut to ``text_maxlength`` tokens and padded with
-  0; with ``passage_eos`` it ends with EOS inside that length (see the module
-  docstring). Passages an example lacks are all-zero rows with mask False.
-
-  Returns:
-    ``(tokens, passage_mask)`` with shapes ``[B, n_context, text_maxlength]``
-    (int32) and ``[B, n_context]`` (bool).
-  """
+  """Encoder inputs of a batch: ``(tokens, passage_mask)``, int32 ``[B,
+  n_context, text_maxlength]`` (0-padded; with ``passage_eos``, EOS inside
+  that length) and bool ``[B, n_context]`` (False for missing passages)."""
   texts = [format_passages(e, n_context) for e in examples]
   flat = encode_padded(tokenizer, [t for ts in texts for t in ts],
                        text_maxlength, add_eos=passage_eos)
@@ -87,16 +69,10 @@ def encode_example(tokenizer: Tokenizer, example: FidExample, n_context: int,
 
 def choose_target(example: FidExample, rng: np.random.Generator,
                   dataset: str = "nq") -> str:
-  """The training target: ``target`` if given, else a uniform random answer.
-
-  For ``dataset == "trivia_qa"`` an all-uppercase sampled answer is
-  title-cased (``"THE BEATLES"`` -> ``"The Beatles"``), as FiD's TriviaQA
-  preprocessing does; an explicit ``target`` is used verbatim.
-
-  Raises:
-    ValueError: the example has neither a target nor answers (read files
-      with ``require_answers=True`` to report this as an InputError).
-  """
+  """The training target: ``target`` verbatim if given, else a uniform
+  random answer (``dataset == "trivia_qa"``: an all-uppercase one
+  title-cased, as FiD's preprocessing). ValueError if the example has
+  neither (read files with ``require_answers=True`` for an InputError)."""
   if example.target is not None:
     return example.target
   if not example.answers:
@@ -109,9 +85,8 @@ def choose_target(example: FidExample, rng: np.random.Generator,
 
 
 def title_case_if_upper(text: str) -> str:
-  """FiD's TriviaQA casing: an all-uppercase text is title-cased
-  (``"THE BEATLES"`` -> ``"The Beatles"``, ``"DON'T"`` -> ``"Don'T"``,
-  Python's ``str.title``); any other text is returned as it is."""
+  """FiD's TriviaQA casing: an all-uppercase text through ``str.title``
+  (``"DON'T"`` -> ``"Don'T"``); any other text as it is."""
   return text.title() if text.isupper() else text
 
 
@@ -142,11 +117,8 @@ def longest_target_length(tokenizer: Tokenizer,
 
 
 def decoder_inputs_from_targets(targets) -> np.ndarray:
-  """Teacher-forcing decoder inputs: targets shifted right along the last axis.
-
-  Position 0 gets the decoder start id (0); negative ids (label padding such
-  as -100) become PAD.
-  """
+  """Teacher-forcing decoder inputs: targets shifted right along the last
+  axis, position 0 the start id (0), negative ids (-100 padding) PAD."""
   targets = np.asarray(targets)
   if targets.ndim < 1:
     raise ValueError("targets must have at least one axis")

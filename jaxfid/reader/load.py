@@ -1,15 +1,9 @@
-"""A FiD reader loaded for answering: what ``jaxfid predict`` and ``jaxfid
-serve`` both read questions with.
-
-:func:`load_reader` turns a ``--checkpoint`` (an HF T5 directory, an
-original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR, whose best-EM
-checkpoint is taken, else the latest) into the model, its parameters, its
-tokenizer (the checkpoint's spiece.model wins over the bundled vocabulary)
-and whether its passages end with EOS, once, so that the two commands cannot
-drift apart in how they load one. :func:`add_decode_flags` and
-:func:`decode_config` give both their decoding flags: one per
-:class:`~jaxfid.reader.config.DecodeConfig` field, whose default is the
-checkpoint's run config, then the field's default.
+"""A FiD reader loaded for answering, the same for ``jaxfid predict`` and
+``jaxfid serve``: :func:`load_reader` (model, parameters, tokenizer, passage
+EOS of any checkpoint format), :func:`add_decode_flags` and
+:func:`decode_config` (one flag per
+:class:`~jaxfid.reader.config.DecodeConfig` field, defaulting to the
+checkpoint's run config, then the field's default).
 """
 from __future__ import annotations
 
@@ -33,14 +27,8 @@ PASSAGE_EOS = ("auto", "on", "off")
 
 @dataclasses.dataclass(frozen=True)
 class LoadedReader:
-  """A reader checkpoint in memory.
-
-  Attributes:
-    model: the encoder-decoder (``predict`` and ``passage_scores``).
-    params: its parameters.
-    tokenizer: its vocabulary.
-    passage_eos: passages end with EOS (as the checkpoint was trained).
-  """
+  """A reader checkpoint in memory: ``model``, ``params``, ``tokenizer``
+  and ``passage_eos`` (passages end with EOS, as it was trained)."""
   model: Any
   params: Any
   tokenizer: Tokenizer
@@ -50,15 +38,9 @@ class LoadedReader:
 def load_reader(checkpoint: str, *, which: str = "auto",
                 dtype: str | None = None,
                 passage_eos: str = "auto") -> LoadedReader:
-  """Loads ``checkpoint`` (``which``: a MODEL_DIR's best, latest or auto);
-  ``passage_eos``: on, off or auto (a MODEL_DIR's run config; none for
-  original FiD readers). Says on stderr which checkpoint of a MODEL_DIR
-  it loads.
-
-  Raises:
-    InputError: a MODEL_DIR without the checkpoint asked for (and what
-      :func:`~jaxfid.checkpoints.load.load_checkpoint` raises).
-  """
+  """Loads ``checkpoint`` (``which``: a MODEL_DIR's best, latest or auto;
+  ``passage_eos``: on, off or auto from the run config), saying on stderr
+  which checkpoint of a MODEL_DIR; InputError for one not there."""
   if passage_eos not in PASSAGE_EOS:
     raise ValueError(f"passage_eos must be one of {PASSAGE_EOS}, got "
                      f"{passage_eos!r}")

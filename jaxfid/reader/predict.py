@@ -1,8 +1,6 @@
-"""Checkpoint + FiD file -> predictions, EM/F1 (``jaxfid predict`` and the trainer's eval).
-
-Batches have a fixed size (the last one padded), so one compiled decoder
-serves the whole file. The output JSONL is written to a temporary file and
-renamed when complete: a crash leaves no partial file.
+"""Checkpoint + FiD file -> predictions, EM/F1 (``jaxfid predict`` and the
+trainer's eval), in fixed-size batches (one compiled decoder), written
+atomically.
 """
 from __future__ import annotations
 
@@ -36,11 +34,8 @@ def predict_program(model, *, max_decode_len: int, num_beams: int = 1,
 
 def make_predict_fn(model, *, max_decode_len: int, num_beams: int = 1,
                     alpha: float = 0.6, out_sharding=None):
-  """:func:`predict_program` jitted.
-
-  ``out_sharding``: where the tokens go (a replicated sharding, so that every
-  process of a multi-host run can fetch them).
-  """
+  """:func:`predict_program` jitted, the tokens placed by ``out_sharding``
+  (replicated, so every process of a multi-host run can fetch them)."""
   return jax.jit(predict_program(model, max_decode_len=max_decode_len,
                                  num_beams=num_beams, alpha=alpha),
                  out_shardings=out_sharding)
@@ -51,14 +46,8 @@ def generate(model, params, tokenizer, examples: Sequence[FidExample], *,
              batch_size: int = 8, num_beams: int = 1, alpha: float = 0.6,
              put_batch=None, predict_fn=None, progress: bool = True,
              passage_eos: bool = True) -> list[str]:
-  """Predicted answer strings, in input order.
-
-  Args:
-    answer_maxlength: the decoding bound (tokens generated, EOS included).
-    passage_eos: passages end with EOS (the checkpoint's setting).
-    put_batch: optional function placing a host batch on devices (the
-      trainer passes one that shards it over the mesh).
-  """
+  """Predicted answer strings, in input order. ``answer_maxlength``: tokens
+  generated, EOS included; ``put_batch``: places a host batch on devices."""
   predict_fn = predict_fn or make_predict_fn(
       model, max_decode_len=answer_maxlength, num_beams=num_beams, alpha=alpha)
   put_batch = put_batch or (lambda b: jax.tree.map(jnp.asarray, b))
@@ -83,10 +72,8 @@ def decode_rows(tokenizer, tokens, real: int) -> list[str]:
 
 
 def score(examples: Sequence[FidExample], predictions: Sequence[str]) -> dict:
-  """EM and F1 (SQuAD normalisation, max over gold answers).
-
-  Examples without gold answers get ``None`` and are left out of the means.
-  """
+  """EM and F1 (SQuAD normalisation, max over gold answers); examples
+  without answers get ``None`` and are left out of the means."""
   ems, f1s = [], []
   for p, ex in zip(predictions, examples):
     ems.append(evaluation.exact_match(p, ex.answers) if ex.answers else None)
@@ -102,11 +89,8 @@ def passage_scores(model, params, tokenizer, examples: Sequence[FidExample], *,
                    n_context: int, text_maxlength: int, batch_size: int = 8,
                    mode: str = "probs", passage_eos: bool = True
                    ) -> list[list[float]]:
-  """Cross-attention score of each example's passages (in FiD's sorted order).
-
-  ``mode``: 'probs' (post-softmax attention mass) or 'logits' (the original
-  FiD's averaged pre-softmax logits); see ``t5.passages.scores_from_attention``.
-  """
+  """Cross-attention score of each example's passages (FiD's sorted order):
+  ``mode`` 'probs' (attention mass) or 'logits' (FiD's averaged logits)."""
   fn = make_passage_scores_fn(model, mode=mode)
   out: list[list[float]] = []
   for _, real, batch in pipeline.eval_batches(
@@ -156,14 +140,10 @@ def write_predictions(path: str, examples: Sequence[FidExample],
 
 
 class QaEvaluator:
-  """EM/F1 of generated answers on a fixed set of examples, during training.
-
-  ``evaluator(model_dir, step, params, placement)`` decodes batches sharded
-  over the run's data axes (every process gets every prediction, so every
-  process computes the same scores), writes per-example predictions to
-  ``MODEL_DIR/eval/predictions_<step>.jsonl`` (process 0) and returns
-  ``eval_em``, ``eval_f1``, ``eval_examples``.
-  """
+  """EM/F1 during training: ``evaluator(model_dir, step, params,
+  placement)`` decodes batches sharded over the data axes (every process
+  gets every prediction), writes ``MODEL_DIR/eval/predictions_<step>.jsonl``
+  (process 0) and returns ``eval_em``, ``eval_f1``, ``eval_examples``."""
 
   def __init__(self, model, tokenizer, examples: Sequence[FidExample], *,
                n_context: int, text_maxlength: int, answer_maxlength: int,
