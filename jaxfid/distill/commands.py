@@ -6,19 +6,12 @@
       --retriever-gin_file=gin/retrieval/distill_tiny.gin \\
       [--reader.NAME=VALUE ...] [--retriever.NAME=VALUE ...]
 
-Round 0 retrieves with BM25; each later round trains the reader (the
-reader gin run, ``--reader.`` bindings over it) on the current retrieval,
-scores the training passages with it, trains the retriever (the
-distillation gin run, ``--retriever.`` bindings) on the scores, indexes the
-corpus with it and retrieves again (:mod:`jaxfid.distill.iterate`).
-``W/rounds.jsonl`` holds one record per finished round; rerunning resumes
-and skips finished rounds. The command binds MODEL_DIR, TRAIN_DATA,
-EVAL_DATA (the reader's) and, from round 2, the retriever's
-INIT_CHECKPOINT (``--retriever-init continue``, the default) and the
-reader's (``--reader-init continue``; by default each round's reader starts
-from the reader gin run's own INIT_CHECKPOINT, as FiD's ``train_reader.py``
-does without ``--model_path``); the gin runs give everything else. Single
-process.
+The rounds are :mod:`jaxfid.distill.iterate`'s. The command binds each gin
+run's MODEL_DIR, TRAIN_DATA, EVAL_DATA and, from round 2, INIT_CHECKPOINT
+(the previous round's model with ``--retriever-init`` / ``--reader-init
+continue``; the reader's default is its gin run's own, as FiD's
+``train_reader.py`` without ``--model_path``); the gin runs give everything
+else. Single process.
 """
 from __future__ import annotations
 
@@ -141,8 +134,7 @@ def run_identity(reader: GinRun, retriever: GinRun, *, corpus: str,
                  retriever_init: str = "continue") -> dict:
   """What a work directory's run is (its state file): a rerun with other
   inputs, top-k, gin or initialisations is refused (the rounds' count may
-  grow). An initialisation enters only when it is not the default, so the
-  work directories of runs from before the flags stay theirs."""
+  grow); an initialisation enters only when it is not the default."""
   identity = {
       "corpus": os.path.abspath(corpus), "train": os.path.abspath(train),
       "dev": os.path.abspath(dev), "top_k": top_k,

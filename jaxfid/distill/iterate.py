@@ -1,29 +1,16 @@
 """FiD-KD's rounds (``jaxfid distill iterate``): reader, scores, retriever, index.
 
-Izacard & Grave (2021): train the reader on the current retrieval, score
-the training passages with it, train the retriever on the scores, re-embed
-the corpus, retrieve again. Every output in the work directory ``W`` is a
-file the single-step commands write:
-
-* round 0: BM25 index ``W/round_0/index`` and its retrieval
-  ``W/round_0/train.json`` / ``dev.json`` (dev at ``max(top_k, 100)``);
-* round ``r >= 1``, from round ``r-1``'s retrieval: the reader
-  ``W/round_r/reader`` (from the gin run's INIT_CHECKPOINT, or with
-  ``continue_reader`` from round ``r-1``'s: jaxfid's choice, as FiD's
-  ``--model_path`` also restores the step, ``src/util.py:81``); the scores
-  ``train_scored.json`` (``predict --passage-scores --scored-data``, every
-  retrieved passage); the retriever ``W/round_r/retriever`` trained on each
-  question's N_CONTEXT best by score (FiD's ``sort_data``), from round
-  ``r-1``'s retriever unless ``continue_retriever=False``; its dense index
-  and retrieval.
-
-Each round ends with ``W/round_r/round.json`` (atomic, last): ``{"round",
-"retriever", "recall@1", "recall@5", "recall@20", "recall@100",
-"eval_em"}``; ``W/rounds.jsonl`` holds the finished rounds. A finished round
-is skipped on rerun, an unfinished one resumes from its outputs;
-``W/distill_iterate.json`` refuses a rerun with other inputs, and a larger
-``--rounds`` runs only the rounds after the finished ones. Training runs
-in-process through callbacks (:mod:`jaxfid.distill.commands`).
+Izacard & Grave (2021), each output in the work directory ``W`` a file of
+the single-step commands: round 0 is a BM25 index ``W/round_0/index`` and its
+retrieval (dev at ``max(top_k, 100)``); round ``r >= 1`` trains the reader
+``W/round_r/reader`` on round ``r-1``'s retrieval, scores every retrieved
+training passage (``train_scored.json``), trains the retriever
+``W/round_r/retriever`` on each question's N_CONTEXT best by score (FiD's
+``sort_data``), indexes the corpus with it and retrieves again. A round ends
+with ``W/round_r/round.json`` (atomic, last: ``{"round", "retriever",
+"recall@1", ..., "recall@100", "eval_em"}``), appended to
+``W/rounds.jsonl``; a rerun skips finished rounds, resumes an unfinished
+one, and is refused with other inputs (``W/distill_iterate.json``).
 """
 from __future__ import annotations
 
@@ -200,17 +187,13 @@ def run_rounds(settings: Settings, *,
                emit: Callable[[dict], None] | None = None) -> dict:
   """Runs (or resumes) rounds 0..``rounds_``; returns the summary.
 
-  ``train_reader(round, train_data, eval_data, init_checkpoint)`` trains
-  ``round.reader`` and ``train_retriever(round, train_data,
-  init_checkpoint)`` trains ``round.retriever``; ``init_checkpoint`` is the
-  previous round's model (from round 2 on, with ``continue_reader`` /
-  ``continue_retriever``) or None (the gin run's own initialisation); each
-  returns
-  the step reached (below its TRAIN_STEPS when the trainer stopped early,
-  SIGTERM: the summary then says ``"complete": False``, rerun to resume).
-  ``emit`` receives each round's record (finished ones with ``"skipped":
-  True``) and, last, the summary. ``identity``: the run's inputs and gin,
-  which the work directory must belong to.
+  ``train_reader(round, train_data, eval_data, init_checkpoint)`` and
+  ``train_retriever(round, train_data, init_checkpoint)`` train the round's
+  models from ``init_checkpoint`` (the previous round's, or None: the gin
+  run's) and return the step reached (below TRAIN_STEPS after SIGTERM: the
+  summary says ``"complete": False``). ``emit`` receives each round's record
+  (finished ones ``"skipped": True``), then the summary. ``identity``: the
+  run's inputs and gin, which the work directory must belong to.
   """
   emit = emit or (lambda record: None)
   check_inputs(corpus=corpus, train=train, dev=dev, rounds_=rounds_,
