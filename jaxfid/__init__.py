@@ -1,23 +1,10 @@
-"""jaxfid: retrieval-augmented T5 (Fusion-in-Decoder, ReAtt, ReFusion) in JAX.
+"""jaxfid: retrieval-augmented T5 (FiD, ReAtt, ReFusion, Atlas) in JAX.
 
-The package is organised in layers; a module imports only its own layer and
-lower ones (tests/test_imports.py holds the table): the command line
-(``jaxfid.cli``, :mod:`jaxfid.methods`) -> the methods' plug-ins and
-commands (``jaxfid.<method>.plugin``, ``jaxfid.<method>.commands``) -> the
-shared commands (``jaxfid.commands``) -> seqio ``tasks`` -> the methods
-(``reatt``, ``refusion`` -> ``fid`` -> ``dual_encoder``) -> ``training`` ->
-``retrieval`` -> ``checkpoints`` and ``evaluation`` -> ``t5`` -> ``core``.
-Outside the methods only :mod:`jaxfid.methods` imports a method (the
-methods' plug-ins register what they offer). Importing
-``jaxfid`` itself is cheap: it pulls in neither JAX nor TensorFlow. The
-one convenience exported here, :func:`load_t5`, is resolved lazily on first
-access (``jaxfid.load_t5``), which imports :mod:`jaxfid.methods` (so that a
-MODEL_DIR of any method loads).
-
-Importing ``jaxfid`` also settles which platforms JAX will start, before
-it starts any: on a host without a TPU where libtpu is installed (the
-``tpu`` extra, for ``jaxfid bench compile``), the TPU platform is left out
-so that JAX neither probes for a TPU nor prints libtpu's errors
+The layers and their import rule: docs/architecture.md and
+tests/test_imports.py. Importing ``jaxfid`` pulls in neither JAX nor
+TensorFlow; :func:`load_t5` is resolved lazily (it imports
+:mod:`jaxfid.methods`, so a MODEL_DIR of any method loads). It also leaves
+the TPU platform out on a host without a TPU where libtpu is installed
 (:mod:`jaxfid.runtime.platforms`; a ``JAX_PLATFORMS`` the user set wins).
 """
 import importlib

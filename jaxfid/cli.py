@@ -1,24 +1,11 @@
-"""`jaxfid <command>`: a thin dispatcher.
+"""`jaxfid <command>`: a thin dispatcher over the registered commands.
 
-Each command lives in its own module, which exposes ``add_parser(subparsers)``
-(registering its arguments and ``set_defaults(func=run)``) and a ``run(args)``
-that calls library code, and describes itself as a
-:class:`~jaxfid.commands.registry.Command` (``COMMAND``). This module
-registers the shared commands (:data:`SHARED_COMMANDS`); each method's
-plug-in module registers the method's own (:mod:`jaxfid.methods` imports
-them all). The parser lists the registered commands in their
-:attr:`~jaxfid.commands.registry.Command.order` (see
-:mod:`jaxfid.commands.registry`). The CLI holds no logic a test cannot call
-directly. Which JAX platforms start is settled before this module runs, by
-importing ``jaxfid`` (:mod:`jaxfid.runtime.platforms`: a host without a TPU is
-not probed for one, even where libtpu is installed).
-Bad input raises :class:`jaxfid.core.errors.InputError`; it is printed as one
-line and the process exits with status 2, with no traceback. A storage fault
-(:class:`jaxfid.core.errors.StorageError`, or any error caused by a full
-disk or quota, wherever it is raised) is printed as one line naming the path
-and the cause, exit status 1. When another process of a multi-host run
-fails (:class:`jaxfid.core.errors.PeerError`), one line says which, with
-that process's exit status.
+Each command module exposes ``add_parser(subparsers)`` and ``run(args)`` and
+describes itself as a :class:`~jaxfid.commands.registry.Command`; this module
+registers the shared ones (:data:`SHARED_COMMANDS`), the methods' plug-ins
+their own. Errors are one line, no traceback: InputError exits 2, a storage
+fault (StorageError, or a full disk or quota anywhere) 1 naming the path, a
+failed peer of a multi-host run (PeerError) with that process's status.
 """
 from __future__ import annotations
 
@@ -89,12 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def mistyped_option(parser: argparse.ArgumentParser,
                     argv: list[str]) -> str | None:
   """``jaxfid CMD: error: unrecognized argument --x (did you mean --y?)``
-  for the first option of ``argv`` that its command does not know but has
-  one close to; None when there is none (argparse then says the rest).
-
-  Gin bindings (``--gin.NAME=VALUE``, ``--reader.NAME=VALUE``) are not
-  options; a unique prefix of an option is one (argparse's abbreviations).
-  """
+  for the first unknown option of ``argv`` with a close known one (a
+  unique prefix is an option; gin bindings are not), else None."""
   names, words = ["jaxfid"], list(argv)
   while words and words[0] in _subcommands(parser):  # `jaxfid index bm25`
     names.append(words[0])

@@ -1,27 +1,11 @@
 """Every method's plug-ins, registered: import this to use them by name.
 
-Shared layers never import a method; they look up what the methods provide
-in registries (:class:`jaxfid.core.registry.Registry`), which each method
-fills from its own package: ``jaxfid/<method>/plugin.py`` registers (or
-imports the modules that register) everything the method offers, and says
-what that is. This module imports those plug-in modules only:
-
-* commands (:data:`jaxfid.commands.registry.COMMANDS`) and ``jaxfid index``
-  types (:data:`jaxfid.commands.registry.INDEX_COMMANDS`);
-* ``jaxfid eval`` evaluators (:data:`jaxfid.commands.seqio_eval.METHODS`);
-* index types of :func:`jaxfid.retrieval.search.open_index`: ``"bm25"``
-  (shared, built in), ``"dense"`` (the T5 dual encoder), ``"reatt"``
-  (ReAtt's token index);
-* ``jaxfid bench`` modes (:data:`jaxfid.commands.bench.MODES`): the
-  shared ``compile`` (:mod:`jaxfid.aot`) and the methods' own;
-* MODEL_DIR loaders of :func:`jaxfid.checkpoints.load.load_checkpoint`, by
-  the run config's ``"method"``: ``"fid"`` (built in), ``"dual_encoder"``,
-  ``"reatt"``, ``"refusion"``, ``"atlas"``.
-
-The order below is the order of the methods' ``jaxfid index`` types in
-``jaxfid index --help``. The command line imports this module; so does
-``jaxfid.load_t5`` (the lazy export of :mod:`jaxfid`), which loads a
-MODEL_DIR of any method.
+Shared layers never import a method; each ``jaxfid/<method>/plugin.py``
+fills the registries (commands, ``jaxfid index`` types, ``jaxfid eval``
+evaluators, index types of :func:`jaxfid.retrieval.search.open_index`,
+``jaxfid bench`` modes, MODEL_DIR loaders) with what its method offers. The
+order below is that of ``jaxfid index --help``. The command line and
+``jaxfid.load_t5`` import this module.
 """
 from __future__ import annotations
 
