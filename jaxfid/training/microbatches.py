@@ -45,19 +45,12 @@ def grad_cache(encode: Encode, couple: Couple, params: Any, micro: Any,
                n: int, *, merge: Callable[[Any], Any] | None = None,
                split: Callable[[Any], Any] | None = None
                ) -> tuple[Array, Array, dict, Any, Any]:
-  """The gradient of ``sum_i local_i + couple(reps of every microbatch)``.
-
-  Args:
-    encode: ``(params, i, microbatch) -> (local, reps, aux)``; its dropout
-      keys derive from ``i``, so both passes see the same masks.
-    couple: ``(params, reps, aux) -> (loss, metrics)`` over the merged
-      ``reps`` and stacked ``aux`` ``[A, ...]``.
-    micro: the batch split into microbatches (``[A, ...]`` leaves).
-    merge / split: ``reps`` of stacked microbatches to the whole batch's
-      and back (default: on every leaf).
-
-  Returns:
-    ``(locals [A], coupled loss, its metrics, aux [A, ...], grads)``.
+  """The gradient of ``sum_i local_i + couple(reps of every microbatch)``:
+  ``encode(params, i, microbatch) -> (local, reps, aux)`` (dropout keys
+  from ``i``, the same in both passes), ``couple(params, reps, aux) ->
+  (loss, metrics)`` over the merged ``reps`` and stacked ``aux`` [A, ...];
+  ``merge`` / ``split`` join and part ``reps``. Returns ``(locals [A],
+  coupled loss, its metrics, aux [A, ...], grads)``.
   """
   merge = merge or (lambda t: jax.tree.map(merge_microbatches, t))
   split = split or (lambda t: jax.tree.map(

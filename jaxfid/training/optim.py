@@ -1,13 +1,8 @@
-"""Optimizers and learning-rate schedules (optax), as the FiD code offers them.
-
-FiD's options: Adam or AdamW, a 'fixed' (constant) or 'linear' schedule with
-warmup, gradient clipping by global norm (1.0), weight decay for AdamW.
-Atlas's 'cosine' schedule (``CosineScheduler``, atlas ``src/util.py:84-95``):
-linear warm-up from 0, then ``lr * (0.1 + 0.9 cos(pi/2 s))`` with ``s`` the
-share of the steps after warm-up done (a tenth of the rate at the end).
-ReAtt's separate training runs are one schedule restarted at phase
-boundaries (``restarts``), with warm-up as a share of each phase
-(``warmup_fraction``).
+"""Optimizers and learning-rate schedules (optax): FiD's Adam or AdamW,
+'fixed' or 'linear' with warmup, clipping by global norm; Atlas's 'cosine'
+(``src/util.py:84-95``: warm-up, then ``lr * (0.1 + 0.9 cos(pi/2 s))``, ``s``
+the share of the steps after warm-up done); ReAtt's runs as one schedule
+restarted at phase boundaries.
 """
 from __future__ import annotations
 
@@ -50,13 +45,9 @@ def learning_rate_schedule(learning_rate: float, *, schedule: str = "constant",
                            warmup_fraction: float | None = None
                            ) -> optax.Schedule:
   """Linear warmup from 0, then constant, linear decay to ``final_ratio`` or
-  Atlas's cosine decay to a tenth (module docstring).
-
-  The step passed to the schedule counts optimizer updates from 0 (the first
-  update uses ``schedule(0)``), as in FiD's ``WarmupLinearScheduler``. With
-  ``restarts`` the schedule starts over at each of those steps (each part
-  decays over its own length); ``warmup_fraction`` sets each part's warm-up
-  as a share of its length instead of ``warmup_steps``.
+  Atlas's cosine decay to a tenth. The step counts optimizer updates from 0,
+  as FiD's ``WarmupLinearScheduler``; ``restarts``: steps where it starts
+  over; ``warmup_fraction``: each part's warm-up as a share of its length.
   """
   if schedule not in SCHEDULES:
     raise InputError("SCHEDULE", f"must be one of {SCHEDULES}, got "
@@ -78,12 +69,8 @@ def make_optimizer(schedule: optax.Schedule, *, optimizer: str = "adam",
                    weight_decay: float = 0.0, clip_norm: float | None = 1.0,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    decay_mask: Any = None) -> optax.GradientTransformation:
-  """Adam or AdamW over ``schedule``, after clipping by global norm.
-
-  ``decay_mask`` (AdamW): which parameters weight decay applies to, a tree
-  of bools or a function of the parameters giving one (optax's ``mask``);
-  None: all of them (FiD's AdamW decays every parameter).
-  """
+  """Adam or AdamW over ``schedule``, after clipping by global norm;
+  ``decay_mask`` (AdamW): optax's ``mask``, None: every parameter (FiD's)."""
   if optimizer == "adam":
     opt = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
   elif optimizer == "adamw":

@@ -2,12 +2,7 @@
 
 ``gin/training.gin`` binds ``loop.train.settings = @settings.Settings()``
 and ``loop.train.optimizer = @settings.OptimizerSettings()``, each field
-from its macro (``MODEL_DIR``, ``TRAIN_STEPS``, ``BATCH_SIZE``, ...,
-``LEARNING_RATE``, ``OPTIMIZER``, ...). Each value checks itself once when
-gin builds it (:class:`~jaxfid.core.config.Config`): the command-line
-validation builds it before any work, so a bad value is one line naming its
-macro. What needs the devices (the mesh itself, a batch over ``MESH='data=-1'``)
-is checked when the loop builds the mesh
+from its macro; the mesh itself is checked when the loop builds it
 (:func:`jaxfid.training.state.checked_mesh`).
 """
 from __future__ import annotations

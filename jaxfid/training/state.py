@@ -25,13 +25,9 @@ from jaxfid.core.errors import InputError
 
 def checked_mesh(mesh: str, batch_size: int, accumulation_steps: int = 1,
                  devices=None) -> Mesh:
-  """The device mesh of a ``MESH`` spec, checked against the batch size.
-
-  ``devices``: the devices to lay out (default: ``jax.devices()``; ahead-of-
-  time compilation passes a TPU topology's). Raises InputError (MESH,
-  BATCH_SIZE) for a bad spec or a batch that does not split over the
-  data-parallel devices (times the microbatches).
-  """
+  """The device mesh of a ``MESH`` spec over ``devices`` (default
+  ``jax.devices()``; AOT passes a topology's); InputError (MESH, BATCH_SIZE)
+  for a bad spec or a batch that does not split over the data devices."""
   try:
     device_mesh = shd.parse_mesh(mesh, devices=devices)
   except ValueError as e:
@@ -71,11 +67,8 @@ class Placement:
     return slice(lo, hi)
 
   def global_batch(self, host_batch: Any, rows: slice, batch_size: int) -> Any:
-    """Global arrays from this process's rows (one process: a device_put).
-
-    Every leaf's leading axis is the batch axis or a multiple of it (e.g. a
-    dual encoder's B*(1+H) passages), split over devices the same way.
-    """
+    """Global arrays from this process's rows, every leaf's leading axis the
+    batch axis or a multiple of it (a dual encoder's B*(1+H) passages)."""
     local = rows.stop - rows.start
 
     def put(x):
@@ -96,11 +89,8 @@ class Placement:
     return -(-batch_size // self.data_parallel) * self.data_parallel
 
   def shard(self, host_batch: Any) -> Any:
-    """An evaluation batch, sharded over the data axes.
-
-    Every process passes the same whole batch; evaluating functions must return
-    replicated outputs.
-    """
+    """An evaluation batch (the same on every process) sharded over the data
+    axes; evaluating functions must return replicated outputs."""
     return jax.device_put(host_batch, self.batch)
 
 
@@ -161,13 +151,9 @@ def fresh_state(make_state: Callable[[Any, int], Any], params: Any, step: int,
 
 
 class Preemption:
-  """SIGTERM and Ctrl-C as a flag the loop checks after each step.
-
-  The step finishes, a checkpoint is written and the run stops.
-
-  A second Ctrl-C stops at once. :meth:`agreed` all-gathers the flags so every
-  process stops at the same step.
-  """
+  """SIGTERM and Ctrl-C as a flag the loop checks after each step (which
+  finishes, checkpoints and stops; a second Ctrl-C stops at once);
+  :meth:`agreed` all-gathers it so every process stops at the same step."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -32,13 +32,10 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     *, seed: int, accumulation_steps: int = 1,
                     normalizer: Callable[[dict], jax.Array] = target_tokens,
                     additive: Sequence[str] = ADDITIVE_METRICS):
-  """``train_step(state, batch) -> (state, metrics)``.
-
-  ``loss_fn(params, batch, dropout_rng, normalizer) -> (loss, metrics)``
-  returns its loss summed and divided by ``normalizer`` (the whole batch's
-  count). Under accumulation, metrics in ``additive`` are summed over
-  microbatches, others averaged.
-  """
+  """``train_step(state, batch) -> (state, metrics)`` of ``loss_fn(params,
+  batch, dropout_rng, normalizer) -> (loss, metrics)`` (a sum over the
+  whole batch's count); under accumulation ``additive`` metrics are summed
+  over microbatches, others averaged."""
   base_key = jax.random.key(seed)
 
   def grads_of(params, batch, rng, normalizer):
@@ -82,12 +79,9 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 def apply_gradients(optimizer: optax.GradientTransformation, state: dict,
                     loss: jax.Array, grads, metrics: dict
                     ) -> tuple[dict, dict]:
-  """The update every train step ends with, behind the non-finite guard.
-
-  Returns ``(new_state, metrics)``; a non-finite loss or gradient norm keeps
-  the old params and optimizer state. ``metrics`` gains ``loss``,
-  ``grad_norm`` and ``finite`` (1.0 or 0.0).
-  """
+  """The update every train step ends with: ``(new_state, metrics)`` with
+  ``loss``, ``grad_norm`` and ``finite`` (1.0/0.0); a non-finite loss or
+  gradient norm keeps the old params and optimizer state."""
   params = state["params"]
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
