@@ -1,13 +1,11 @@
 """Reports of abandoned background work (orbax, tensorstore), kept quiet.
 
-When one part of an orbax checkpoint call fails, the call raises at once and
-abandons the rest, which then print hundreds of tracebacks ("Event loop is
-closed", ignored coroutine exceptions, "Task exception was never
-retrieved", absl thread errors) that add nothing to the error the caller
-already handles. :func:`install` (the CLI calls it) drops the first three
-kinds for the process; :func:`held_logs` holds back a call's absl records
-and drops them when its failure is handled; :func:`settled_on_failure` waits
-for the parts still running before the caller cleans up.
+A failed orbax call abandons its other parts, which print hundreds of
+tracebacks ("Event loop is closed", ignored coroutine exceptions, "Task
+exception was never retrieved", absl thread errors) adding nothing to the
+error the caller handles. :func:`install` drops the first three kinds,
+:func:`held_logs` a call's absl records, and :func:`settled_on_failure`
+waits for the parts still running.
 """
 from __future__ import annotations
 
@@ -60,9 +58,7 @@ _FUTURE = "Future exception was never retrieved"
 
 class _AbandonedTaskReports(logging.Filter):
   """Drops asyncio's reports of orbax/tensorstore tasks and futures that
-  nobody awaited (their caller had the first error already). A bare
-  future that TensorStore failed names no coroutine and may carry no
-  traceback: its report is known by the error's absl status code."""
+  nobody awaited (a bare TensorStore future's by its absl status code)."""
 
   def filter(self, record):
     exc = record.exc_info[1] if record.exc_info else None
@@ -86,10 +82,8 @@ def _traceback_in_packages(tb) -> bool:
 
 def install() -> None:
   """Drops the reports of abandoned orbax/tensorstore work for the rest of
-  the process (they come from tensorstore's threads, or from garbage
-  collection, any time after the failed call): unraisable exceptions
-  (:func:`is_abandoned_work`) and asyncio's logged reports; every other
-  report goes on as before. Idempotent."""
+  the process (unraisable exceptions, :func:`is_abandoned_work`, and
+  asyncio's logged reports); every other report goes on. Idempotent."""
   previous = sys.unraisablehook
   if not getattr(previous, "_jaxfid_quiet", False):
     def hook(unraisable):
@@ -104,11 +98,8 @@ def install() -> None:
 
 @contextlib.contextmanager
 def settled_on_failure(timeout_s: float = 10.0) -> Iterator[None]:
-  """On an exception, waits (``timeout_s`` at most) for the block's threads.
-
-  The rest of a failed orbax call goes on until its parts end and must not
-  find the block's temporaries removed under it.
-  """
+  """On an exception, waits (``timeout_s`` at most) for the block's threads,
+  so a failed orbax call's remaining parts do not lose their temporaries."""
   before = set(threading.enumerate())
   try:
     yield
@@ -138,10 +129,9 @@ class _Held(logging.Filter):
 @contextlib.contextmanager
 def held_logs(handled: tuple[type[BaseException], ...],
               names: tuple[str, ...] = ("absl",)) -> Iterator[None]:
-  """Holds back the records logged to the loggers ``names`` (orbax logs
-  through absl) inside the block, from any thread: passed on when the block
-  ends or raises something else, dropped when it raises one of ``handled``
-  (an error the caller reports in its own words, e.g. a full disk)."""
+  """Holds back the records of loggers ``names`` inside the block (any
+  thread): passed on when it ends or raises something else, dropped when it
+  raises one of ``handled`` (an error the caller reports itself)."""
   held = {name: _Held() for name in names}
   for name, records in held.items():
     logging.getLogger(name).addFilter(records)

@@ -1,12 +1,10 @@
-"""Process-wide runtime defaults of jaxfid's commands: the compilation cache.
+"""The persistent compilation cache of jaxfid's commands.
 
-``apply_runtime_defaults()`` (called once by the CLI) turns on JAX's
-persistent compilation cache for single-process runs, at
-``$JAXFID_COMPILATION_CACHE`` (``0``/``off``/``false``/``no``/empty: off) or
-else ``$XDG_CACHE_HOME/jaxfid/xla``; a cache directory set for JAX itself is
-left alone. Multi-process runs get no cache (call it again after
-``jax.distributed.initialize``, or set ``JAXFID_COMPILATION_CACHE=0``); it
-never initialises a JAX backend.
+``apply_runtime_defaults()`` (the CLI calls it once) turns on JAX's cache for
+single-process runs at ``$JAXFID_COMPILATION_CACHE`` (``0``, ``off``, ``false``,
+``no`` or empty: none) else ``$XDG_CACHE_HOME/jaxfid/xla``, leaving a cache set for JAX
+alone; called again after ``jax.distributed.initialize`` it turns it off. It
+initialises no JAX backend.
 """
 from __future__ import annotations
 
@@ -42,11 +40,8 @@ def compilation_cache_dir(environ=None) -> str | None:
 
 
 def process_count_without_backend() -> int:
-  """The process count ``jax.distributed`` was initialised with (else 1).
-
-  Starts no backend. An initialised runtime whose count cannot be read
-  counts as several.
-  """
+  """The process count ``jax.distributed`` was initialised with (else 1;
+  unreadable: several), starting no backend."""
   if not jax.distributed.is_initialized():
     return 1
   state = getattr(_distributed, "global_state", None)
@@ -61,12 +56,8 @@ def _set_cache_dir(path: str | None) -> None:
 
 
 def apply_runtime_defaults(environ=None) -> dict:
-  """Turn on the persistent compilation cache where it is safe (see module doc).
-
-  Returns ``{'compilation_cache': dir or None, 'reason': str}``. Calling it
-  again after ``jax.distributed.initialize`` turns the cache off for a
-  multi-process run.
-  """
+  """Turns on the persistent compilation cache where it is safe (module
+  doc): ``{'compilation_cache': dir or None, 'reason': str}``."""
   environ = os.environ if environ is None else environ
   current = jax.config.jax_compilation_cache_dir
   if current and current != _applied_dir:

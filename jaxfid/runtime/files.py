@@ -51,12 +51,8 @@ def temporary_writer(name: str, target: str | None = None
 
 def remove_stale_temporaries(directory: str | os.PathLike,
                              target: str | None = None) -> list[Path]:
-  """Removes this module's temporaries in ``directory`` whose writer is dead.
-
-  Only those written on this host by a process that no longer runs (or whose
-  id was reused); ``target`` limits it to one output name. Returns the paths
-  removed.
-  """
+  """Removes this module's temporaries in ``directory`` (only ``target``'s
+  with one) written on this host by a dead process; returns their paths."""
   directory = Path(directory)
   try:
     names = os.listdir(directory)
@@ -87,12 +83,10 @@ def _parent(path: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-  """Yields a fresh temporary name next to ``path``; renamed to it on success.
-
-  If the body raises, what it created is removed and ``path`` is untouched; a
-  storage fault is a StorageError naming ``path``. Parents are created; a URL
-  ``path`` is written locally and uploaded whole.
-  """
+  """Yields a fresh temporary name next to ``path`` (parents created),
+  renamed to it on success; if the body raises, what it made is removed.
+  A storage fault is a StorageError naming ``path``; a URL is written
+  locally and uploaded whole."""
   if paths.is_url(path):  # a bucket: write locally, then upload the object
     with tempfile.TemporaryDirectory(prefix="jaxfid-upload-") as staging:
       tmp = Path(staging) / paths.as_path(path).name
@@ -120,11 +114,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w",
                  encoding: str | None = "utf-8") -> Iterator[IO]:
-  """Yields an open temporary file next to ``path``, renamed to it on success.
-
-  ``mode``: ``"w"`` (text, ``encoding``) or ``"wb"``. On an exception it is
-  removed and ``path`` untouched; a storage fault is a StorageError.
-  """
+  """Yields an open temporary file (``mode`` ``"w"`` or ``"wb"``) next to
+  ``path``, renamed to it on success, removed on an exception."""
   exclusive = mode.replace("w", "x")
   with atomic_path(path) as tmp:
     if "b" in mode:
@@ -166,10 +157,8 @@ def _publishable(directory: Path) -> None:
 
 def replace_directory(source: str | os.PathLike,
                       path: str | os.PathLike) -> None:
-  """Moves the finished sibling directory ``source`` to ``path``, replacing it.
-
-  ``path`` always holds either the old tree or the new one.
-  """
+  """Moves the finished sibling ``source`` to ``path``, which always holds
+  either the old tree or the new one."""
   source, path = Path(source), Path(path)
   _publishable(source)
   old = None
@@ -192,12 +181,9 @@ def replace_directory(source: str | os.PathLike,
 def atomic_directory(path: str | os.PathLike, overwrite: bool = False, *,
                      check: Callable[[Path], object] | None = None
                      ) -> Iterator[Path]:
-  """Yields a temporary directory that becomes ``path`` on a clean exit.
-
-  On an exception it is removed and ``path`` left as it was; a storage fault
-  is a StorageError. Only an empty ``path`` is replaced unless ``overwrite``,
-  or ``check(path)`` (raising InputError) decides instead.
-  """
+  """Yields a temporary directory that becomes ``path`` on a clean exit
+  (removed on an exception; StorageError for a storage fault). Only an
+  empty ``path`` is replaced, unless ``overwrite`` or ``check(path)``."""
   path = Path(path)
   if check is None:
     check_destination(path, overwrite)

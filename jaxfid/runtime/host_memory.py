@@ -1,35 +1,19 @@
 """glibc malloc settings for programs that XLA runs on the CPU.
 
-XLA's CPU runtime allocates each execution's temporary buffer (every
-intermediate of a train step: 196 MB for the demo's step, more for t5-small)
-with ``posix_memalign`` from one of its worker threads. glibc serves any
-request over 64 MB made from a worker thread's arena with a fresh ``mmap``
-and returns it with ``munmap`` on free, so every step the kernel hands out
-and zeroes the whole buffer again, one page fault per 4 KiB page (48,600 a
-step for the demo). With the settings below the demo's step takes 208 ms
-instead of 282 ms on this project's idle 2-core CPU, with 7 instead of 182
-ms of system time (``benchmarks/cpu_malloc.py`` measures both in one run).
-
-:func:`tune_cpu_malloc` therefore makes every thread allocate from the main
-arena (``M_ARENA_MAX=1``), from the heap rather than ``mmap``
-(``M_MMAP_MAX=0``), and keeps up to 2 GiB of freed memory at the top of the
-heap for the next step (``M_TRIM_THRESHOLD``). The cost is memory that is
-not given back to the system between steps (the heap settles at a few
-times the step's buffer: the demo step's peak resident memory goes from 0.80
-to 1.24 GB) and one lock for all threads' allocations.
-
-It is applied by the CLI to the commands that run models (train, predict,
-demo, ...), only when all of these hold: the C library is glibc; JAX's
-backend has not started (the worker threads, which would keep their own
-arenas, do not exist yet); JAX will run on the CPU (no accelerator plugin
-or libtpu that JAX would load installed: a libtpu or CUDA plugin that
-``JAX_PLATFORMS`` leaves out, as :mod:`jaxfid.runtime.platforms` does on a
-host without a TPU or NVIDIA GPU, does not count; and ``JAX_PLATFORMS``
-unset or naming ``cpu`` first);
-``$JAXFID_CPU_MALLOC`` is not ``0`` / ``off`` / ``false`` / ``no``; and the
-user has set none of glibc's own malloc variables (``MALLOC_ARENA_MAX``,
-``MALLOC_MMAP_MAX_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TOP_PAD_``, or ``GLIBC_TUNABLES`` with ``glibc.malloc``).
+XLA's CPU runtime allocates each execution's temporary buffer (196 MB for the
+demo's train step) from a worker thread, and glibc serves such requests over
+64 MB with a fresh ``mmap``, zeroed page by page, every step.
+:func:`tune_cpu_malloc` makes every thread use the main arena
+(``M_ARENA_MAX=1``), the heap rather than ``mmap`` (``M_MMAP_MAX=0``) and
+keeps up to 2 GiB freed at the heap's top (``M_TRIM_THRESHOLD``): the demo's
+step takes 208 ms instead of 282 ms (7 instead of 182 ms of system time) on
+the idle 2-core CPU host, its peak resident memory 1.24 GB instead of 0.80
+(``benchmarks/cpu_malloc.py``). The CLI applies it to the commands that run
+models only where: the C library is glibc; JAX's backend has not started;
+JAX will run on the CPU (no accelerator plugin it would load, and
+``JAX_PLATFORMS`` unset or naming ``cpu`` first); ``$JAXFID_CPU_MALLOC`` is
+not ``0`` / ``off`` / ``false`` / ``no``; and none of glibc's own malloc
+variables (``MALLOC_*``, ``GLIBC_TUNABLES`` with ``glibc.malloc``) is set.
 """
 from __future__ import annotations
 

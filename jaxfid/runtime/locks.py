@@ -63,12 +63,9 @@ class LockedError(InputError):
 
 
 class DirectoryLock:
-  """An exclusive lock on a directory for the duration of a ``with`` block.
-
-  ``what`` names the directory in messages; ``inside`` keeps the lock file in
-  the directory. On entering raises LockedError (an InputError) when a live
-  process holds it, StorageError when the lock file cannot be written.
-  """
+  """An exclusive lock on a directory for a ``with`` block (``what`` names
+  it in messages): LockedError (an InputError) when a live process holds
+  it, StorageError when the lock file cannot be written."""
 
   def __init__(self, path: str | os.PathLike, what: str = "directory", *,
                inside: bool = False):
@@ -142,11 +139,8 @@ class DirectoryLock:
     return not is_running(holder["pid"], started_by=holder.get("created"))
 
   def _take_over(self, raw: bytes) -> None:
-    """Removes the stale lock file whose content is ``raw``.
-
-    It is first moved to a private name, so only one of two racing processes
-    removes it, and a fresh lock created meanwhile is put back.
-    """
+    """Removes the stale lock file whose content is ``raw`` (moved to a
+    private name first, so one of two racing processes removes it)."""
     private = self.lock.parent / (f"{self.lock.name}.{os.getpid()}."
                                   f"{host_tag()}.{secrets.token_hex(6)}.tmp")
     try:

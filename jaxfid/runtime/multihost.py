@@ -106,11 +106,8 @@ class Channel:
 
 
 def agree(error: BaseException | None, what: str) -> None:
-  """Every process reports whether its part of ``what`` worked.
-
-  Returns when all did. Otherwise every process raises: ``error`` where it
-  failed, :class:`PeerError` naming the first failed process elsewhere.
-  """
+  """Returns when every process's part of ``what`` worked; otherwise each
+  raises ``error`` where it failed, PeerError (the first failed) elsewhere."""
   if process_count() > 1:
     key, client = _key(), _client()
     client.key_value_set(f"{key}/{process_index()}", str(exit_code(error)))
@@ -135,11 +132,8 @@ def run_agreed(fn: Callable[[], Any], what: str) -> Any:
 
 
 def on_leader(fn: Callable[[], Any], what: str) -> Any:
-  """``fn()`` on process 0 alone; every process returns its result.
-
-  The others wait for process 0 and receive the result (which must be JSON);
-  if ``fn`` raised, process 0 re-raises and the others raise PeerError.
-  """
+  """``fn()`` on process 0 alone, its (JSON) result returned everywhere; if
+  it raised, process 0 re-raises and the others raise PeerError."""
   if process_count() == 1:
     return fn()
   channel = Channel(what)
@@ -155,11 +149,8 @@ def on_leader(fn: Callable[[], Any], what: str) -> Any:
 
 
 def put(tree: Any, sharding: Any) -> Any:
-  """``jax.device_put`` of host values every process holds in full.
-
-  Each process places its own devices' parts; nothing travels between
-  processes. ``sharding``: one for every leaf, or a tree of them.
-  """
+  """``jax.device_put`` of host values every process holds in full, each
+  process placing its own devices' parts (``sharding``: one or a tree)."""
   if process_count() == 1:
     return jax.device_put(tree, sharding)
 

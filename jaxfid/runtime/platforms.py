@@ -1,33 +1,17 @@
 """Which JAX platforms a process starts: a CPU host with libtpu or JAX's CUDA
 plugin stays a CPU host.
 
-With libtpu installed (the ``tpu`` extra, which ``jaxfid bench compile``
-needs on any machine) JAX tries the TPU backend first, and on a host without
-a TPU prints libtpu's initialisation errors and loses time in every process;
-a CUDA plugin (the ``gpu-aot`` extra) on a host without an NVIDIA GPU calls
-``cuInit``, which fails (CUDA error 303) with a traceback.
-
-:func:`exclude_absent_tpu`, called when ``jaxfid`` is imported, sets
-``JAX_PLATFORMS`` (``os.environ``, inherited by the commands a run starts,
-and ``jax.config`` when JAX is imported) to the platforms that remain
-(``cpu`` or ``cuda,cpu``) when all of these hold:
-
-* the user has chosen nothing (``JAX_PLATFORMS`` absent from the
-  environment, even an empty value is the user's; ``jax_platforms`` unset);
-* libtpu or a CUDA plugin is installed;
-* nothing suggests a TPU on this host (:func:`tpu_hints`: a Google PCI
-  device other than storage or network, ``/dev/accel*``, ``/dev/vfio/<n>``,
-  the variables of :data:`TPU_ENV_HINTS`; no network call);
-* every other JAX plugin is a CUDA one; it stays where the host has an
-  NVIDIA GPU (:func:`gpu_hints`). With another kind of plugin nothing is
-  changed.
-
-JAX's backend must not have started yet. ``get_topology_desc`` loads libtpu
-or the CUDA plugin as a compiler whatever ``JAX_PLATFORMS`` says, so
-compiling for a target (``jaxfid bench compile``) is unaffected;
-:func:`libtpu_as_compiler` keeps libtpu quiet there. This module imports no
-JAX and reads only ``/sys/bus/pci``, ``/dev``, ``/proc/driver/nvidia`` and
-the environment.
+Installed on a host without the device, libtpu (the ``tpu`` extra) prints
+initialisation errors and loses time in every process, and a CUDA plugin
+(``gpu-aot``) fails ``cuInit`` with a traceback. :func:`exclude_absent_tpu`,
+run when ``jaxfid`` is imported, sets ``JAX_PLATFORMS`` (environment and
+``jax.config``) to the remaining platforms (``cpu`` or ``cuda,cpu``) when the
+user chose none (``JAX_PLATFORMS`` absent, ``jax_platforms`` unset), libtpu
+or a CUDA plugin is installed, nothing suggests a TPU (:func:`tpu_hints`: a
+Google PCI device other than storage or network, ``/dev/accel*``,
+``/dev/vfio/<n>``, :data:`TPU_ENV_HINTS`) and every other plugin is a CUDA
+one (kept where :func:`gpu_hints` finds an NVIDIA GPU). Compiling for a
+target (``get_topology_desc``) is unaffected. No JAX import, no network.
 """
 from __future__ import annotations
 
@@ -110,10 +94,8 @@ def _pci_tpu_candidates(root: str) -> list[str]:
 
 
 def tpu_hints(environ=None, root: str = "/") -> list[str]:
-  """What suggests a TPU on this host (empty: nothing does; module doc).
-
-  ``root`` is the file system's root (a test's stand-in directory).
-  """
+  """What suggests a TPU on this host (empty: nothing does; module doc);
+  ``root``: the file system's root (a test's stand-in)."""
   environ = os.environ if environ is None else environ
   hints = [f"${name}" for name in TPU_ENV_HINTS if name in environ]
   hints += _pci_tpu_candidates(root)
@@ -144,11 +126,8 @@ def gpu_hints(root: str = "/") -> list[str]:
 
 
 def decide(environ=None, root: str = "/") -> dict:
-  """The platforms to set, without setting them (module doc).
-
-  Returns ``{'jax_platforms': str or None, 'reason': str}``: None leaves
-  JAX's own choice.
-  """
+  """The platforms to set (module doc), without setting them:
+  ``{'jax_platforms': str or None (JAX's own choice), 'reason': str}``."""
   environ = os.environ if environ is None else environ
 
   def keep(reason: str) -> dict:
@@ -183,11 +162,8 @@ def decide(environ=None, root: str = "/") -> dict:
 
 
 def exclude_absent_tpu(environ=None, root: str = "/") -> dict:
-  """Set ``JAX_PLATFORMS`` to the platforms :func:`decide` chooses, if any.
-
-  Returns :func:`decide`'s answer. ``environ`` (default ``os.environ``)
-  receives the setting; ``jax.config`` does too when JAX is imported.
-  """
+  """Sets ``JAX_PLATFORMS`` in ``environ`` (and ``jax.config`` when JAX is
+  imported) to what :func:`decide` chooses, if anything; returns that."""
   environ = os.environ if environ is None else environ
   decision = decide(environ, root)
   platforms = decision["jax_platforms"]
@@ -200,14 +176,10 @@ def exclude_absent_tpu(environ=None, root: str = "/") -> dict:
 
 @contextlib.contextmanager
 def libtpu_as_compiler(environ=None, root: str = "/"):
-  """Load libtpu inside this block (e.g. ``get_topology_desc``) to use it as
-  a compiler on a host without a TPU, without its initialisation errors.
-
-  On such a host (no :func:`tpu_hints`) the variables of
-  :data:`COMPILER_ONLY_ENV` that are unset are set for the block and
-  removed after it; libtpu reads them at its first load only. On a TPU host
-  nothing is changed.
-  """
+  """Load libtpu inside this block (``get_topology_desc``) as a compiler on
+  a host without a TPU, without its initialisation errors: the unset
+  variables of :data:`COMPILER_ONLY_ENV` are set for the block (libtpu reads
+  them at its first load). On a TPU host nothing is changed."""
   environ = os.environ if environ is None else environ
   added = []
   if not tpu_hints(environ, root):

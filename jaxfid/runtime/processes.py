@@ -60,11 +60,8 @@ def _proc_stat(pid: int) -> tuple[str, float | None] | None:
 
 
 def is_running(pid: int, started_by: float | None = None) -> bool:
-  """Whether process ``pid`` of this host lives (and is the same process).
-
-  ``started_by``: a time by which the process meant had started; a live
-  process with that id started later is another one (this one included).
-  """
+  """Whether process ``pid`` of this host lives and is the one meant (not a
+  reused id started after ``started_by``)."""
   if pid <= 0:
     return False
   if pid != os.getpid():

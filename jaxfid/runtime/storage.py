@@ -120,11 +120,8 @@ def storage_fault(exc: BaseException, path: str | os.PathLike | None = None
 @contextlib.contextmanager
 def storage_errors(path: str | os.PathLike,
                    remove: Iterable[str | os.PathLike] = ()) -> Iterator[None]:
-  """Turns a storage fault inside the block into a StorageError naming ``path``.
-
-  ``remove`` (the block's temporaries) is deleted first; other exceptions pass
-  through. Usable as a decorator too.
-  """
+  """Turns a storage fault inside the block into a StorageError naming
+  ``path`` after deleting ``remove``; other exceptions pass. A decorator too."""
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
@@ -139,11 +136,8 @@ def storage_errors(path: str | os.PathLike,
 
 
 def preallocate(path: str | os.PathLike) -> None:
-  """Reserves the blocks of a file created at its full size (a memory map).
-
-  Writing into a memory-mapped sparse file on a full disk kills the process
-  with SIGBUS; after this, a full disk is an OSError here instead.
-  """
+  """Reserves the blocks of a file created at full size (a memory map), so
+  a full disk is an OSError here rather than SIGBUS in a write."""
   with open(path, "r+b") as f:
     size = os.fstat(f.fileno()).st_size
     if size == 0:
