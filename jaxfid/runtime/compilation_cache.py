@@ -1,10 +1,10 @@
 """The persistent compilation cache of jaxfid's commands.
 
 ``apply_runtime_defaults()`` (the CLI calls it once) turns on JAX's cache for
-single-process runs at ``$JAXFID_COMPILATION_CACHE`` (``0``, ``off``, ``false``,
-``no`` or empty: none) else ``$XDG_CACHE_HOME/jaxfid/xla``, leaving a cache set for JAX
-alone; called again after ``jax.distributed.initialize`` it turns it off. It
-initialises no JAX backend.
+single-process runs at ``$JAXFID_COMPILATION_CACHE`` (``0``, ``off``,
+``false``, ``no`` or empty: none) else ``$XDG_CACHE_HOME/jaxfid/xla``,
+leaving a cache set for JAX alone; called again after
+``jax.distributed.initialize`` it turns it off. It starts no JAX backend.
 """
 from __future__ import annotations
 
