@@ -1,20 +1,13 @@
-"""Configuration values: frozen dataclasses that gin binds whole.
+"""Configuration values: frozen dataclasses that gin binds whole (as t5x's
+``network.T5Config``).
 
-A method's options are the fields of its frozen config dataclasses (t5x
-binds ``network.T5Config`` the same way): gin configures the dataclass
-(``FidTask.reader = @FidReaderConfig()``), the dataclass checks its own
-values once in ``__post_init__`` (raising :class:`~jaxfid.core.errors.
-InputError` naming the macro), and the command-line validation of gin
-(:mod:`jaxfid.core.gin_checks`) derives each field's check from the field
-itself — its annotation (int, float, str, bool; ``| None`` for optional;
-another config dataclass for a gin reference) and the bounds and choices
-given to :func:`option`. Adding an option is one field here plus its gin
-default; nothing else lists it.
-
-:class:`Config` gives every config dataclass the same ``to_dict`` /
-``from_dict`` / ``replace`` (JSON round trip: tuples are written as lists
-and read back as tuples; unknown keys of older or newer run configs are
-ignored).
+Gin builds the dataclass (``FidTask.reader = @FidReaderConfig()``), which
+checks its values once (InputError naming the macro); the command line's gin
+validation (:mod:`jaxfid.core.gin_checks`) derives each field's check from
+its annotation (int, float, str, bool, ``| None``, a nested config) and
+:func:`option`'s bounds and choices. An option is one field plus its gin
+default. ``to_dict`` / ``from_dict`` round-trip through JSON (tuples as
+lists; unknown keys ignored).
 """
 from __future__ import annotations
 
@@ -150,15 +143,10 @@ def option(default: Any = dataclasses.MISSING, *, low: float | None = None,
            test: Callable[[Any], str | None] | None = None,
            macro: str | None = None,
            default_factory: Any = dataclasses.MISSING) -> Any:
-  """A config field with the range or choices its value must respect.
-
-  ``low``/``high`` are inclusive bounds, ``above``/``below`` exclusive ones;
-  ``choices`` the allowed values; ``test(value)`` returns why a value is
-  refused (or None) where bounds cannot say. The type and whether None is
-  allowed come from the field's annotation. ``macro`` is the gin macro that
-  binds the field, where it is not the field's name in capitals (errors
-  name it).
-  """
+  """A config field whose value must respect ``low``/``high`` (inclusive),
+  ``above``/``below`` (exclusive), ``choices`` or ``test(value) -> reason or
+  None``; type and optionality come from the annotation. ``macro``: the gin
+  macro binding it, where not the field's name in capitals."""
   spec = {"macro": macro, **_range(low, high, above, below),
           "choices": tuple(choices) if choices is not None else None,
           "test": test}
@@ -281,13 +269,9 @@ _ENTRY = re.compile(r"^ {2}([A-Za-z_][\w ,/]*?):(?:\s+(.*)|$)")
 
 
 class Config:
-  """Base of a frozen config dataclass: each field checked once on
-  construction (its :func:`field_checks`; InputError naming the macro),
-  ``replace``, ``to_dict``, ``from_dict``.
-
-  A subclass with rules across fields defines ``__post_init__``, calls
-  ``super().__post_init__()`` first, and raises InputError naming the macro.
-  """
+  """Base of a frozen config dataclass: each field checked once when built
+  (InputError naming the macro); ``replace``, ``to_dict``, ``from_dict``. A
+  subclass's rules across fields go in ``__post_init__``, after super's."""
 
   def __post_init__(self):
     for name, check in field_checks(type(self)).items():

@@ -1,22 +1,14 @@
-"""Errors a user sees as one line: bad input, and storage faults.
-
-The command line prints ``str(error)`` as one line and exits non-zero, with no
-traceback. Every reader in jaxfid raises :class:`InputError` (never a bare
-``ValueError``) for problems in user-supplied files (exit status 2); writers
-raise :class:`StorageError` when the disk is full, over quota, read-only or
-not writable (exit status 1; see :func:`jaxfid.runtime.files.storage_errors`).
+"""Errors a user sees as one line, with no traceback: bad input
+(:class:`InputError`, exit 2: every reader raises it for user files, never a
+bare ValueError), storage faults (:class:`StorageError`, exit 1) and a failed
+peer (:class:`PeerError`).
 """
 from __future__ import annotations
 
 
 class InputError(Exception):
-  """Bad user input. ``str()`` is one line: ``FILE:LINE: reason``.
-
-  Attributes:
-    path: the file (or directory) that holds the bad input.
-    where: a line number (1-based) or record description, or None.
-    reason: what is wrong, without a trailing period.
-  """
+  """Bad user input: ``path``, ``where`` (a 1-based line, a record or None)
+  and ``reason``; ``str()`` is one line, ``FILE:LINE: reason``."""
 
   def __init__(self, path, reason: str, where: int | str | None = None):
     self.path = str(path)
@@ -35,15 +27,8 @@ class InputError(Exception):
 
 
 class StorageError(OSError):
-  """A write failed because of the storage: full disk, quota, read-only, ...
-
-  ``str()`` is one line, ``PATH: reason``; the CLI exits with status 1. It is
-  an :class:`OSError` (``errno`` kept).
-
-  Attributes:
-    path: the output (file or directory) that could not be written.
-    reason: the cause, without a trailing period.
-  """
+  """A write failed because of the storage (full disk, quota, read-only):
+  ``str()`` is ``PATH: reason``, exit status 1; an OSError (``errno`` kept)."""
 
   def __init__(self, path, reason: str, errno: int | None = None):
     self.path = str(path)
@@ -63,16 +48,9 @@ class StorageError(OSError):
 
 
 class PeerError(Exception):
-  """Another process of a multi-host command failed, so this one stops too.
-
-  ``str()`` is one line naming that process and the step; the CLI exits with
-  ``code``.
-
-  Attributes:
-    process: the index of the process that failed.
-    what: the step it failed in.
-    code: its exit status (2: bad input, 1: anything else).
-  """
+  """Another process of a multi-host command failed (``process``, in step
+  ``what``), so this one stops too, exiting with its ``code`` (2: bad
+  input, 1: anything else). ``str()`` is one line."""
 
   def __init__(self, process: int, what: str, code: int = 1):
     self.process, self.what, self.code = process, what, code

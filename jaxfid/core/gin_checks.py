@@ -181,11 +181,9 @@ def _value_problems(walk: Walk, table: Table, bound: set
 
 
 def _construct(obj, walk: Walk, values: dict, built: dict):
-  """Builds config dataclass ``obj`` from its parsed values (nested configs
-  first), so that its ``__post_init__`` rules run before any work; returns
-  the instance, or None where ``obj`` is not a :class:`Config` or a value is
-  another kind of reference. Its InputError names the macro that binds the
-  field (the run's own name, where it differs from the field's)."""
+  """Builds config dataclass ``obj`` from its parsed values (nested ones
+  first) so its checks run before any work (InputError naming the macro);
+  None where ``obj`` is no Config or a value another kind of reference."""
   if obj in built:
     return built[obj]
   built[obj] = None
@@ -208,11 +206,10 @@ def _construct(obj, walk: Walk, values: dict, built: dict):
 
 
 def _check_together(obj, values: dict, built: dict) -> None:
-  """Runs ``obj.check_configs(**configs)`` where configurable ``obj`` (a
-  task) takes several config dataclasses and defines it: the rules across
-  them (ReFusion's ``RETRIEVAL_DB`` is required with fusion modules), given
-  the built configs of its parameters (bound, else their defaults; other
-  references are left out). Skipped where one of them was not built."""
+  """Runs ``obj.check_configs(**configs)`` of a task taking several config
+  dataclasses (rules across them: ReFusion's ``RETRIEVAL_DB`` with fusion
+  modules) on their built values (bound, else defaults); skipped where one
+  was not built."""
   rule = getattr(obj, "check_configs", None)
   if rule is None:
     return
@@ -232,10 +229,8 @@ def _check_together(obj, values: dict, built: dict) -> None:
 
 def validate(parsed: ParsedGin, reads: Reads, table: Table,
              command: str) -> None:
-  """Raises InputError for the first problem (module docstring); else None.
-
-  ``command`` names the command in messages (``"`jaxfid train`"``).
-  """
+  """Raises InputError for the first problem (module docstring), naming
+  ``command`` (``"`jaxfid train`"``)."""
   for b in parsed.bindings:
     if b.is_macro and b.name not in parsed.file_macros:
       hint = _hint(b.name, parsed.file_macros)

@@ -1,14 +1,10 @@
 """Parsing gin files and bindings, with one-line errors.
 
-Gin files and their ``include``s are found relative to the working
-directory, then to extra search paths, then to the jaxfid source tree (so
-``gin/fid/tiny.gin`` works from anywhere).
-
-The files are parsed first, then each binding on its own (gin's
-``parse_config_files_and_bindings`` does the same in one call), so that
-:func:`parse_gin` can say which macros the files know and which binding is
-wrong: the result, :class:`ParsedGin`, is what
-:mod:`jaxfid.core.gin_checks` validates.
+Files and ``include``s are found relative to the working directory, extra
+search paths, then the jaxfid source tree (``gin/fid/tiny.gin`` works from
+anywhere). Files are parsed first, then each binding alone, so
+:func:`parse_gin` can name the wrong binding; :mod:`jaxfid.core.gin_checks`
+validates the resulting :class:`ParsedGin`.
 """
 from __future__ import annotations
 
@@ -166,11 +162,8 @@ def _parameter_hint(binding: Binding) -> str:
 
 def parse_gin(gin_files: list[str], bindings: list[str],
               search_paths: list[str] = ()) -> ParsedGin:
-  """Parse files then bindings; a gin error becomes a one-line InputError.
-
-  A file's error names the last file (gin's message has the line); a
-  binding's names the binding (``--gin.NAME=VALUE: ...``).
-  """
+  """Parses files then bindings; a gin error is a one-line InputError
+  naming the last file (gin's message has the line) or the binding."""
   search = [os.getcwd(), *search_paths, SOURCE_ROOT]
   for root in search:
     gin.add_config_file_search_path(root)

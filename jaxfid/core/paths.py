@@ -1,10 +1,6 @@
-"""Run directories as paths or URLs (``gs://bucket/run``), one code path.
-
-A ``MODEL_DIR`` (and ``EVAL_OUTPUT_DIR``) may live on a cloud bucket, as
-t5x and orbax allow: everything jaxfid reads and writes there goes through
-``etils.epath`` (orbax's own path library), so a local directory and a URL
-take the same code. Files that must be memory-mapped (indexes, corpora)
-stay local.
+"""Run directories as paths or URLs (``gs://bucket/run``), one code path
+(``etils.epath``, orbax's), as t5x allows; memory-mapped files (indexes,
+corpora) stay local.
 """
 from __future__ import annotations
 

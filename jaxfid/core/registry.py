@@ -1,10 +1,6 @@
-"""Named plug-ins: a shared layer looks up what a higher layer registered.
-
-Shared code never imports a method: a method (or the seqio ``tasks``
-package) registers what it provides — an index kind, a checkpoint loader, a
-source of examples — and the shared code finds it here by name. Asking for a
-name nobody registered is an :class:`~jaxfid.core.errors.InputError` that
-says what to import, never a silent skip.
+"""Named plug-ins: a shared layer looks up what a higher layer registered
+(an index kind, a checkpoint loader, a source of examples); an unregistered
+name is an InputError saying what to import.
 """
 from __future__ import annotations
 

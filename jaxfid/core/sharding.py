@@ -62,10 +62,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, object], ...] = (
 
 def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
                     mesh: Mesh | None = None) -> PartitionSpec:
-  """PartitionSpec for logical axis names; a mesh axis is used at most once.
-
-  Mesh axes of size 1 (or absent) are dropped, so the rules serve any mesh.
-  """
+  """PartitionSpec for logical axis names; each mesh axis used at most once,
+  those of size 1 (or absent) dropped."""
   table = dict(rules)
   used: set[str] = set()
   spec = []
@@ -88,12 +86,9 @@ def logical_to_mesh(axes: Sequence[str | None], rules=LOGICAL_AXIS_RULES,
 
 
 def mesh_axis_sizes(spec: str) -> dict[str, int]:
-  """The axis sizes a ``MESH`` string asks for, without asking for devices.
-
-  '' (every device on ``data``: ``{}``) or ``axis=size,...`` with axes from
-  :data:`MESH_AXES` (missing ones 1), sizes >= 1 and at most one -1 (the
-  remaining devices, kept as -1). Raises ValueError naming the problem.
-  """
+  """The axis sizes a ``MESH`` string asks for, without devices: '' ->
+  ``{}``, else ``axis=size,...`` over :data:`MESH_AXES` (missing ones 1, at
+  most one -1 kept as -1). ValueError naming the problem."""
   spec = (spec or "").strip()
   if not spec:
     return {}
@@ -120,13 +115,9 @@ def data_parallel_size(sizes: dict[str, int]) -> int | None:
 
 
 def parse_mesh(spec: str, devices=None) -> Mesh:
-  """A mesh from a string such as ``'data=4,model=2'`` (missing axes are 1).
-
-  ``-1`` for one axis takes the remaining devices; an empty string puts every
-  device on ``data``; a mesh smaller than the device count uses the first
-  devices (``'data=1'``: one device). Raises ValueError for a bad string
-  (:func:`mesh_axis_sizes`) or too few devices.
-  """
+  """A mesh from a string such as ``'data=4,model=2'`` (missing axes 1, one
+  -1 takes the remaining devices, '' all on ``data``; fewer than all devices
+  uses the first). ValueError for a bad string or too few devices."""
   devices = list(devices if devices is not None else jax.devices())
   sizes = mesh_axis_sizes(spec) or {"data": len(devices), "fsdp": 1,
                                     "model": 1}
@@ -144,12 +135,8 @@ def parse_mesh(spec: str, devices=None) -> Mesh:
 
 
 def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
-  """Activation sharding constraint by logical names; a no-op without a mesh.
-
-  The trainer enters ``jax.set_mesh(mesh)``; the T5 layers call this on the
-  embedding output, q/k/v, the attention context, the MLP hidden, each
-  layer's output and the logits (``jaxfid.t5.layers.ACT_*``).
-  """
+  """Activation sharding constraint by logical names; a no-op without a
+  mesh (the T5 layers' ``jaxfid.t5.layers.ACT_*`` points)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty:
     return x
@@ -158,12 +145,9 @@ def with_logical_constraint(x: jax.Array, axes: Sequence[str | None]):
 
 
 def gathered_for_use(kernel: jax.Array, axes: Sequence[str | None]):
-  """A parameter constrained to its layout at use; a no-op without a mesh.
-
-  Its ``embed`` axis's ``fsdp`` shards are gathered and tensor-parallel axes
-  kept, at each use inside the layer's remat, so the gradient is
-  reduce-scattered back (ZeRO-3) rather than XLA moving activations.
-  """
+  """A parameter constrained to its layout at use (no-op without a mesh):
+  its ``embed`` axis's ``fsdp`` shards gathered inside the layer's remat, so
+  the gradient is reduce-scattered back (ZeRO-3)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty:
     return kernel

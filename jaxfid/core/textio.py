@@ -1,10 +1,6 @@
-"""Reading user text files: gzip or not, UTF-8 lines, JSON lines, JSON.
-
-Every reader of user-supplied text (corpora, queries, runs, qrels, training
-examples) goes through these helpers, so that all of them accept gzip
-(recognised by its magic bytes, whatever the file name), skip a UTF-8 byte
-order mark, and report a problem as an :class:`InputError` naming the file
-and the line.
+"""Reading user text files: gzip (by magic bytes) or not, a UTF-8 BOM
+skipped, lines, JSON lines, JSON; problems are InputErrors naming file and
+line. Every reader of user text goes through here.
 """
 from __future__ import annotations
 
@@ -35,11 +31,8 @@ class _GzipReader(gzip.GzipFile):
 
 def open_binary(path: str | os.PathLike, expected: str = "a file"
                 ) -> IO[bytes]:
-  """Opens ``path`` for reading bytes, decompressing gzip transparently.
-
-  Raises InputError for a missing file, a directory (``"is a directory,
-  expected {expected}"``) or an unopenable one.
-  """
+  """Opens ``path`` for reading bytes, gunzipping transparently; InputError
+  for a missing, unopenable or directory path."""
   try:
     f = open(path, "rb")
   except FileNotFoundError:
@@ -67,11 +60,9 @@ def check_encoding(encoding: str) -> str:
 
 def iter_lines(path: str | os.PathLike, encoding: str = "utf-8"
                ) -> Iterator[tuple[int, str]]:
-  """Yields (1-based line number, line without its newline) of a text file.
-
-  ``encoding``: UTF-8 by default, or any ASCII-compatible one. Raises
-  InputError for undecodable bytes or a corrupt gzip stream.
-  """
+  """Yields (1-based line number, line without newline) of a text file
+  (UTF-8 or another ASCII-compatible ``encoding``); InputError for
+  undecodable bytes or a corrupt gzip stream."""
   encoding = "utf-8" if encoding == "utf-8" else check_encoding(encoding)
   what = "UTF-8" if encoding == "utf-8" else encoding
   with open_binary(path) as f:
@@ -93,11 +84,8 @@ def iter_lines(path: str | os.PathLike, encoding: str = "utf-8"
 def iter_json_lines(path: str | os.PathLike, *, array_hint: bool = False,
                     encoding: str = "utf-8"
                     ) -> Iterator[tuple[int, object]]:
-  """Yields (line number, parsed value) of each non-blank line of JSON lines.
-
-  Raises InputError naming the line and column of bad JSON; with
-  ``array_hint``, a first line that opens a JSON array says so instead.
-  """
+  """Yields (line number, value) of each non-blank JSON line; InputError
+  naming line and column of bad JSON (``array_hint``: or a JSON array)."""
   for lineno, line in iter_lines(path, encoding):
     if not line.strip():
       continue

@@ -57,13 +57,8 @@ def _extended_model(path: str, num_extra_ids: int) -> tuple[bytes, int]:
 
 
 class Tokenizer:
-  """T5 SentencePiece tokenizer with 100 sentinel ids.
-
-  Attributes:
-    path: the ``spiece.model`` file it was loaded from.
-    vocab_size: SentencePiece pieces (32000 for T5), without the sentinels.
-    num_extra_ids: sentinel ids after the pieces (100).
-  """
+  """T5 SentencePiece tokenizer (``path``: its ``spiece.model``) with
+  ``vocab_size`` pieces and ``num_extra_ids`` (100) sentinels after them."""
 
   def __init__(self, path: str | os.PathLike | None = None,
                num_extra_ids: int = NUM_EXTRA_IDS):
@@ -125,11 +120,8 @@ class Tokenizer:
     return out
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Text of ``ids`` up to the first EOS.
-
-    PAD, UNK, negative ids and ids past the sentinels are dropped; sentinels
-    become ``<extra_id_N>``.
-    """
+    """Text of ``ids`` up to the first EOS: PAD, UNK, negative and
+    out-of-range ids dropped, sentinels as ``<extra_id_N>``."""
     return self._sp.DecodeIds(self._clean(ids))
 
   def pieces(self, ids: Iterable[int]) -> list[str]:
@@ -156,11 +148,8 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike | None = None
 
 def pad_ids(token_lists: Sequence[Sequence[int]], max_length: int,
             add_eos: bool = True) -> np.ndarray:
-  """Right-pads (and truncates) id lists into an int32 ``[N, max_length]``.
-
-  With ``add_eos`` every row ends with EOS inside ``max_length``: a list
-  longer than ``max_length - 1`` keeps its first ``max_length - 1`` ids.
-  """
+  """Id lists right-padded and truncated to int32 ``[N, max_length]``; with
+  ``add_eos`` each row ends with EOS inside ``max_length``."""
   if max_length < 1:
     raise ValueError(f"max_length must be at least 1, got {max_length}")
   out = np.zeros((len(token_lists), max_length), dtype=np.int32)
@@ -176,9 +165,6 @@ def pad_ids(token_lists: Sequence[Sequence[int]], max_length: int,
 
 def encode_padded(tokenizer: Tokenizer, texts: Sequence[str], max_length: int,
                   add_eos: bool = True) -> np.ndarray:
-  """Tokenizes ``texts`` into int32 ``[len(texts), max_length]``, EOS included.
-
-  As an HF T5 tokenizer with ``truncation=True, padding="max_length"``: EOS
-  survives truncation (``ids[:max_length - 1] + [EOS]``); rows are 0-padded.
-  """
+  """``texts`` as int32 ``[len(texts), max_length]`` as an HF T5 tokenizer
+  with ``truncation=True, padding="max_length"`` (EOS kept, 0-padded)."""
   return pad_ids(tokenizer.encode_batch(texts), max_length, add_eos=add_eos)
