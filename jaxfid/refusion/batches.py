@@ -31,11 +31,8 @@ def label_token_matrix(label_words: Sequence[str], tokenizer: Tokenizer
 
 def with_neighbour_texts(inputs: Sequence[str], texts: Sequence[Sequence[str]]
                          ) -> list[str]:
-  """The concatenation baseline: each input followed by its neighbours.
-
-  The rendered template comes first so truncation at the maximum length
-  cuts neighbours, never the prompt.
-  """
+  """The concatenation baseline: each input followed by its neighbours
+  (truncation cuts neighbours, never the prompt)."""
   return [" ".join([x, *t]) for x, t in zip(inputs, texts)]
 
 
@@ -66,10 +63,8 @@ def truncation_count(inputs: Sequence[str], tokenizer: Tokenizer,
 
 def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int,
                 seed: int, rows: slice | None = None) -> dict[str, np.ndarray]:
-  """Rows ``rows`` (default: all) of global batch ``step`` (labels dropped).
-
-  The batch is stream positions ``[step*B, (step+1)*B)``.
-  """
+  """Rows ``rows`` (default all) of step ``step``'s batch (stream positions
+  ``[step*B, (step+1)*B)``), labels dropped."""
   lo, hi = (0, batch_size) if rows is None else (rows.start, rows.stop)
   order = stream_indices(len(arrays["labels"]), seed, step * batch_size + lo,
                          hi - lo)

@@ -18,11 +18,8 @@ METHOD = "refusion"
 
 def load_refusion(model_dir: str, which: str = "latest"
                   ) -> tuple[ReFusionModel, dict]:
-  """A trained ReFusion run: the model with its saved structure, and params.
-
-  The structure is the one the search wrote (:func:`jaxfid.refusion.search.
-  read_structure`); runs without a search keep their configured scheme.
-  """
+  """A trained ReFusion run: the model with the structure the search wrote
+  (else its configured scheme), and params."""
   run = checkpointing.read_method_config(model_dir, METHOD)
   fusion = FusionConfig.from_dict(run["fusion"])
   record = read_structure(model_dir)

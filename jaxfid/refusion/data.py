@@ -32,11 +32,8 @@ def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],
                   neighbour_cache: str | None, progress: bool,
                   input_eos: bool = True
                   ) -> dict[str, dict[str, np.ndarray]]:
-  """The arrays of every split (see the module docstring).
-
-  ``fused``: the model has fusion modules; ``hidden``: no offline neighbours
-  ('hidden' or 'layer' retrieval); ``input_eos``: the inputs end with EOS.
-  """
+  """The arrays of every split; ``fused``: the model has fusion modules;
+  ``hidden``: no offline neighbours; ``input_eos``: inputs end with EOS."""
   count_tokens = lambda text: len(tokenizer.encode(text))
   offline = concat_neighbours or (fused and not hidden)
   arrays = {}

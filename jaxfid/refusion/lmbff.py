@@ -1,16 +1,12 @@
 """ReFusion's few-shot classification tasks: LM-BFF files, prompts, label words.
 
 The 15 LM-BFF tasks (Gao et al., 2021) as ReFusion evaluates them: the
-encoder input is the task's template with the mask replaced by T5's
-``<extra_id_0>``, the target is the label word, and evaluation ranks the label
-words by log-likelihood. ``data_dir`` is LM-BFF's
-``data/k-shot/<TASK>/16-<seed>/``, with the file names and columns LM-BFF
-gives each task (:data:`_LAYOUTS`); TSV files are split on tabs with no
-quoting. Rows with a blank sentence are kept (LM-BFF's CR data has them).
-Bad input raises :class:`~jaxfid.core.errors.InputError` naming the file and
-line. Rendered prompts have whitespace runs collapsed to one space; a prompt
-is never cut at a token limit (:func:`render_text_fitted` drops words from
-the sentences instead). Pure Python: no TensorFlow, seqio or JAX.
+task's template with the mask as T5's ``<extra_id_0>`` is the input, the
+label word the target, and label words are ranked by log-likelihood.
+``data_dir`` is LM-BFF's ``data/k-shot/<TASK>/16-<seed>/`` (names and
+columns per task: :data:`_LAYOUTS`; TSV split on tabs, no quoting; blank
+sentences kept, as in LM-BFF's CR). Prompts have whitespace runs collapsed
+and are never cut at a token limit (:func:`render_text_fitted` drops words).
 """
 from __future__ import annotations
 
@@ -117,13 +113,10 @@ _ALIASES = {
 
 
 def get_task(name: str, templates: str = "paper") -> TaskSpec:
-  """The task called ``name`` (any case; ``_`` for ``-``; ``sst2``, ``mnli-m``).
-
-  ``templates``: ``'paper'`` (ReFusion's Table 5), ``'original'`` (the
-  original code's: differs for CoLA and TREC) or ``'original_t5'`` (the
-  original T5 script's instruction templates and label words).
-  Raises InputError for an unknown task or template set.
-  """
+  """The task called ``name`` (any case, ``_`` for ``-``, ``sst2``,
+  ``mnli-m``) with ``templates`` ``'paper'`` (Table 5), ``'original'`` or
+  ``'original_t5'`` (the original RoBERTa / T5 scripts'); InputError for an
+  unknown task or set."""
   key = str(name).strip().lower().replace("_", "-")
   key = _ALIASES.get(key, key)
   if key not in TASKS:
@@ -143,11 +136,8 @@ LAST = -1  # the label is the last column of the row
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-  """How a task's files are named and which columns hold what.
-
-  ``columns`` (text_a, text_b, label) are header names when ``header`` is set,
-  else 0-based positions; ``LAST`` as label means the last column.
-  """
+  """A task's file names and ``columns`` (text_a, text_b, label): header
+  names with ``header``, else 0-based positions (``LAST``: the last)."""
   files: tuple[str, str, str]  # train, dev, test
   csv: bool
   header: bool
@@ -197,11 +187,8 @@ def bundled_sst2_dir() -> pathlib.Path:
 
 
 def split_path(spec: TaskSpec, data_dir, split: str) -> pathlib.Path:
-  """The file of ``split`` (``train``/``dev``/``test``) in ``data_dir``.
-
-  Raises:
-    InputError: ``split`` is not one of the three.
-  """
+  """The file of ``split`` (``train``/``dev``/``test``, else InputError) in
+  ``data_dir``."""
   if split not in SPLITS:
     raise InputError(os.fspath(data_dir), f"unknown split {split!r}; one of "
                      f"{', '.join(SPLITS)}")
@@ -244,10 +231,8 @@ def _column_index(path, header: list[str], name, spec: TaskSpec,
 
 
 def read_split(spec: TaskSpec, data_dir, split: str) -> list[Example]:
-  """The examples of ``split`` (train/dev/test) of the task in ``data_dir``.
-
-  Raises InputError for a missing file or a bad header, row or label.
-  """
+  """The examples of ``split`` of the task in ``data_dir``; InputError for
+  a missing file or a bad header, row or label."""
   layout = _LAYOUTS[spec.name]
   path = split_path(spec, data_dir, split)
   if not path.is_file():
@@ -312,11 +297,8 @@ def _lower_first(text: str) -> str:
 
 def render_text(spec: TaskSpec, text_a: str, text_b: str | None = None,
                 mask: str = SENTINEL) -> str:
-  """The task's template filled with ``text_a`` (and ``text_b``) and ``mask``.
-
-  Raises:
-    ValueError: a pair task without ``text_b``.
-  """
+  """The task's template filled with ``text_a`` (``text_b``) and ``mask``;
+  ValueError for a pair task without ``text_b``."""
   if spec.pair:
     if text_b is None:
       raise ValueError(f"task {spec.name} needs a sentence pair")
@@ -337,12 +319,9 @@ def render_input(spec: TaskSpec, example: Example,
 def render_text_fitted(spec: TaskSpec, text_a: str, text_b: str | None,
                        max_tokens: int, count_tokens: Callable[[str], int],
                        mask: str = SENTINEL) -> str:
-  """:func:`render_text` with words dropped so the prompt fits ``max_tokens``.
-
-  Every sentence is cut to at most ``L`` words, for the largest ``L`` that fits
-  (bisection), so the template and mask survive. ``count_tokens`` counts a
-  string's tokens. Raises ValueError if the bare template does not fit.
-  """
+  """:func:`render_text` with every sentence cut to the most words ``L``
+  (bisection) that fit ``max_tokens`` by ``count_tokens``, so the template
+  and mask survive; ValueError if the bare template does not fit."""
   rendered = render_text(spec, text_a, text_b, mask)
   if count_tokens(rendered) <= max_tokens:
     return rendered
@@ -374,11 +353,8 @@ def render_fitted(spec: TaskSpec, example: Example, max_tokens: int,
 
 
 def label_word(spec: TaskSpec, label: int) -> str:
-  """The label word of class ``label`` (the decoder target).
-
-  Raises:
-    ValueError: ``label`` is not a class index of the task.
-  """
+  """The label word (decoder target) of class ``label``; ValueError for
+  another value."""
   if not 0 <= int(label) < len(spec.label_words):
     raise ValueError(f"task {spec.name} has classes 0..."
                      f"{len(spec.label_words) - 1}, got {label}")
@@ -386,10 +362,8 @@ def label_word(spec: TaskSpec, label: int) -> str:
 
 
 def word_label(spec: TaskSpec, text: str) -> int:
-  """The class whose label word is ``text`` (stripped; then ignoring case).
-
-  Returns -1 when no label word matches (for scoring generated text).
-  """
+  """The class whose label word is ``text`` (stripped; then ignoring
+  case), -1 for none."""
   text = " ".join(str(text).split())
   if text in spec.label_words:
     return spec.label_words.index(text)
@@ -398,11 +372,8 @@ def word_label(spec: TaskSpec, text: str) -> int:
 
 
 def segments(spec: TaskSpec, example: Example) -> list[str]:
-  """The retrieval queries of ReFusion: ``[text_a]`` or ``[text_a, text_b]``.
-
-  ReFusion retrieves once per input sentence and concatenates the neighbours;
-  a blank sentence (see the module docstring) gives an empty query.
-  """
+  """ReFusion's retrieval queries, one per sentence: ``[text_a]`` or
+  ``[text_a, text_b]`` (a blank sentence gives an empty query)."""
   if spec.pair:
     return [example.text_a, example.text_b or ""]
   return [example.text_a]

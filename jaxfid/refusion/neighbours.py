@@ -37,14 +37,9 @@ _FILE_OPTIONS = ("query_vectors",)
 
 @dataclasses.dataclass
 class Neighbours:
-  """The neighbours of N examples of S segments, K per segment, best first.
-
-  Attributes:
-    vectors: float32 [N, S, K, d], zero where there is no neighbour.
-    mask: bool [N, S, K]: True where a neighbour exists.
-    rows: int64 [N, S, K]: database rows, -1 where there is none.
-    scores: float32 [N, S, K]: retrieval scores, 0 where there is none.
-  """
+  """The neighbours of N examples, S segments, K each, best first:
+  ``vectors`` float32 [N, S, K, d] and ``scores`` float32 (0 where none),
+  ``mask`` bool and ``rows`` int64 (-1 where none), each [N, S, K]."""
   vectors: np.ndarray | None
   mask: np.ndarray
   rows: np.ndarray
@@ -177,16 +172,11 @@ def retrieve_neighbours(db_dir: str | os.PathLike,
                         batch_size: int = 256, progress: bool = False,
                         search_options: Mapping[str, object] | None = None,
                         with_vectors: bool = True) -> Neighbours:
-  """The top ``top_k`` neighbours of every segment of every example.
-
-  ``queries[i]`` holds example i's segment texts (all examples have as many).
-  ``cache_dir``: None means ``DB_DIR/neighbour_cache`` if writable, else no
-  cache; False means no cache. ``search_options`` go to
-  :meth:`DenseSearcher.search`. Without ``with_vectors``, ``vectors`` is None
-  (:func:`gather_vectors` fetches them from ``rows``). Raises InputError for
-  a non-positive ``top_k``/``batch_size``, ragged segments or a ``db_dir``
-  that is not a dense index.
-  """
+  """The top ``top_k`` neighbours of every segment (``queries[i]``: example
+  i's segment texts). ``cache_dir``: None, ``DB_DIR/neighbour_cache`` if
+  writable; False, none. Without ``with_vectors``, ``vectors`` is None
+  (:func:`gather_vectors`). InputError for bad sizes, ragged segments or a
+  ``db_dir`` that is no dense index."""
   if int(top_k) <= 0:
     raise InputError("top_k", f"must be positive, got {top_k}")
   if int(batch_size) <= 0:
@@ -244,10 +234,8 @@ def gather_vectors(searcher, rows: np.ndarray) -> np.ndarray:
 
 def neighbour_texts(db_dir: str | os.PathLike,
                     rows: np.ndarray) -> list[list[str]]:
-  """Per example, its neighbours' texts: segment 0's by rank, then 1's, ...
-
-  ``rows``: int [N, S, K] (or [N, K]); -1 entries are skipped.
-  """
+  """Per example, its neighbours' texts by segment, then rank (``rows`` int
+  [N, S, K] or [N, K], -1 skipped)."""
   read_meta(db_dir)  # a clear error for a directory that is no index
   store = PassageStore(db_dir)
   rows = np.asarray(rows)

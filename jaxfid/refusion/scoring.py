@@ -27,11 +27,8 @@ SCORINGS = ("rank", "generate")
 
 def predicted_classes(spec: lmbff.TaskSpec, tokenizer: Tokenizer,
                       generated: np.ndarray) -> list[int]:
-  """The class of each generated row int32 [N, T] (-1: no label word).
-
-  The text up to EOS without special tokens, matched to a label word ignoring
-  case and outer whitespace (:func:`lmbff.word_label`).
-  """
+  """The class of each generated row int32 [N, T] (-1: none): its text up
+  to EOS matched by :func:`lmbff.word_label`."""
   rows = [[i for i in row if i < tokenizer.vocab_size]
           for row in np.asarray(generated).tolist()]
   return [lmbff.word_label(spec, tokenizer.decode(row)) for row in rows]
@@ -51,12 +48,9 @@ def flops_per_example(fn, *args, batch_size: int) -> float | None:
 
 
 class SplitScorer:
-  """Scores the splits of one run (arrays of :mod:`jaxfid.refusion.batches`).
-
-  ``label_tokens``: int32 [C, T], every label word + EOS. ``neighbours`` adds
-  each batch's neighbour vectors; the last batch is padded. ``spec`` and
-  ``tokenizer`` are needed by ``'generate'`` only.
-  """
+  """Scores the splits of one run: ``label_tokens`` int32 [C, T] (label
+  words + EOS), ``neighbours`` adding each batch's vectors, last batch
+  padded; ``spec`` and ``tokenizer`` for ``'generate'`` only."""
 
   def __init__(self, metric: str, label_tokens: np.ndarray,
                arrays: dict[str, dict[str, np.ndarray]],

@@ -65,13 +65,9 @@ def arch_optimizer(learning_rate: float, *, kind: str = "adam",
                    weight_decay: float = 0.0, warmup_steps: int = 0,
                    total_steps: int = 0, clip_norm: float | None = None
                    ) -> optax.GradientTransformation:
-  """The architecture weights' optimizer.
-
-  ``'adam'``: Adam at a constant ``learning_rate``. ``'adamw'``: the original
-  code's AdamW with ``weight_decay``, linear warm-up over ``warmup_steps`` and
-  linear decay to 0 at ``total_steps``. ``clip_norm`` (0 or None: off) clips
-  the gradients to that global norm.
-  """
+  """The architecture weights' optimizer: ``'adam'`` at a constant rate, or
+  ``'adamw'`` (the original code's: warm-up, linear decay to 0 at
+  ``total_steps``); ``clip_norm`` (0 or None: off)."""
   if kind == "adam":
     opt = optax.adam(learning_rate)
   elif kind == "adamw":
@@ -128,12 +124,9 @@ def param_group(path) -> str:
 def group_optimizers(params, model_opt: optax.GradientTransformation,
                      arch_opt: optax.GradientTransformation | float, *,
                      fusion_lr_scale: float = 1.0):
-  """(model step's optimizer, architecture step's optimizer) over all params.
-
-  Each updates its own group and leaves the other exactly unchanged; the
-  fusion parameters' model-step updates are scaled by ``fusion_lr_scale``.
-  ``arch_opt`` may be a learning rate (plain Adam); ``params`` may be abstract.
-  """
+  """(model step's optimizer, architecture step's optimizer), each leaving
+  the other's group exactly unchanged; fusion updates scaled by
+  ``fusion_lr_scale``; ``arch_opt`` may be a learning rate (Adam)."""
   if not isinstance(arch_opt, optax.GradientTransformation):
     arch_opt = optax.adam(arch_opt)
   groups = jax.tree_util.tree_map_with_path(
@@ -154,12 +147,9 @@ def group_optimizers(params, model_opt: optax.GradientTransformation,
 def make_step(model: ReFusionModel, model_opt: optax.GradientTransformation,
               arch_opt: optax.GradientTransformation, *, seed: int,
               with_arch: bool, accumulation_steps: int = 1):
-  """``step(state, {"train": batch, "dev": batch}) -> (state, metrics)``.
-
-  With ``with_arch``: the architecture step on ``dev`` (state key
-  ``arch_opt_state``), then the model step on ``train``; without it only the
-  model step. Each half drops a non-finite update; ``finite`` reports both.
-  """
+  """``step(state, {"train": batch, "dev": batch}) -> (state, metrics)``:
+  with ``with_arch`` the architecture step on ``dev``, then the model step
+  on ``train``; each half drops a non-finite update (``finite``: both)."""
   loss_fn = lambda p, b, rng, norm: model.loss(p, b, rng, normalizer=norm)
   model_step = make_train_step(loss_fn, model_opt, seed=seed,
                                accumulation_steps=accumulation_steps)

@@ -1,13 +1,10 @@
 """One few-shot task over the five LM-BFF seeds: mean and standard deviation.
 
-:func:`run_seeds` trains and tests once per seed, each in its own
-``python -m jaxfid.cli train`` process with the caller's gin plus
-``TASK``, ``SEED``, ``DATA_DIR=<data_root>/<lmbff dir>/16-<seed>`` and
-``MODEL_DIR=<model_dir_root>/16-<seed>``. A seed whose ``metrics.jsonl``
-has a ``test_accuracy`` line is not rerun. Children's output goes to stderr,
-prefixed by the seed, and to ``<model_dir_root>/16-<seed>.log``.
-:func:`summarize` gives the task's metric in percent per seed, with mean and
-population standard deviation (ddof 0, as LM-BFF).
+:func:`run_seeds` runs ``python -m jaxfid.cli train`` once per seed with the
+caller's gin plus ``TASK``, ``SEED``, ``DATA_DIR`` and ``MODEL_DIR`` (a seed
+with a ``test_accuracy`` line is not rerun; output to stderr, prefixed, and
+``<model_dir_root>/16-<seed>.log``); :func:`summarize` gives the metric in
+percent per seed, mean and population std (ddof 0, as LM-BFF).
 """
 from __future__ import annotations
 
@@ -34,16 +31,9 @@ SEED_MACROS = ("TASK", "DATA_DIR", "SEED", "MODEL_DIR")
 
 @dataclasses.dataclass
 class SeedRun:
-  """What happened to one seed.
-
-  Attributes:
-    seed: the LM-BFF seed.
-    model_dir: its MODEL_DIR.
-    metrics: its last ``metrics.jsonl`` record with ``test_accuracy``
-      (None when it failed).
-    skipped: True when it had finished before (not trained again).
-    error: why it failed (the child's last stderr line), or None.
-  """
+  """What happened to one seed: its ``model_dir``, its last ``metrics``
+  record with ``test_accuracy`` (None if it failed), ``skipped`` (finished
+  before) and ``error`` (the child's last stderr line)."""
   seed: int
   model_dir: str
   metrics: dict | None = None
@@ -158,13 +148,10 @@ def run_seeds(task: str, data_root: str, model_dir_root: str,
               seeds: Sequence[int], gin_files: Sequence[str],
               bindings: Sequence[str] = (), search_paths: Sequence[str] = (),
               stream: TextIO | None = None) -> list[SeedRun]:
-  """Trains and tests ``task`` once per seed, skipping finished seeds.
-
-  ``bindings`` are more gin ``NAME=VALUE`` bindings (not the per-seed macros).
-  Returns one :class:`SeedRun` per seed. Raises InputError, before anything
-  runs, for no gin file, a per-seed macro bound by the caller, an unknown task
-  or a missing data directory.
-  """
+  """Trains and tests ``task`` once per seed (``bindings``: more gin
+  ``NAME=VALUE``), skipping finished seeds; one :class:`SeedRun` each.
+  InputError before anything runs for no gin file, a per-seed macro bound
+  by the caller, an unknown task or a missing data directory."""
   stream = sys.stderr if stream is None else stream
   if not gin_files:
     raise InputError("--gin_file", "at least one gin file is required")

@@ -57,11 +57,8 @@ def input_eos(templates: str) -> bool:
 
 
 def overrides(task: str, templates: str) -> dict:
-  """The TaskSpec fields template set ``templates`` changes for ``task``.
-
-  ``template`` and, for ``'original_t5'``, ``label_words``; ``{}`` for
-  ``'paper'``. Raises ValueError for an unknown set.
-  """
+  """The TaskSpec fields (``template``; ``label_words`` for
+  ``'original_t5'``) template set ``templates`` changes for ``task``."""
   if templates not in TEMPLATE_SETS:
     raise ValueError(f"template set {templates!r}: one of {TEMPLATE_SETS}")
   return {"paper": {}, "original": _ORIGINAL.get(task, {}),
