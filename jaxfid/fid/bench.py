@@ -1,14 +1,9 @@
 """Speed of FiD training steps and greedy decoding (``jaxfid bench``).
 
-Synthetic batches of exactly the configured shapes (every passage full
-length, every answer ``answer_maxlength`` tokens; decoding never stops early),
-timed after a warm-up (compile) step. Reported: examples/s, step time, model
-TFLOP/s (analytic model FLOPs, not counting remat recomputation), MFU against
-a peak TFLOP/s that is measured (a large matmul in the activation dtype) or
-given, peak device memory, and the device.
-
-A run's memory is the compiler's: ``jaxfid bench compile`` compiles the
-train step for a TPU slice from shapes alone (:mod:`jaxfid.aot.programs`).
+Synthetic batches of exactly the configured shapes (full passages, answers
+of ``answer_maxlength`` tokens), timed after a warm-up step: examples/s, step
+time, model TFLOP/s (analytic, without remat), MFU against a measured or
+given peak, peak device memory and the device.
 """
 from __future__ import annotations
 
@@ -109,14 +104,10 @@ def timed(step_fn: Callable[[], Any]) -> tuple[float, float]:
 
 
 def alternate(steps_by_name: dict, reps: int) -> dict:
-  """Time prepared step closures in alternation; per name the medians.
-
-  Each closure is called once first (compile / warm-up; its wall time is
-  ``first_s``), then ``reps`` rounds call every closure once, the order
-  reversed every other round, so all of them see the same machine load.
-  Returns ``{name: {step_time_s, cpu_time_s, first_s, wall_s, cpu_s}}`` with
-  the medians of wall-clock and process CPU seconds per step.
-  """
+  """Medians per name of prepared step closures timed in alternation: each
+  called once (``first_s``: compile), then ``reps`` rounds call each once,
+  the order reversed every other round. ``{name: {step_time_s, cpu_time_s,
+  first_s, wall_s, cpu_s}}``."""
   out = {}
   for name, fn in steps_by_name.items():
     t0 = time.perf_counter()
@@ -158,11 +149,8 @@ def train_program(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
 
 def prepare_train(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
                   seed: int = 0) -> Callable[[], Any]:
-  """A closure running one full train step (forward, backward, Adam update).
-
-  Each call runs one step on the synthetic batch and waits for it; the
-  first call compiles. The state is donated and carried between calls.
-  """
+  """A closure running one full train step (forward, backward, Adam) on the
+  synthetic batch and waiting for it; the state is donated and carried."""
   step, state, batch = train_program(cfg, shape, learning_rate=learning_rate,
                                      seed=seed)
   box = {"state": state}
@@ -175,11 +163,8 @@ def prepare_train(cfg: T5Config, shape: Shape, *, learning_rate=1e-4,
 
 def prepare_decode(cfg: T5Config, shape: Shape, *,
                    seed: int = 0) -> Callable[[], Any]:
-  """A closure decoding ``answer_maxlength`` tokens greedily (no early EOS).
-
-  Passage encoding, the cross-attention K/V and the cached decoding loop are
-  one jitted function; each call runs it and waits; the first compiles.
-  """
+  """A closure decoding ``answer_maxlength`` tokens greedily (no early EOS)
+  in one jitted function, waiting for it; the first call compiles."""
   model = EncoderDecoderModel(cfg)
   params = jax.jit(lambda: model.init_params(seed))()
   tokens = jnp.asarray(synthetic_batch(cfg, shape, seed)["encoder_input_tokens"])

@@ -1,18 +1,13 @@
 """The demo's data: questions whose answer must be read from the right passage.
 
-Every made-up entity (``Zorvane``, ``Kelbrin``, ...) has one short document per
-relation (``Zorvane's favourite color is green.``). A question asks for one
-relation of one entity (``what is the favourite color of Zorvane?``); the
-answer is a common word drawn afresh for every entity, so it cannot be
-memorised — it has to be read. Test entities never occur in training, so the
-model must learn to *read*: find, among several retrieved passages about the
-entity (and about other entities with the same relation), the one whose
-relation word matches the question, and copy its answer.
-
-A tiny T5 trained from scratch learns this within a few thousand CPU steps,
-whereas it cannot learn to match made-up names or to copy made-up words in
-that budget (measured with a reference FiD): hence relation words pick the
-passage and answers are common words.
+Every made-up entity (``Zorvane``) has one short document per relation
+(``Zorvane's favourite color is green.``); a question asks for one relation
+of one entity, and the answer, a common word drawn afresh per entity, must be
+read, not memorised. Test entities never occur in training, so the model
+must find among the retrieved passages the one whose relation word matches
+and copy its answer: a tiny T5 learns this in a few thousand CPU steps
+(made-up names or answers it cannot learn in that budget, measured with a
+reference FiD).
 """
 from __future__ import annotations
 
@@ -76,15 +71,10 @@ def make_world(names: list[str], rng: np.random.Generator, id_prefix: str
 
 def make_demo_data(num_train_entities: int = 400, num_test_entities: int = 40,
                    seed: int = 0, num_dev_entities: int = 0) -> dict:
-  """Train, test and dev worlds over disjoint entities.
-
-  The dev entities (held out like the test ones) pick the checkpoint; the
-  test entities only measure it. They are drawn after the train and test
-  worlds, so those are the same for any ``num_dev_entities``.
-
-  Returns ``{'train_docs', 'train_questions', 'test_docs', 'test_questions',
-  'dev_docs', 'dev_questions'}``.
-  """
+  """Train, test and dev worlds over disjoint entities: ``{'train_docs',
+  'train_questions', 'test_docs', ..., 'dev_questions'}``. Dev (which picks
+  the checkpoint) is drawn last, so train and test do not depend on
+  ``num_dev_entities``."""
   rng = np.random.default_rng(seed)
   train_names = entity_names(num_train_entities, rng)
   test_names = entity_names(num_test_entities, rng, exclude=set(train_names))

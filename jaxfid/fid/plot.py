@@ -1,22 +1,16 @@
 """Exact match against the number of passages (FiD paper, Figure 3).
 
-Inputs are prediction files written by ``jaxfid predict`` (one JSON object
-per line with an ``em`` field: 1.0, 0.0, or null for a question without gold
-answers), each tagged with a label (one line of the figure) and the number
-of passages it was predicted with. Runs are given as:
+The inputs are ``jaxfid predict`` outputs (an ``em`` per line: 1.0, 0.0 or
+null), each with a label and its number of passages, given as:
 
 * ``LABEL:N_CONTEXT:PATH`` strings;
-* a file named ``LABEL_n{N}.jsonl`` (label and passages from the name);
-* a directory of such files (every ``*_n{N}.jsonl`` in it);
-* a JSON file listing ``{"label", "n_context", "path"}`` objects (relative
-  paths are relative to that file).
+* a file named ``LABEL_n{N}.jsonl``, or a directory of them;
+* a JSON file listing ``{"label", "n_context", "path"}`` objects (paths
+  relative to it).
 
-A run's EM is the mean ``em`` over its scored lines. Runs are grouped by
-label and drawn as EM (%) against passages on a log-scale x axis with a tick
-at every passage count, one line per label, in order of first appearance.
-The figure is rendered with matplotlib's Agg canvas (no pyplot, no global
-backend change) and written atomically; its format follows the output name
-(``.png``, ``.pdf``, ``.svg``, ...).
+A run's EM is its mean ``em``; each label is one line of EM (%) against
+passages (log-scale x), drawn with matplotlib's Agg canvas and written
+atomically in the output name's format.
 """
 from __future__ import annotations
 
@@ -74,12 +68,8 @@ def _runs_in_directory(directory: str) -> list[Run]:
 
 
 def parse_run_spec(spec: str) -> list[Run]:
-  """The runs of one ``--runs`` argument (see the module docstring).
-
-  Raises:
-    InputError: the argument is none of the accepted forms, or names a
-      missing file.
-  """
+  """The runs of one ``--runs`` argument (module docstring); InputError for
+  another form or a missing file."""
   match = _TRIPLE.match(spec)
   if match and not os.path.exists(spec):
     path = match["path"]
@@ -100,11 +90,8 @@ def parse_run_spec(spec: str) -> list[Run]:
 
 
 def read_runs_json(path: str) -> list[Run]:
-  """Runs listed in a JSON file: ``[{"label", "n_context", "path"}, ...]``.
-
-  Raises:
-    InputError: not a JSON list of such objects, or a missing file.
-  """
+  """Runs listed in a JSON file, ``[{"label", "n_context", "path"}, ...]``
+  (else InputError)."""
   try:
     with open(path, encoding="utf-8") as f:
       entries = json.load(f)
@@ -145,12 +132,8 @@ def read_runs_json(path: str) -> list[Run]:
 
 
 def run_em(path: str) -> tuple[float, int]:
-  """Mean ``em`` of a ``jaxfid predict`` output and the number it averages.
-
-  Raises:
-    InputError: a line that is not a JSON object with a numeric or null
-      ``em``, or a file with no scored line.
-  """
+  """Mean ``em`` of a ``jaxfid predict`` output and the lines it averages;
+  InputError for a line without a numeric or null ``em`` or no scored line."""
   total, count = 0.0, 0
   try:
     with open(path, encoding="utf-8") as f:
@@ -184,12 +167,8 @@ def run_em(path: str) -> tuple[float, int]:
 
 def collect_points(runs: Sequence[Run]) -> dict[str, list[Point]]:
   """EM per run, grouped by label (first-appearance order), sorted by
-  passages.
-
-  Raises:
-    InputError: no runs, two runs with one label and number of passages, or
-      a bad prediction file.
-  """
+  passages; InputError for no runs, a duplicate (label, passages) or a bad
+  prediction file."""
   if not runs:
     raise InputError("--runs", "no runs given")
   series: dict[str, list[Point]] = {}
@@ -212,12 +191,8 @@ def _atomic_savefig(figure, output: str, fmt: str) -> None:
 
 
 def output_format(output: str) -> str:
-  """The image format of ``output`` (its suffix), checked against what
-  matplotlib's Agg canvas writes.
-
-  Raises:
-    InputError: an unknown or missing suffix.
-  """
+  """The image format of ``output`` (its suffix) if matplotlib's Agg canvas
+  writes it, else InputError."""
   supported = FigureCanvasAgg.get_supported_filetypes()
   fmt = os.path.splitext(output)[1].lstrip(".").lower()
   if fmt not in supported:
@@ -228,11 +203,8 @@ def output_format(output: str) -> str:
 
 def plot_em_vs_passages(series: dict[str, list[Point]], output: str,
                         title: str | None = None) -> None:
-  """Draws EM (%) against passages, one line per label, into ``output``.
-
-  Raises:
-    InputError: the output name has no image format matplotlib writes.
-  """
+  """Draws EM (%) against passages, one line per label, into ``output``
+  (InputError for a name with no image format matplotlib writes)."""
   fmt = output_format(output)
   figure = Figure(figsize=(5.0, 3.6), dpi=150)
   FigureCanvasAgg(figure)

@@ -1,23 +1,9 @@
-"""What FiD offers, registered by name.
-
-:mod:`jaxfid.methods` imports this module (as it imports every method's
-``plugin``); nothing else needs to. FiD offers
-
-* its task, ``METHOD = @fid_task.FidTask()`` (``gin/fid/*.gin``; gin imports
-  :mod:`jaxfid.fid.task` when it reads the file);
-* its MODEL_DIR loader ``"fid"``: the plain encoder-decoder one, built into
-  :mod:`jaxfid.checkpoints.load` (what every T5 checkpoint without a run
-  config loads as too);
-* its ``jaxfid eval`` evaluator ``"fid"``
-  (:class:`~jaxfid.reader.checkpoint_eval.FidCheckpointEvaluator`; also the
-  evaluator of checkpoints without a run config,
-  :data:`jaxfid.commands.seqio_eval.DEFAULT_METHOD`), whose decoding
-  settings are one :class:`~jaxfid.reader.config.DecodeConfig`;
-* its commands ``jaxfid predict``, ``plot`` and ``demo``
-  (:mod:`jaxfid.fid.commands`);
-* its modes of the shared ``jaxfid bench``: ``train``, ``decode`` and
-  ``memory`` (:mod:`jaxfid.fid.commands.bench`), read as gin command
-  ``bench``.
+"""What FiD offers, registered by name (:mod:`jaxfid.methods` imports it):
+its task (``gin/fid/*.gin``), MODEL_DIR loader ``"fid"`` (built into
+:mod:`jaxfid.checkpoints.load`), ``jaxfid eval`` evaluator ``"fid"`` (also
+the default of checkpoints without a run config), the commands ``predict``,
+``plot`` and ``demo``, and the ``jaxfid bench`` modes ``train``, ``decode``
+and ``memory``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,2 @@
-"""FiD's commands: ``jaxfid predict``, ``plot`` and ``demo``, and its modes
-of ``jaxfid bench``.
-
-Each command module defines its :class:`~jaxfid.commands.registry.Command`
-as ``COMMAND``, ``bench`` its :class:`~jaxfid.commands.bench.Mode`s as
-``MODES``; :mod:`jaxfid.fid.plugin` registers them.
-"""
+"""FiD's commands (``predict``, ``plot``, ``demo``) and ``jaxfid bench``
+modes, each module's ``COMMAND`` (``MODES``) registered by the plug-in."""

@@ -1,17 +1,11 @@
 """``jaxfid bench train|decode``: the speed of a gin-configured FiD.
 
-FiD's modes of the shared ``jaxfid bench`` (:mod:`jaxfid.commands.bench`).
-
-Takes the same ``--gin_file`` / ``--gin.NAME=VALUE`` arguments as ``jaxfid
-train`` (the model and BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH come from them,
-and the answer length: DECODE_MAXLENGTH for ``decode``, TARGET_MAXLENGTH for
-``train``, None meaning 49, FiD's decoding bound, as no data
-is read) plus ``--steps N``; the last line printed is
-one JSON object with examples_per_sec, step_time_s, model_tflops_per_sec,
-mfu, peak_memory_gb, device, model and shape.
-
-A run's memory, before it is sent to a pod, is what the TPU compiler says:
-``jaxfid bench compile`` (the shared mode; :mod:`jaxfid.aot.programs`).
+Takes ``jaxfid train``'s ``--gin_file`` / ``--gin.NAME=VALUE`` (the model,
+BATCH_SIZE, N_CONTEXT, TEXT_MAXLENGTH, and DECODE_MAXLENGTH or
+TARGET_MAXLENGTH, None meaning 49) plus ``--steps N``; the last line is one
+JSON object with examples_per_sec, step_time_s, model_tflops_per_sec, mfu,
+peak_memory_gb, device, model and shape. A TPU run's memory: ``jaxfid bench
+compile``.
 """
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """``jaxfid demo``: a complete small FiD experiment on CPU, from nothing.
 
-1. Generate the demo world (``jaxfid.fid.demo_world``): made-up entities, one
-   short document per (entity, relation), questions about relations; dev
-   and test entities never occur in training, nor in each other.
-2. Index every document with BM25 and retrieve N_CONTEXT passages per
-   question (the same code as ``jaxfid index bm25`` / ``jaxfid retrieve``),
-   written as FiD JSON.
-3. Train a tiny FiD from scratch (``gin/fid/tiny.gin``), evaluating on the
-   dev questions (``EVAL_DATA``) and keeping the best checkpoint by dev EM.
-4. Answer the test questions with that checkpoint (as ``jaxfid predict``
-   does) and report their EM, with the retrieval recall beside it; the last
-   lines are the ``jaxfid predict`` and ``jaxfid serve`` commands of the
-   checkpoint and the index, runnable as printed from the current directory
-   (:mod:`jaxfid.commands.shell`).
-
-Everything lands in ``--output`` (default ``demo_out``); the checkpoint there
-is a MODEL_DIR that ``jaxfid predict --checkpoint demo_out/model`` uses.
+It generates the demo world (:mod:`jaxfid.fid.demo_world`), indexes every
+document with BM25 and retrieves N_CONTEXT passages per question (as
+``jaxfid index bm25`` / ``retrieve``), trains a tiny FiD from scratch
+(``gin/fid/tiny.gin``, the best checkpoint by dev EM kept), answers the test
+questions with it and reports their EM beside the retrieval recall; the
+last lines are the ``jaxfid predict`` and ``jaxfid serve`` commands of the
+result, runnable as printed. Everything lands in ``--output`` (default
+``demo_out``; the checkpoint a MODEL_DIR in ``demo_out/model``).
 """
 from __future__ import annotations
 
@@ -50,13 +42,8 @@ ANSWER_SECONDS = 15  # answering the held-out questions at the end (measured)
 
 
 class RemainingTime:
-  """Prints, once, the demo's estimated remaining time.
-
-  Watches the trainer's ``metrics.jsonl``; from its second training record
-  (2 x LOG_EVERY steps in: the speed is measured after compilation) it
-  prints the steps left at that speed plus the final answering, in minutes.
-  The progress bar keeps its own time left for the training.
-  """
+  """Prints once the demo's estimated remaining time (the steps left at the
+  speed of ``metrics.jsonl``'s second training record, plus answering)."""
 
   def __init__(self, metrics_path: str, *, total_steps: int, batch_size: int,
                poll_s: float = 2.0):
@@ -73,11 +60,8 @@ class RemainingTime:
     self._thread.join()
 
   def estimate(self) -> float | None:
-    """Seconds left from the second training record, or None before it.
-
-    The first record's speed includes the compilation of the train step;
-    the second one's is the training's own.
-    """
+    """Seconds left from the second training record (the first one's speed
+    includes compilation), or None before it."""
     try:
       with open(self.metrics_path, encoding="utf-8") as f:
         lines = f.readlines()

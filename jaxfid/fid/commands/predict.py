@@ -6,16 +6,11 @@
       [--passage-scores [--passage-scores-mode probs|logits]
        [--scored-data OUT.json]] [--attention] [--passage-eos auto|on|off]
 
-DIR: an HF T5 directory (its spiece.model wins over the bundled vocabulary),
-an original-FiD reader, a T5X checkpoint or a jaxfid MODEL_DIR (its best-EM
-checkpoint, else the latest). The decoding flags are the fields of
-:class:`~jaxfid.reader.config.DecodeConfig` (``--answer-maxlength`` is another
-name of ``--decode-maxlength``); one not given is the checkpoint's run
-config's, else the field's default. Passages end with EOS as the checkpoint was trained
-(``auto``: a MODEL_DIR's run config; none for original FiD readers).
-``--attention`` adds each answer's tokens and the reader's cross-attention
-over each passage's tokens while it generated them
-(:mod:`jaxfid.reader.attention`).
+DIR: any checkpoint :func:`~jaxfid.reader.load.load_reader` reads. The
+decoding flags are :class:`~jaxfid.reader.config.DecodeConfig`'s fields
+(``--answer-maxlength``: ``--decode-maxlength``), defaulting to the run
+config's. ``--attention`` adds each answer's tokens and the reader's
+attention over each passage's tokens (:mod:`jaxfid.reader.attention`).
 """
 from __future__ import annotations
 
