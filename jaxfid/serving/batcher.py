@@ -1,25 +1,14 @@
 """Dynamic batching for ``jaxfid serve``: questions that arrive together are
 read in one device batch.
 
-One thread owns the device. Requests (an example with its retrieved
-passages, and a beam size) wait in a queue; the thread takes the oldest,
-then waits up to ``max_wait_ms`` for more of the same beam size, up to
-``max_batch``, and reads them as one batch padded to the smallest *bucket*
-that holds them (:func:`bucket_sizes`: 1, 4, 16, ... up to ``max_batch``).
-Every (beam size, bucket) program is compiled by :meth:`Batcher.compile`
-before the server says it is ready, and the compiled executables are what
-runs afterwards: a shape they were not compiled for is an error, never a
-silent recompilation.
-
-A batch is built and read by the functions ``jaxfid predict`` uses
-(:func:`jaxfid.reader.batches.eval_batches`, :func:`jaxfid.reader.predict.
-make_predict_fn`, :func:`~jaxfid.reader.predict.make_passage_scores_fn`,
-:func:`~jaxfid.reader.predict.decode_rows`, :func:`~jaxfid.reader.predict.
-passage_score_rows`): the answer and the reader scores of a question are
-those of ``jaxfid predict --passage-scores`` on the same passages. A batch
-with a question that asks for the reader's attention also runs
-:func:`jaxfid.reader.attention.attention_program` on the generated answers
-(compiled per bucket, beside the others), as ``jaxfid predict --attention``.
+One thread owns the device: it takes the oldest request, waits up to
+``max_wait_ms`` for more of the same beam size (at most ``max_batch``) and
+reads them padded to the smallest bucket (:func:`bucket_sizes`: 1, 4, 16,
+...). Every (beam size, bucket) program is compiled before the server is
+ready, and only those run: another shape is an error, never a silent
+recompilation. Batches are built and read by ``jaxfid predict``'s functions,
+so answers and reader scores equal ``predict --passage-scores``' on the same
+passages (and the attention ``predict --attention``'s).
 """
 from __future__ import annotations
 
@@ -120,10 +109,8 @@ class Batcher:
 
   def compile(self, stopped: Callable[[], bool] = lambda: False) -> int:
     """Compiles the predict and score programs of every (beam size, bucket)
-    and the attention program of every bucket; returns how many (beam size,
-    bucket) pairs. Must run before
-    :meth:`start`. ``stopped()`` true (a server stopped while loading) ends
-    it after the program being compiled."""
+    and the attention program of every bucket, before :meth:`start`;
+    returns the pairs' count. ``stopped()`` ends it early."""
     probe = [FidExample(question="?")]
     scores = predict_lib.make_passage_scores_fn(self.reader.model,
                                                 mode=SCORE_MODE)

@@ -1,16 +1,9 @@
-"""The question-answering service behind ``jaxfid serve``'s HTTP routes.
-
-:func:`parse_request` checks a request body (a :class:`RequestError`, with
-its 4xx status, says what is wrong); :meth:`QaService.answer` retrieves each
-question's passages (on a thread of its own, off the event loop), hands the
-questions to the :class:`~jaxfid.serving.batcher.Batcher` and builds the
-response. Nothing here knows HTTP or the web framework.
-
-A question's passages are made as ``jaxfid retrieve`` writes them into FiD
-JSON and as ``jaxfid predict`` reads that file back
-(:func:`jaxfid.retrieval.runs.fid_example`, then
-:func:`jaxfid.reader.examples.parse_record`): the same passages, the same
-scores (float32 rounded), so the same tokens.
+"""The question-answering service behind ``jaxfid serve``'s HTTP routes,
+knowing no HTTP: :func:`parse_request` checks a body (RequestError with its
+4xx status), :meth:`QaService.answer` retrieves each question's passages off
+the event loop, hands them to the batcher and builds the response. The
+passages are made as ``jaxfid retrieve`` writes and ``jaxfid predict`` reads
+them (float32 scores), so the tokens are the same.
 """
 from __future__ import annotations
 
@@ -90,20 +83,10 @@ def _count(record: dict, name: str, default: int, allowed: Sequence[int],
 def parse_request(body: bytes, *, batch: bool, n_context: int,
                   beam_sizes: Sequence[int],
                   default_beam: int) -> AnswerRequest:
-  """Checks the body of ``POST /v1/answer`` (``batch``: ``/v1/answer:batch``).
-
-  Args:
-    body: the raw request body.
-    n_context: the server's ``--n-context``, the most passages a request
-      may ask for.
-    beam_sizes: the beam sizes compiled (1 .. ``--beam-size``).
-    default_beam: the beam size of a request that names none.
-
-  Raises:
-    RequestError: not JSON, not an object, a missing or unknown field, a
-      field of the wrong type, an empty or too long question, a count out
-      of range (400; 413 for sizes).
-  """
+  """Checks the body of ``POST /v1/answer`` (``batch``: ``/v1/answer:batch``)
+  against the server's ``n_context``, compiled ``beam_sizes`` and
+  ``default_beam``: RequestError (400; 413 for sizes) for anything that is
+  not an object of known, well-typed fields in range."""
   if len(body) > MAX_BODY_BYTES:
     raise RequestError(413, f"the body has {len(body)} bytes; at most "
                        f"{MAX_BODY_BYTES}")
@@ -166,14 +149,9 @@ def _ms(seconds: float) -> float:
 
 
 class QaService:
-  """Retrieval and reading of questions.
-
-  Args:
-    searcher: the open index (:func:`jaxfid.retrieval.search.open_index`).
-    batcher: the started device thread.
-    n_context: the server's ``--n-context``.
-    beam_size: the server's ``--beam-size``: requests may ask for 1 .. it.
-  """
+  """Retrieval and reading of questions from ``searcher`` (an open index)
+  through ``batcher`` (started); requests may ask for up to ``n_context``
+  passages and beam sizes 1 .. ``beam_size``."""
 
   def __init__(self, searcher: Searcher, batcher: Batcher, *, n_context: int,
                beam_size: int):
@@ -225,13 +203,10 @@ class QaService:
 
 def response(example: FidExample, read: Read | None,
              timings: dict[str, float]) -> dict[str, Any]:
-  """One question's answer: the passages the reader read (in its input
-  order, the retrieval ranking) with both scores, and the timings; with no
-  passage retrieved (``read`` None), ``"answer": null`` and a ``"notice"``
-  saying why (else ``"notice": null``). A read with the reader's attention
-  adds ``"answer_tokens"`` and each passage's ``"attention"``
-  (:mod:`jaxfid.reader.attention`: ``weight``, ``tokens``, ``weights``,
-  ``by_answer_token``)."""
+  """One question's answer: the passages read (input order, the retrieval
+  ranking) with both scores and the timings; with none retrieved,
+  ``"answer": null`` and a ``"notice"`` saying why. With the reader's
+  attention, ``"answer_tokens"`` and each passage's ``"attention"``."""
   if read is None:
     return {"question": example.question, "answer": None, "passages": [],
             "notice": NO_PASSAGES, "batch_size": 0,

@@ -5,23 +5,14 @@
       [--text-maxlength L] [--decode-maxlength T] [--beam-size K]
       [--length-penalty A] [--max-batch 16] [--max-wait-ms 10]
 
-The decoding flags are the fields of :class:`~jaxfid.reader.config.
-DecodeConfig`; one not given is the checkpoint's run config's (a MODEL_DIR
-records what it was trained and evaluated with), else the field's default.
-
-One process owns the devices. It opens the index (any type ``jaxfid
-retrieve`` opens: BM25, dense, ReAtt), starts the HTTP server (uvicorn, on
-Starlette: :mod:`jaxfid.serving.commands.serve_app`), and loads the checkpoint
-and compiles the reader's programs for every batch bucket and beam size in
-the background (``/healthz`` answers 503 meanwhile); then it prints one line
-with the URL on stdout. SIGTERM or Ctrl-C stops accepting connections,
-finishes the requests in flight and exits 0. Bad flags, a missing index or
-checkpoint, the serve extra not installed: exit 2 with one line (that
-extra's pip command), as every command.
-
-A request may ask for fewer passages than ``--n-context`` (they are padded
-to it, as ``jaxfid predict`` pads an example with fewer passages) and for
-any beam size from 1 to ``--beam-size`` (each one is compiled).
+The decoding flags are :class:`~jaxfid.reader.config.DecodeConfig`'s fields,
+defaulting to the checkpoint's run config. One process owns the devices: it
+opens the index (any ``jaxfid retrieve`` opens), starts uvicorn, then loads
+the checkpoint and compiles every batch bucket and beam size in the
+background (``/healthz`` 503 meanwhile) and prints the URL. SIGTERM or
+Ctrl-C finishes the requests in flight and exits 0. A request may ask for
+fewer passages than ``--n-context`` (padded) and any beam size up to
+``--beam-size``.
 """
 from __future__ import annotations
 

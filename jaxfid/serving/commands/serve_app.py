@@ -1,23 +1,18 @@
 """``jaxfid serve``'s HTTP routes: a Starlette application over a
 :class:`ServerState`.
 
-* ``GET /``: the page; ``GET /static/{page.css,page.js}``: its files;
-* ``GET /v1/info``: what is served (the checkpoint, the index, the limits
-  of a request, example titles of the index; :func:`jaxfid.fid.commands.
-  serve.server_info`), with ``"ready"``, loading or not;
-* ``GET /healthz``: 200 ``{"status": "ready"}`` once the programs are
-  compiled, 503 ``{"status": "loading"}`` before;
+* ``GET /``, ``GET /static/{page.css,page.js}``: the page;
+* ``GET /v1/info``: the checkpoint, the index, a request's limits, example
+  titles, ``"ready"``;
+* ``GET /healthz``: 200 ``{"status": "ready"}`` once compiled, else 503
+  ``{"status": "loading"}``;
 * ``GET /metrics``: Prometheus text (:mod:`jaxfid.serving.metrics`);
-* ``POST /v1/answer`` ``{"question", "n_context"?, "beam_size"?}`` -> one
-  answer; ``POST /v1/answer:batch`` ``{"questions": [...], ...}`` ->
-  ``{"answers": [...]}`` (:mod:`jaxfid.serving.service`).
+* ``POST /v1/answer`` ``{"question", "n_context"?, "beam_size"?}``, ``POST
+  /v1/answer:batch`` ``{"questions": [...], ...}`` -> ``{"answers": [...]}``.
 
-Every error is JSON ``{"error": "..."}``: 4xx for a bad request (an unknown
-path or method too), 503 while loading, 500 for a failure inside, which
-also writes one line to the log; the server goes on serving.
-
-Starlette (the ``serve`` extra) is imported inside :func:`build_app`, so that
-the command line starts without it.
+Every error is JSON ``{"error": "..."}``: 4xx for a bad request, 503 while
+loading, 500 (and one log line) for a failure inside; serving goes on.
+Starlette is imported in :func:`build_app` only.
 """
 from __future__ import annotations
 
