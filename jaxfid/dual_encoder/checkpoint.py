@@ -37,16 +37,9 @@ _ENCODER_PREFIXES = ("token_embedder/", "encoder/")
 
 @dataclasses.dataclass
 class LoadedEncoder:
-  """A dual encoder ready to embed.
-
-  Attributes:
-    encoder: the model (config and settings).
-    params: its parameters (host arrays).
-    tokenizer: the vocabulary.
-    source: the checkpoint path.
-    kind: 'dual_encoder', 'jaxfid', 'hf', 'sentence-transformers' or 't5x'.
-    fingerprint: :func:`params_fingerprint` of the parameters and T5 config.
-  """
+  """A dual encoder ready to embed: ``encoder``, host ``params``,
+  ``tokenizer``, ``source`` path, ``kind`` ('dual_encoder', 'jaxfid',
+  'hf', 'sentence-transformers', 't5x') and ``fingerprint``."""
   encoder: DualEncoder
   params: dict
   tokenizer: Any
@@ -65,11 +58,8 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 
 
 def read_hf_encoder(directory) -> tuple[dict, dict[str, np.ndarray]]:
-  """T5Config fields and the encoder's flat parameters of a HF directory.
-
-  Decoder tensors are not read. Raises InputError for missing config or
-  weights, or missing, mis-shaped or unknown encoder tensors.
-  """
+  """T5Config fields and the encoder's flat parameters of a HF directory
+  (decoder not read); InputError for missing or mis-shaped tensors."""
   directory = Path(directory)
   config_path = directory / "config.json"
   if not config_path.is_file():
@@ -221,13 +211,10 @@ def dual_encoder_run_config(encoder: DualEncoder, **extra) -> dict:
 
 def load_dual_encoder(path, *, dtype: str | None = None,
                       which: str = "auto", **overrides) -> LoadedEncoder:
-  """A dual encoder from any supported checkpoint (see the module docstring).
-
-  ``dtype``: activation dtype (parameters stay float32); ``which``: 'best',
-  'latest' or 'auto' for a MODEL_DIR; ``overrides``: :class:`DualEncoderConfig`
-  fields (None ignored) except those that shape the parameters. Raises
-  InputError for a missing or unreadable checkpoint.
-  """
+  """A dual encoder from any supported checkpoint (module docstring), in
+  ``dtype`` activations; ``which``: a MODEL_DIR's 'best', 'latest' or
+  'auto'; ``overrides``: DualEncoderConfig fields that do not shape the
+  parameters. InputError for a missing or unreadable checkpoint."""
   source = os.fspath(path)
   path = Path(source)
   if not path.exists():

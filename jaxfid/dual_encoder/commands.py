@@ -1,11 +1,5 @@
-"""The dual encoder's commands: `jaxfid index dense` and `index import-embeddings`.
-
-``jaxfid index dense --checkpoint DIR --corpus CORPUS --output INDEX_DIR
-[--faiss-factory STRING]`` embeds every passage (multi-host launch flags
-accepted); ``jaxfid index import-embeddings --embeddings 'wiki_passages_*'
---corpus psgs_w100.tsv --output INDEX_DIR`` imports DPR's embeddings
-(:mod:`jaxfid.dual_encoder.index`).
-"""
+"""The dual encoder's commands: ``jaxfid index dense`` (embed every passage
+with a checkpoint) and ``index import-embeddings`` (DPR's embeddings)."""
 from __future__ import annotations
 
 import argparse

@@ -166,11 +166,8 @@ class PairBatcher(QuestionBatcher):
     self.hard_negatives = hard_negatives
 
   def _negatives(self, step: int, indices: np.ndarray) -> list[list]:
-    """Each question's H negatives (None = an empty, masked-out row).
-
-    Drawn for the whole global batch from one generator of (seed, step),
-    so a process building only some rows draws what the others draw.
-    """
+    """Each question's H negatives (None: a masked-out row), drawn for the
+    whole global batch from one generator of (seed, step)."""
     rng = np.random.default_rng([self.seed, step, 1])
     out = []
     for i in indices:
@@ -183,12 +180,10 @@ class PairBatcher(QuestionBatcher):
     return out
 
   def batch(self, step: int, rows: slice | None = None) -> dict:
-    """Rows ``rows`` (default: all) of step ``step``'s global batch.
-
+    """Rows ``rows`` (default all) of step ``step``'s batch:
     ``query_tokens [b, Lq]``, ``passage_tokens [b*(1+H), Lp]`` and
-    ``passage_mask [b*(1+H)]``; question q's passages are rows
-    ``q*(1+H) .. q*(1+H)+H``, positive first.
-    """
+    ``passage_mask [b*(1+H)]`` (question q's rows ``q*(1+H) ..``, positive
+    first)."""
     indices = self.indices(step)
     rows = rows if rows is not None else slice(0, self.batch_size)
     negatives = self._negatives(step, indices)[rows]

@@ -1,24 +1,15 @@
 """Training data of a retriever distilled from the reader (FiD-KD).
 
-The input is FiD JSON / JSONL whose passages carry the reader's scores in
-``ctxs[i].score`` -- what ``jaxfid predict --passage-scores --scored-data``
-writes (the original FiD's ``test_reader.py --write_crossattention_scores``).
-Each question keeps its ``n_context`` best passages by ``score``, as the
-original does: ``train_retriever.py:173`` builds ``src.data.Dataset``, whose
-``__init__`` sorts each question's ``ctxs`` by ``float(score)``, descending
-(``sort_data``, FiD ``src/data.py:24,64-68``; Python's sort is stable, so ties
-keep file order), and ``__getitem__`` then takes
-``example['ctxs'][:self.n_context]`` (``src/data.py:45``). In a scored file
-those are the reader's best N (the passages it read carry its scores). Every
-passage needs a numeric score (the sort reads them all); one without is an
-error (the file was not scored).
-
-:class:`ScoredBatcher` turns examples into fixed-shape batches as a pure
-function of (seed, step) (:func:`jaxfid.training.sampling.epoch_batch_indices`,
-so exact resume holds): questions ``[B, Lq]``, passages ``[B*N, Lp]`` laid
-out as question b's N passages in rows ``b*N .. b*N+N-1``, ``passage_mask
-[B*N]`` (False: a missing passage of a question with fewer than N) and
-``gold_scores`` float32 ``[B*N]``. A process builds only its rows.
+The input is FiD JSON / JSONL whose ``ctxs[i].score`` are the reader's
+(``jaxfid predict --passage-scores --scored-data``, FiD's
+``test_reader.py --write_crossattention_scores``). Each question keeps its
+``n_context`` best passages by score, as FiD's ``train_retriever.py`` (its
+``Dataset`` sorts by ``float(score)``, descending and stable, then takes
+``ctxs[:n_context]``: ``src/data.py:24,45,64-68``); a passage without a
+numeric score is an error (the file was not scored). :class:`ScoredBatcher`
+makes batches as a pure function of (seed, step): questions ``[B, Lq]``,
+passages ``[B*N, Lp]`` (question b's in rows ``b*N ..``), ``passage_mask
+[B*N]`` and ``gold_scores`` float32 ``[B*N]``; a process builds its rows.
 """
 from __future__ import annotations
 
@@ -88,17 +79,9 @@ def read_scored_examples(path: str | os.PathLike, n_context: int,
 
 
 class ScoredBatcher(QuestionBatcher):
-  """Deterministic batches of questions, their passages and gold scores.
-
-  Args:
-    examples: the training examples.
-    tokenizer: the T5 tokenizer.
-    batch_size: questions per batch (B).
-    n_context: passages per question (N).
-    query_maxlength / passage_maxlength: token lengths.
-    passage_format: see :func:`jaxfid.dual_encoder.model.passage_text`.
-    seed: the data order depends on (seed, step) only.
-  """
+  """Deterministic batches of questions (B a batch), their ``n_context``
+  passages (N) and gold scores; the order depends on (seed, step) only;
+  ``passage_format``: :func:`jaxfid.dual_encoder.model.passage_text`'s."""
 
   def __init__(self, examples: Sequence[ScoredExample], tokenizer, *,
                batch_size: int, n_context: int, query_maxlength: int = 64,

@@ -50,12 +50,9 @@ def encoder_entry(loaded: LoadedEncoder) -> dict:
 
 
 class EncoderPassages:
-  """A loaded dual encoder as the passage encoder of a dense index.
-
-  The device embedder is made on first use (reused embeddings touch no
-  device). Multi-host: process 0's ``channel`` tells the others which rows to
-  embed with it (:func:`follow_dense_build`).
-  """
+  """A loaded dual encoder as a dense index's passage encoder (its device
+  embedder made on first use); multi-host, process 0's ``channel`` tells the
+  others which rows to embed."""
 
   def __init__(self, loaded: LoadedEncoder, *, batch_size: int = 128,
                mesh: str = "", channel: multihost.Channel | None = None):
@@ -121,17 +118,13 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
                       progress: bool | None = None,
                       encoder: LoadedEncoder | None = None,
                       encoding: str = "utf-8", **settings) -> dict:
-  """Indexes ``corpus`` into the directory ``output``; returns a summary.
-
-  ``checkpoint`` is ignored when ``encoder`` is given; ``batch_size`` counts
-  passages per device call over all devices; ``settings`` are
-  DualEncoderConfig overrides; the rest as
-  :func:`jaxfid.retrieval.dense.index.write_dense_index`. Returns ``{"index",
-  "num_passages", "dim", "embedded", "reused", ...}`` on process 0 and
-  ``{"index", "process"}`` elsewhere. Multi-host: every process calls it with
-  the same arguments and embeds; process 0 reads the corpus and writes
-  (``output`` must be on a shared file system); all raise if any failed.
-  """
+  """Indexes ``corpus`` into the directory ``output`` (``encoder`` or
+  ``checkpoint``; ``batch_size`` passages per call over all devices;
+  ``settings``: DualEncoderConfig overrides; the rest as
+  :func:`jaxfid.retrieval.dense.index.write_dense_index`). Multi-host: every
+  process calls it alike and embeds, process 0 reads and writes (``output``
+  shared), all raise if any failed. Returns a summary (``{"index",
+  "process"}`` off process 0)."""
   leader = multihost.is_leader()
 
   def load() -> LoadedEncoder:
@@ -157,12 +150,9 @@ def build_dense_index(checkpoint: str | os.PathLike | None,
 
 def follow_dense_build(passages: EncoderPassages, output: str | os.PathLike,
                        channel: multihost.Channel) -> None:
-  """A process other than 0 in a multi-host :func:`build_dense_index`.
-
-  For each row range process 0 embeds, reads those passages from its store
-  in ``.NAME.partial/`` and makes the same device calls; returns when
-  process 0 has published the index.
-  """
+  """A process other than 0 in a multi-host :func:`build_dense_index`: makes
+  the same device calls for each row range process 0 embeds, until it
+  publishes the index."""
   store = None
   while "rows" in (message := channel.receive()):
     error = None
@@ -193,11 +183,8 @@ def import_dpr_embeddings(embeddings: str | Sequence[str],
 
 
 class EncoderQueries:
-  """Embeds the queries of a dense index with its recorded query encoder.
-
-  The ``query_encoder=CKPT`` search option names another path for it; the
-  weights must be those recorded at indexing (their fingerprint).
-  """
+  """Embeds a dense index's queries with its recorded query encoder (or the
+  ``query_encoder=CKPT`` search option's, with the recorded fingerprint)."""
 
   options = ("query_encoder",)
 

@@ -134,11 +134,8 @@ class DualEncoder:
 
   def from_encoder_params(self, t5_encoder: dict,
                           projection: dict | None = None) -> dict:
-    """Full parameters from an encoder's ``token_embedder`` and ``encoder``.
-
-    The decoder stub is filled with ones (norm) and zeros (position table);
-    a separate query tower starts as a copy of the passage tower.
-    """
+    """Full parameters from an encoder's ``token_embedder`` and ``encoder``
+    (decoder stub of ones and zeros; a query tower copies the passages')."""
     stub = jax.tree.map(
         lambda s: jnp.zeros(s.shape, s.dtype),
         self.model.abstract_params()["decoder"])
@@ -215,11 +212,8 @@ class DualEncoder:
 
 
 def params_fingerprint(params: Any, *extra: Any) -> str:
-  """A short hash of parameter shapes and sampled values (plus ``extra``).
-
-  Hashes at most ~4096 values per leaf: cheap, and it changes whenever a
-  trained checkpoint does.
-  """
+  """A short hash of parameter shapes and up to ~4096 sampled values per
+  leaf (plus ``extra``): cheap, and changed by any training."""
   h = hashlib.blake2b(digest_size=12)
   for item in extra:
     h.update(repr(item).encode())
@@ -240,13 +234,9 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 class Embedder:
-  """Embeds texts on all devices: batch sharded over a ``data`` mesh, jitted.
-
-  Parameters are placed by the T5 logical axis rules; with several processes
-  each passes the same texts and gets every vector. ``batch_size`` is rounded
-  up to the data-parallel size; lengths are padded to a multiple of
-  ``length_bucket``.
-  """
+  """Embeds texts on all devices, the batch sharded over ``data`` (rounded
+  up to its size; lengths padded to a multiple of ``length_bucket``); every
+  process passes the same texts and gets every vector."""
 
   def __init__(self, encoder: DualEncoder, params: dict, tokenizer, *,
                mesh=None, batch_size: int = 128, length_bucket: int = 32):

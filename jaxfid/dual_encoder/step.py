@@ -105,11 +105,8 @@ def make_contrastive_step(encoder: DualEncoder,
                           seed: int, temperature: float = 1.0,
                           accumulation_steps: int = 1,
                           loss_fn: EmbeddingLoss | None = None):
-  """``step(state, batch) -> (state, metrics)`` (pure; the loop jits it).
-
-  ``loss_fn`` defaults to in-batch negatives at ``temperature``. Dropout keys
-  are ``fold_in(key(seed), step)``; a non-finite update is dropped.
-  """
+  """``step(state, batch) -> (state, metrics)``, pure: ``loss_fn`` (default
+  in-batch negatives at ``temperature``); a non-finite update is dropped."""
   base_key = jax.random.key(seed)
 
   def step(state, batch):
