@@ -1,11 +1,9 @@
 """`jaxfid convert`: any supported checkpoint -> HF safetensors (or T5X).
 
-Reads HF (safetensors, sharded, pytorch_model.bin), original FiD readers,
-T5X (msgpack + TensorStore, or orbax) and, once its loader is registered,
-jaxfid model directories; writes a HF ``T5ForConditionalGeneration``
-directory (default) or a T5X ``checkpoint_<step>``. A ``spiece.model`` found
-beside the input (or given with ``--spiece``) is copied to HF output.
-Logic lives in :mod:`jaxfid.checkpoints`.
+Reads HF, original FiD readers, T5X (msgpack + TensorStore or orbax) and
+jaxfid MODEL_DIRs; writes a HF ``T5ForConditionalGeneration`` directory or a
+T5X ``checkpoint_<step>``, copying a ``spiece.model`` found beside the input
+(or ``--spiece``) to HF output.
 """
 from __future__ import annotations
 

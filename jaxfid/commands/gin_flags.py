@@ -26,11 +26,9 @@ def add_gin_arguments(parser) -> None:
 
 def split_gin_bindings(unknown: list[str], prefix: str = "gin"
                        ) -> tuple[list[str], list[str]]:
-  """Pull ``--gin.NAME=VALUE`` (``--<prefix>.NAME=VALUE``) out of argparse's
-  unknown arguments. A command that runs two gin runs (``jaxfid distill
-  iterate``: ``--reader.`` and ``--retriever.``) names its prefixes in
-  ``set_defaults(gin_binding_prefixes=...)``; :func:`jaxfid.cli.main` puts
-  each prefix's bindings in ``args.<prefix>_bindings``."""
+  """Pulls ``--gin.NAME=VALUE`` (``--<prefix>.NAME=VALUE`` for the prefixes
+  of ``set_defaults(gin_binding_prefixes=...)``, which :func:`jaxfid.cli.main`
+  puts in ``args.<prefix>_bindings``) out of argparse's unknown arguments."""
   bindings, rest = [], []
   flag = f"--{prefix}."
   for arg in unknown:
@@ -67,12 +65,9 @@ def gin_literal(value) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class GinRun:
-  """A user's gin files and ``--gin.NAME=VALUE`` bindings, to run again.
-
-  Commands that run training several times (``jaxfid reatt iterate``)
-  re-parse the run for each call with macros overridden (later bindings
-  win); parsing clears any other configuration.
-  """
+  """A user's gin files and bindings, parsed again for each run of a
+  command that trains several times (``jaxfid reatt iterate``) with macros
+  overridden; parsing clears any other configuration."""
   files: tuple[str, ...]
   bindings: tuple[str, ...] = ()
   search_paths: tuple[str, ...] = ()

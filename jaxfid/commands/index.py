@@ -1,11 +1,8 @@
 """`jaxfid index <type>`: build a retrieval index directory from a corpus.
 
 ``jaxfid index bm25 --corpus CORPUS --output INDEX_DIR [--k1 0.9 --b 0.4]``
-is defined here. A method adds its index types by registering the function
-that adds their subparsers (``add_parser(index_subparsers)``) in
-:data:`jaxfid.commands.registry.INDEX_COMMANDS` (``dense`` and
-``import-embeddings``: :mod:`jaxfid.dual_encoder.commands`; ``reatt``:
-:mod:`jaxfid.reatt.commands`); they follow ``bm25`` in registration order.
+is defined here; the methods register theirs in
+:data:`jaxfid.commands.registry.INDEX_COMMANDS`.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""The command line's plug-ins: commands and ``jaxfid index`` types.
-
-Every ``jaxfid <command>`` is a :class:`Command` in :data:`COMMANDS`,
-registered by :mod:`jaxfid.cli` or a method's ``plugin.py``; a method adds
-``jaxfid index`` types through :data:`INDEX_COMMANDS`. ``jaxfid --help``
-lists commands by :attr:`Command.order` (shared and FiD commands 10..110 in
-steps of 10, FiD's serve 115, ReAtt 120, FiD's distill 125, ReFusion 130; a
-new method takes the next free number); ``jaxfid index --help`` lists
-``bm25`` first, then types in registration order.
+"""The command line's plug-ins: :class:`Command`\\ s in :data:`COMMANDS`
+(registered by :mod:`jaxfid.cli` or a method's ``plugin.py``) and ``jaxfid
+index`` types in :data:`INDEX_COMMANDS` (``bm25`` first, then registration
+order). ``jaxfid --help`` orders commands by :attr:`Command.order` (shared
+and FiD 10..110, serve 115, ReAtt 120, distill 125, ReFusion 130; a new
+method takes the next free number).
 """
 from __future__ import annotations
 
@@ -21,18 +18,10 @@ AddParser = Callable[[Any], None]  # (argparse subparsers) -> None
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-  """One ``jaxfid <name>`` command.
-
-  Attributes:
-    name: the command's name on the command line.
-    add_parser: ``add_parser(subparsers)``; each parser's
-      ``set_defaults(func=run)`` names what :func:`jaxfid.cli.main` calls.
-    order: its place in ``jaxfid --help`` (module docstring).
-    model: it runs XLA programs (on a CPU, with
-      :func:`jaxfid.runtime.host_memory.tune_cpu_malloc`).
-    gin: per gin-driven (sub)command name (``"train"``, ``"reatt iterate"``),
-      its :class:`~jaxfid.core.gin_checks.Reads` or a function returning them.
-  """
+  """One ``jaxfid <name>`` command: ``add_parser(subparsers)`` (whose
+  ``set_defaults(func=run)`` names what runs), its ``order`` in ``jaxfid
+  --help``, ``model`` (it runs XLA programs: CPU malloc tuned) and ``gin``
+  (per gin-driven (sub)command, its Reads or a function giving them)."""
   name: str
   add_parser: AddParser
   order: int

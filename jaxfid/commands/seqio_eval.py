@@ -1,20 +1,13 @@
 """``jaxfid eval``: a checkpoint on a seqio task or mixture, t5x style.
 
-``gin/evaluation.gin`` binds :func:`evaluate` (``CHECKPOINT_PATH``,
-``EVAL_OUTPUT_DIR``, ``MIXTURE_OR_TASK_NAME``, ``EVAL_SPLIT``,
-``EVAL_BATCH_SIZE``, ``EVAL_MAX_EXAMPLES``), which runs ``seqio.Evaluator``
-with the model functions of the checkpoint's method (:data:`METHODS`, filled
-by the plug-ins; other formats are FiD readers) and writes what
-:mod:`jaxfid.commands.eval_outputs` describes. An evaluator gets NumPy
-batches of ``EVAL_BATCH_SIZE`` rows (the last padded with its first row)
-and provides:
-
-``kinds`` (:mod:`jaxfid.evaluation.task_kinds`), ``step``,
+``gin/evaluation.gin`` binds :func:`evaluate`, which runs ``seqio.Evaluator``
+with the model functions of the checkpoint's method (:data:`METHODS`; other
+formats are FiD readers) and writes :mod:`jaxfid.commands.eval_outputs`'
+files. An evaluator gets NumPy batches of ``EVAL_BATCH_SIZE`` rows (the last
+padded with its first row) and provides ``kinds``, ``step``,
 ``sequence_length(task_spec)``, ``prepare(examples, task_spec)`` (once per
-task), ``predict(indices, batch)`` (int32 ``[B, T]``) and
-``score(indices, batch)`` (float32 ``[B]`` log-likelihoods).
-
-seqio and the tasks are imported only inside :func:`evaluate`.
+task), ``predict(indices, batch)`` (int32 ``[B, T]``) and ``score(indices,
+batch)`` (float32 ``[B]``). seqio is imported inside :func:`evaluate` only.
 """
 from __future__ import annotations
 
@@ -124,12 +117,9 @@ def batches(dataset, batch_size: int
 
 
 class ModelFunctions:
-  """seqio's ``predict_fn`` / ``score_fn`` over a method evaluator.
-
-  seqio calls them with one task's enumerated model dataset at a time; the
-  task is recognised by that dataset (the Evaluator's cached one), and the
-  evaluator is prepared with the task's examples before its first batch.
-  """
+  """seqio's ``predict_fn`` / ``score_fn`` over a method evaluator, the
+  task recognised by its (cached) model dataset and the evaluator prepared
+  with its examples before its first batch."""
 
   def __init__(self, evaluator, seqio_evaluator, specs: dict,
                batch_size: int, progress: bool):

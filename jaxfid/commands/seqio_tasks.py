@@ -1,10 +1,6 @@
-"""The seqio tasks, loaded by a command only when it needs them.
-
-jaxfid's library never imports seqio, TensorFlow or the ``tasks`` package;
-``jaxfid train`` (with ``MIXTURE_OR_TASK_NAME``) and ``jaxfid eval`` call
-:func:`import_tasks` inside their command functions. TensorFlow only runs
-``tf.data`` pipelines here, so it is kept off the accelerators (t5x does the
-same): JAX keeps all of their memory.
+"""The seqio tasks, imported by ``jaxfid train`` (``MIXTURE_OR_TASK_NAME``)
+and ``jaxfid eval`` only inside their command functions; TensorFlow runs
+``tf.data`` only and is kept off the accelerators (as t5x).
 """
 from __future__ import annotations
 

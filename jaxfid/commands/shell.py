@@ -1,11 +1,7 @@
-"""Commands that jaxfid prints for the user to run next, as they run when
-pasted into a shell in the current directory.
-
-:func:`jaxfid_command` names the ``jaxfid`` executable of the running Python
-(``.venv/bin/jaxfid`` after ``make demo``, where ``jaxfid`` is not on the
-PATH); :func:`install_command` the pip command that installs an extra of
-setup.py into the running Python; :func:`require_extra` turns a missing
-optional dependency into one line with that command.
+"""Commands jaxfid prints for the user to run next, runnable as pasted in
+the current directory: :func:`jaxfid_command` (the running Python's
+``jaxfid``, e.g. ``.venv/bin/jaxfid``), :func:`install_command` (pip for an
+extra) and :func:`require_extra` (a missing extra as one line with it).
 """
 from __future__ import annotations
 
