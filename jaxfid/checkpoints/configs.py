@@ -113,14 +113,9 @@ def _hf_feed_forward_proj(cfg: Mapping, path) -> str:
 
 
 def config_from_hf_json(cfg: Mapping, path="config.json") -> dict:
-  """jaxfid fields from a parsed HF T5 ``config.json``.
-
-  Raises InputError for a non-T5 configuration or an unsupported value.
-
-  ``tie_word_embeddings`` is what the configuration says (transformers 5:
-  ``scale_decoder_outputs``); :func:`jaxfid.checkpoints.hf.read_hf`
-  reconciles it with the tensors.
-  """
+  """jaxfid fields from a parsed HF T5 ``config.json`` (InputError for
+  another model or an unsupported value); ``tie_word_embeddings`` as it says
+  (transformers 5: ``scale_decoder_outputs``), reconciled by ``read_hf``."""
   if not isinstance(cfg, Mapping):
     raise InputError(path, "config.json must hold a JSON object")
   model_type = cfg.get("model_type")
@@ -148,11 +143,8 @@ def config_from_hf_json(cfg: Mapping, path="config.json") -> dict:
 
 
 def hf_json_from_config(config: Any) -> dict:
-  """A ``config.json`` that transformers loads as T5ForConditionalGeneration.
-
-  Written for both transformers 4 (``tie_word_embeddings``) and 5
-  (``scale_decoder_outputs``); ``dense_act_fn`` pins the tanh gelu.
-  """
+  """A ``config.json`` that transformers 4 and 5 load as
+  T5ForConditionalGeneration (``dense_act_fn`` pins the tanh gelu)."""
   f = as_fields(config)
   proj = f["feed_forward_proj"]
   act = proj.split("-")[-1]
@@ -216,13 +208,10 @@ def _shape(flat: Mapping, name: str, ndim: int, path) -> tuple:
 def config_from_params(flat: Mapping, path="checkpoint", *,
                        activations: tuple[str, ...] | None = None,
                        dropout_rate: float | None = None) -> dict:
-  """Fields of a T5X (jaxfid-named) parameter set, inferred from shapes.
-
-  ``activations``/``dropout_rate`` come from ``config.gin`` when known (else
-  gated MLPs are T5.1.1's ('gelu', 'linear'), others 'relu'; dropout 0.1).
-  Raises InputError for scanned layers, missing or mis-shaped parameters, or
-  activations that do not match the MLP parameters.
-  """
+  """Fields of a T5X (jaxfid-named) parameter set from shapes, activations
+  and dropout from ``config.gin`` when known (else T5.1.1's gated gelu or
+  relu; 0.1). InputError for scanned layers, missing or mis-shaped
+  parameters, or activations unlike the MLP's."""
   if any(name.startswith(("encoder/layers/", "decoder/layers/"))
          for name in flat):
     raise InputError(path, "scanned-layer T5X checkpoints (scalable_t5: "

@@ -1,26 +1,15 @@
 """Dense T5/FiD parameters -> FiDO parameters: FiDO "uptraining".
 
-FiDO (de Jong et al. 2022) does not pretrain its decoder from scratch: it
-takes a standard T5 checkpoint, changes the decoder and continues training.
-Its two changes alter the parameter tree (``jaxfid.t5.network``):
-
-* layer-sparse cross-attention (``cross_attention_period = K``): decoder
-  layers whose index i has ``(i + 1) % K != 0`` have no
-  ``encoder_decoder_attention`` and no ``pre_cross_attention_layer_norm``;
-  their dense weights are dropped;
-* multi-query cross-attention: the cross-attention ``key``/``value`` kernels
-  are ``[D, E]`` instead of ``[D, H*E]``; the H heads' projections are
-  mean-pooled into one (the recipe of multi-query / grouped-query uptraining,
-  Ainslie et al. 2023, which FiDO follows). Queries and outputs keep H heads.
-
-Everything else is copied unchanged. The result is checked against the
-FiDO model's abstract parameters (names and shapes) before it is returned.
-
-The trainer (``jaxfid.fid.trainer.load_initial_params``) applies the
-conversion when INIT_CHECKPOINT is dense and the run is FiDO of otherwise the
-same architecture (:func:`can_uptrain`); :func:`differing_fields` names what
-differs otherwise. Fields that only affect a run (dropout, activation dtype,
-rematerialisation) never count as differences.
+FiDO (de Jong et al. 2022) starts from a standard T5 checkpoint and changes
+the decoder (``jaxfid.t5.network``): layer-sparse cross-attention
+(``cross_attention_period = K``: layers with ``(i + 1) % K != 0`` lose
+``encoder_decoder_attention`` and its layer norm, their weights dropped) and
+multi-query cross-attention (``key``/``value`` kernels ``[D, E]``, the H
+heads' projections mean-pooled, as Ainslie et al. 2023's uptraining).
+Everything else is copied. The reader task applies it when INIT_CHECKPOINT is
+dense and the run is FiDO of otherwise the same architecture
+(:func:`can_uptrain`; run-only fields such as dropout, dtype or remat never
+differ).
 """
 from __future__ import annotations
 
@@ -47,11 +36,9 @@ def differing_fields(a: T5Config, b: T5Config) -> list[str]:
 
 
 def can_uptrain(source: T5Config, target: T5Config) -> bool:
-  """Whether :func:`fido_params_from_dense` turns ``source``'s params into ``target``'s.
-
-  True iff ``source`` is dense, ``target`` is not, and they agree in
-  everything but the FiDO switches (and run-only fields).
-  """
+  """Whether :func:`fido_params_from_dense` turns ``source``'s params into
+  ``target``'s: ``source`` dense, ``target`` not, the rest equal (run-only
+  fields aside)."""
   return (is_dense(source) and not is_dense(target)
           and set(differing_fields(source, target)) <= set(FIDO_FIELDS))
 
@@ -71,25 +58,11 @@ def describe(cfg: T5Config) -> str:
 def fido_params_from_dense(dense_params: dict, dense_config: T5Config,
                            fido_config: T5Config,
                            source: str = "dense checkpoint") -> dict:
-  """FiDO ``fido_config``'s parameters from a dense model's.
-
-  Args:
-    dense_params: nested params (numpy or jax arrays, any float dtype) of a
-      model with cross-attention in every decoder layer and multi-head
-      cross-attention.
-    dense_config: its configuration.
-    fido_config: the target; same sizes, any ``cross_attention_period`` and
-      ``multi_query_cross_attention``.
-    source: named in errors (a path).
-
-  Returns:
-    Nested float32 jax arrays with the FiDO model's names and shapes.
-
-  Raises:
-    ValueError: the configurations differ in anything but the FiDO switches,
-      or ``dense_config`` is not dense.
-    jaxfid.core.errors.InputError: the params do not fit the dense config.
-  """
+  """FiDO ``fido_config``'s parameters (nested float32 jax arrays, checked
+  against its names and shapes) from ``dense_params`` of ``dense_config``
+  (cross-attention in every decoder layer, multi-head). ValueError if the
+  configs differ in more than the FiDO switches or ``dense_config`` is not
+  dense; InputError (naming ``source``) if the params do not fit it."""
   if not is_dense(dense_config):
     raise ValueError("dense_config must have cross-attention in every layer "
                      "and multi-head cross-attention")

@@ -124,13 +124,8 @@ def read_safetensors(path, wanted=None, header=None) -> dict[str, np.ndarray]:
 
 
 class WeightFiles:
-  """The tensors of a HF checkpoint directory: which file holds which name.
-
-  Attributes:
-    directory: the checkpoint directory.
-    source: the weights file or shard index, named in missing-tensor errors.
-    files: tensor name -> file holding it.
-  """
+  """The tensors of a HF checkpoint ``directory``: ``files`` (name -> file)
+  and ``source`` (weights file or shard index, named in errors)."""
 
   def __init__(self, directory):
     self.directory = Path(directory)
@@ -198,12 +193,9 @@ def _shape_str(shape) -> str:
 
 
 def read_hf(directory) -> tuple[dict, dict[str, np.ndarray]]:
-  """Reads a HF T5 (or original FiD) checkpoint directory.
-
-  Returns ``(fields, flat_params)``. Raises InputError naming file and tensor
-  for a missing ``config.json`` or weights, missing, unexpected or mis-shaped
-  tensors, or embedding copies that differ from ``shared.weight``.
-  """
+  """``(fields, flat_params)`` of a HF T5 (or original FiD) directory;
+  InputError naming file and tensor for missing files, missing, unexpected
+  or mis-shaped tensors, or embedding copies unlike ``shared.weight``."""
   directory = Path(directory)
   if not directory.is_dir():
     raise InputError(directory, "not a directory (expected a Hugging Face "
@@ -290,11 +282,8 @@ def read_hf(directory) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def check_params(config: Any, flat: Mapping[str, Any]) -> dict:
-  """Checks a parameter set against a config; returns the config's fields.
-
-  Raises ValueError (a programming error) for missing, unexpected or
-  mis-shaped parameters.
-  """
+  """The config's fields, after checking a parameter set against it
+  (ValueError, a programming error, for missing or mis-shaped ones)."""
   fields = as_fields(config)
   shapes = names.param_shapes(fields)
   missing = sorted(set(shapes) - set(flat))
@@ -325,12 +314,9 @@ def _shards(tensors: dict[str, np.ndarray], max_bytes: int) -> list[list[str]]:
 def write_hf(directory, config: Any, flat: Mapping[str, Any],
              spiece_path=None, *, overwrite: bool = False,
              max_shard_bytes: int = 5 * 1024**3) -> Path:
-  """Writes a HF T5ForConditionalGeneration checkpoint directory; returns it.
-
-  ``directory`` must not exist or be empty unless ``overwrite``; ``flat`` holds
-  exactly the parameters of ``config``; ``spiece_path`` is copied as
-  ``spiece.model``; above ``max_shard_bytes`` the weights are sharded.
-  """
+  """Writes a HF T5ForConditionalGeneration directory (empty or new unless
+  ``overwrite``) of ``flat`` (exactly ``config``'s parameters, sharded above
+  ``max_shard_bytes``), ``spiece_path`` as ``spiece.model``; returns it."""
   fields = check_params(config, flat)
   if spiece_path is not None and not Path(spiece_path).is_file():
     raise InputError(spiece_path, "SentencePiece model not found")

@@ -92,12 +92,9 @@ METHOD_LOADERS.register("fid", load_encoder_decoder)
 
 def load_checkpoint(path: str, *, dtype: str | None = None,
                     which: str = "auto") -> tuple[EncoderDecoderModel, dict, str | None]:
-  """(model, params, spiece path or None) from any supported checkpoint.
-
-  ``dtype``: activation dtype override; ``which`` (MODEL_DIR): 'best',
-  'latest' or 'auto'. Raises InputError for a missing or unreadable
-  checkpoint or an unregistered method.
-  """
+  """(model, params, spiece path or None) from any supported checkpoint
+  (``which``: a MODEL_DIR's 'best', 'latest' or 'auto'); InputError for a
+  missing or unreadable checkpoint or an unregistered method."""
   path = os.fspath(path)
   if not paths.exists(path):
     raise InputError(path, "no such checkpoint")
@@ -113,12 +110,9 @@ def load_checkpoint(path: str, *, dtype: str | None = None,
 
 
 def checkpoint_passage_eos(path: str) -> bool:
-  """Whether the passages a checkpoint was trained on end with EOS.
-
-  A jaxfid MODEL_DIR: its run config's ``passage_eos`` (True when absent).
-  The original FiD readers (``encoder.encoder.*``): False (transformers
-  3.0.2 appended no EOS). Any other checkpoint: True.
-  """
+  """Whether the passages a checkpoint was trained on end with EOS: a
+  MODEL_DIR's ``passage_eos`` (True when absent); False for original FiD
+  readers (transformers 3.0.2 appended none); else True."""
   path = os.fspath(path)
   fmt = detect_format(path)
   if fmt == "jaxfid":

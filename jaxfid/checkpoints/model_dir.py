@@ -8,10 +8,8 @@ Layout of ``MODEL_DIR``::
   best/<step>/              the best evaluation checkpoint (params only)
   metrics.jsonl, tb/        metrics
 
-Orbax writes each checkpoint to a temporary directory and renames it when it
-is complete, so a crash never leaves a half-written checkpoint. Restores take
-an abstract target whose leaves carry the *current* shardings, so a
-checkpoint written under one mesh restores under another.
+Checkpoints appear complete or not at all (orbax renames a finished
+temporary); restores take the current shardings, so any mesh restores any.
 """
 from __future__ import annotations
 
@@ -216,15 +214,11 @@ def chosen_checkpoint(model_dir: str, which: str = "auto"
 
 
 def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[Any, int, str]:
-  """Parameters from a MODEL_DIR: ``which`` = 'best', 'latest' or 'auto'.
-
-  'auto' takes the best-EM checkpoint when there is one, else the latest.
-  ``target``: abstract params (``ShapeDtypeStruct`` leaves, with shardings or
-  not). Returns (params, step, which one was used). No checkpoint is an
-  InputError naming the MODEL_DIR, an unreadable one its directory and step. With several processes a
-  leaf without a sharding goes to this process's first device (the sharding
-  file names the devices of the process that saved it).
-  """
+  """Parameters from a MODEL_DIR: ``which`` 'best', 'latest' or 'auto' (the
+  best-EM one if any, else the latest) into ``target`` (abstract params,
+  with or without shardings; unsharded leaves go to this process's first
+  device). Returns (params, step, which). InputError naming the MODEL_DIR
+  (no checkpoint) or the checkpoint's directory and step (unreadable)."""
   if jax.process_count() > 1:
     local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(
@@ -263,11 +257,8 @@ def restore_params(model_dir: str, target: Any, which: str = "auto") -> tuple[An
 
 def restore_model(model_dir: str, abstract_params: Any, which: str = "auto"
                   ) -> Any:
-  """A model's parameters from a MODEL_DIR, on this process's first device.
-
-  ``abstract_params``: the model's ``abstract_params()``. No checkpoint, or
-  an unreadable one, is an InputError naming the directory.
-  """
+  """A model's parameters (``abstract_params``) from a MODEL_DIR on this
+  process's first device; InputError naming the directory if none is read."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),

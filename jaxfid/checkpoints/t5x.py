@@ -283,13 +283,9 @@ def _to_jaxfid_shapes(flat: dict, shapes: Mapping, file: Path) -> dict:
 
 
 def read_t5x(path) -> tuple[dict, dict[str, np.ndarray]]:
-  """Reads a T5X checkpoint (msgpack + TensorStore, or orbax).
-
-  Returns ``(fields, flat_params)``.
-
-  ``path``: a ``checkpoint_<step>`` directory or its ``checkpoint`` file, or a
-  model directory (the latest step is read).
-  """
+  """``(fields, flat_params)`` of a T5X checkpoint (msgpack + TensorStore or
+  orbax): a ``checkpoint_<step>`` directory or its ``checkpoint`` file, or
+  a model directory (its latest step)."""
   ckpt_dir, kind = locate(path)
   flat, file = (_read_orbax(ckpt_dir) if kind == "orbax"
                 else _read_msgpack(ckpt_dir))
@@ -338,12 +334,9 @@ def _gin_text(fields: Mapping) -> str:
 def write_t5x(model_dir, config: Any, flat: Mapping[str, Any], *,
               step: int = 0, overwrite: bool = False, use_orbax: bool = False,
               inline_max_elements: int = 0) -> Path:
-  """Writes ``model_dir/checkpoint_<step>/`` in T5X's layout, and config.gin.
-
-  ``use_orbax``: an orbax PyTree checkpoint instead of msgpack + TensorStore;
-  ``inline_max_elements``: msgpack arrays up to this size are stored inline
-  (default: none). Returns the ``checkpoint_<step>`` directory.
-  """
+  """Writes ``model_dir/checkpoint_<step>/`` in T5X's layout (``use_orbax``:
+  an orbax PyTree; ``inline_max_elements``: msgpack arrays inline up to that
+  size) and config.gin; returns the ``checkpoint_<step>`` directory."""
   fields = check_params(config, flat)
   model_dir = Path(model_dir)
   model_dir.mkdir(parents=True, exist_ok=True)
