@@ -56,11 +56,8 @@ def evaluate_with_qrels(run_path: str | os.PathLike,
                         qrels_path: str | os.PathLike,
                         recall_ks: Sequence[int] = (100,),
                         index_dir: str | os.PathLike | None = None) -> dict:
-  """nDCG@10, MRR@10 and R@k of a run (TREC or FiD JSON) against qrels.
-
-  With ``index_dir``, judged documents that are not among its passages are
-  counted (``judged_documents_missing_from_corpus``).
-  """
+  """nDCG@10, MRR@10 and R@k of a run against qrels (with ``index_dir``,
+  counting judged documents missing from the corpus)."""
   if run_format(run_path) == "fid":
     run = {}
     for i, (where, example) in enumerate(_fid_run(run_path)):
@@ -99,11 +96,8 @@ def evaluate_with_answers(run_path: str | os.PathLike,
                           ks: Sequence[int] = DEFAULT_ANSWER_KS,
                           index_dir: str | os.PathLike | None = None,
                           progress: bool | None = False) -> dict:
-  """Answer recall R@k of a run; see the module docstring for the inputs.
-
-  ``progress``: a bar over the run's queries on stderr (None: only on a
-  terminal).
-  """
+  """Answer recall R@k of a run (module docstring); ``progress``: a bar on
+  stderr (None: on a terminal)."""
   data = _answers_by_id(data_path) if data_path is not None else None
   hits: dict[str, list[bool]] = {}
   cache = PreparedCache()

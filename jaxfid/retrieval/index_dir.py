@@ -34,12 +34,9 @@ def write_meta(directory: str | os.PathLike, index_type: str,
 @contextlib.contextmanager
 def building(output: str | os.PathLike,
              remove: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
-  """The scope of one index build into ``output``; yields ``output`` as a Path.
-
-  Locks ``output`` (a dead build's lock is taken over), removes dead builds'
-  temporaries, and turns a storage fault into a StorageError naming
-  ``output`` after deleting ``remove``.
-  """
+  """The scope of one index build into ``output`` (yielded as a Path): a
+  lock (a dead build's taken over), dead builds' temporaries removed, a
+  storage fault a StorageError naming ``output`` after deleting ``remove``."""
   output = Path(output)
   with storage_errors(output):
     with DirectoryLock(output, what="index"):
@@ -50,11 +47,8 @@ def building(output: str | os.PathLike,
 
 
 def check_output(output: str | os.PathLike) -> None:
-  """Refuses an ``--output`` that exists and is neither empty nor an index.
-
-  Rebuilding an index replaces the old one; anything else is kept, so a
-  mistyped ``--output`` cannot delete unrelated files.
-  """
+  """Refuses an ``--output`` that exists and is neither empty nor an index
+  (an index is replaced), so a mistyped path deletes nothing."""
   output = Path(output)
   if output.exists() and not (output.is_dir() and (
       not any(output.iterdir()) or (output / META_FILE).exists())):

@@ -42,11 +42,8 @@ def ordered_map(fn: Callable[[T], R], batches: Iterable[T], threads: int,
                 initializer: Callable[..., None] | None = None,
                 initargs: tuple = (), min_batches: int | None = None
                 ) -> Iterator[R]:
-  """Yields ``fn(batch)`` for every batch, in order, on ``threads`` workers.
-
-  ``fn`` and ``initializer`` must be module-level functions (they are sent
-  to the workers by name).
-  """
+  """Yields ``fn(batch)`` for every batch, in order, on ``threads`` workers
+  (``fn`` and ``initializer`` module-level: sent by name)."""
   batches = iter(batches)
   least = max(2, 2 * threads if min_batches is None else min_batches)
   head = list(itertools.islice(batches, least)) if threads > 1 else []

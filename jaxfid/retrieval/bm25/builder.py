@@ -31,11 +31,8 @@ _FIELDS = ("terms", "docs", "tfs")
 
 
 class BM25Builder:
-  """Incremental indexing: ``add_batch``/``add`` documents, then ``finish()``.
-
-  ``flush_tokens`` tokens are buffered per chunk; with ``spill_dir`` chunks
-  are saved there (and deleted by ``finish``).
-  """
+  """Incremental indexing: ``add_batch``/``add`` documents, then
+  ``finish()``; chunks of ``flush_tokens`` tokens spill to ``spill_dir``."""
 
   def __init__(self, analyzer: EnglishAnalyzer | None = None,
                flush_tokens: int = 1 << 24,
@@ -114,11 +111,8 @@ class BM25Builder:
   def finish(self, params: BM25Params = BM25Params(),
              directory: str | os.PathLike | None = None,
              progress: bool | None = False) -> BM25Index:
-    """Computes the score matrix; the builder is spent afterwards.
-
-    With ``directory`` the postings arrays are memory-mapped ``.npy`` files
-    there (``BM25Index.save`` to the same directory leaves them in place).
-    """
+    """Computes the score matrix (memory-mapped ``.npy`` files in
+    ``directory`` if given); the builder is spent afterwards."""
     self._flush()
     self._batcher = None
     self._tables = {}

@@ -58,12 +58,9 @@ def build_bm25_index(corpus: str | os.PathLike, output: str | os.PathLike,
                      params: BM25Params = BM25Params(),
                      progress: bool | None = None, encoding: str = "utf-8",
                      threads: int | None = None) -> dict:
-  """Indexes a corpus file into the directory ``output``; returns meta.json.
-
-  ``threads``: tokenising processes (None: all CPUs). Raises InputError for a
-  malformed or empty corpus or a concurrent build of ``output``, StorageError
-  for a full disk (temporaries removed, an earlier index left as it was).
-  """
+  """Indexes a corpus file into ``output`` on ``threads`` processes (None:
+  all CPUs); returns meta.json. InputError for a bad or empty corpus or a
+  concurrent build, StorageError for a full disk (an earlier index kept)."""
   if params.k1 < 0 or not 0 <= params.b <= 1:
     raise InputError(corpus, f"invalid BM25 parameters k1={params.k1} "
                      f"b={params.b} (need k1 >= 0, 0 <= b <= 1)")

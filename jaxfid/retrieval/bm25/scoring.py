@@ -102,11 +102,8 @@ def lucene_avgdl(sum_total_term_freq: int, num_docs: int) -> np.float32:
 
 
 def norm_inverse(lengths, params: BM25Params, avgdl) -> np.ndarray:
-  """1 / (k1 * ((1 - b) + b * L / avgdl)) in float32, per document.
-
-  With ``params.lucene_norms`` the lengths are first quantised, and the values
-  come from the 256-entry table Lucene's BM25Scorer caches.
-  """
+  """1 / (k1 * ((1 - b) + b * L / avgdl)) in float32 per document (with
+  ``lucene_norms``, from Lucene's 256-entry table of quantised lengths)."""
   k1, b, avgdl = (np.float32(params.k1), np.float32(params.b),
                   np.float32(avgdl))
   one = np.float32(1.0)
@@ -230,11 +227,8 @@ class BM25Index:
 
   def _boosted(self, col: int, boost: float, rows: np.ndarray,
                scores: np.ndarray) -> np.ndarray:
-    """Lucene's scores of postings for a term with weight ``boost * idf``.
-
-    The index stores the scores at boost 1; the (integer) tf is recovered by
-    inverting s = idf * tf*n / (1 + tf*n) with the document's norm n.
-    """
+    """Lucene's scores of a term's postings at weight ``boost * idf`` (the
+    integer tf recovered from the boost-1 scores and document norms)."""
     scores = np.asarray(scores, dtype=np.float32)
     if boost == 1:
       return scores
@@ -281,12 +275,8 @@ class BM25Index:
 
   def search(self, text: str, k: int,
              tie_rank: np.ndarray | None = None) -> list[tuple[int, float]]:
-    """The top ``k`` matching documents: [(row, score)], best first.
-
-    Only documents containing a query term are returned, so there may be fewer
-    than ``k``; ties go to the lower ``tie_rank[row]`` (row order when None).
-    Scores are Lucene's exactly, pruned or not.
-    """
+    """The top ``k`` documents containing a query term, [(row, score)] best
+    first, Lucene's exact scores; ties to the lower ``tie_rank[row]``."""
     terms = self._postings(text)
     if not terms or k <= 0:
       return []

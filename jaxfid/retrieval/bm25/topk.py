@@ -96,11 +96,8 @@ _ONE = {np.dtype(np.float32): np.ones(1, np.float32),
 
 def scatter_add(acc: np.ndarray, rows: np.ndarray, values: np.ndarray
                 ) -> None:
-  """``acc[rows] += values`` for distinct in-range ``rows`` (a term's postings).
-
-  scipy's compiled CSC product, the same additions in the same order as
-  ``np.add.at`` (used where the kernel is missing or dtypes differ).
-  """
+  """``acc[rows] += values`` for distinct in-range ``rows``: scipy's CSC
+  product, the same additions in the same order as ``np.add.at``."""
   one = _ONE.get(acc.dtype)
   if (_csc_matvec is not None and one is not None
       and rows.dtype == np.int32 and values.dtype == acc.dtype
@@ -311,14 +308,10 @@ def add_all_top_k(terms: Sequence[Term], k: int, sums: Sums
 
 def pruned_top_k(terms: Sequence[Term], k: int, space: Workspace,
                  step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Documents that include the exact top ``k``, with their exact scores.
-
-  ``terms`` each have at least one posting; ``space`` is left all zero;
-  ``step`` is the index's impact step, if any. Returns (rows int64 ascending,
-  float32 scores): every document that can be in the top ``k`` (ties
-  included), and perhaps a few more, for
-  :func:`jaxfid.retrieval.bm25.scoring.top_k`.
-  """
+  """``(rows int64 ascending, float32 exact scores)`` of every document that
+  can be in the top ``k`` (ties included, perhaps a few more), for
+  :func:`jaxfid.retrieval.bm25.scoring.top_k`; ``terms`` each have a
+  posting, ``space`` is left all zero, ``step`` the impact step if any."""
   if sum(len(t.rows) for t in terms) < EXPAND_ALL_POSTINGS:
     return expand_all_top_k(terms, k, space)
   terms = sorted(terms, key=lambda t: -t.upper)

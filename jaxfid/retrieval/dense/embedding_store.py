@@ -57,11 +57,8 @@ def _layout(num_rows: int, dim: int, dtype: str, shard_size: int,
 
 
 class EmbeddingStore:
-  """Read-only, memory-mapped embedding shards of one directory.
-
-  ``store[rows]`` is a float32 ``[len(rows), dim]`` array (``store[i]`` one
-  row), whatever the stored dtype.
-  """
+  """Read-only, memory-mapped shards: ``store[rows]`` is float32
+  ``[len(rows), dim]`` whatever the stored dtype."""
 
   def __init__(self, directory: str | os.PathLike):
     self.directory = Path(directory)
@@ -102,11 +99,8 @@ class EmbeddingStore:
     return self._shards[i]
 
   def check(self) -> None:
-    """Checks every shard's file size, shape and dtype (maps them all).
-
-    Raises:
-      InputError: a shard is missing, truncated or of the wrong shape.
-    """
+    """Checks (maps) every shard's size, shape and dtype; InputError for a
+    missing, truncated or mis-shaped one."""
     for i in range(self.num_shards):
       self.shard(i)
 
@@ -234,11 +228,8 @@ class ShardWriter:
 
   @contextlib.contextmanager
   def scatter(self) -> Iterator[Sequence[np.ndarray]]:
-    """Writable memory maps of every shard, for rows arriving in any order.
-
-    The shards become visible (renamed into place) only when the block ends
-    without an exception.
-    """
+    """Writable memory maps of every shard, for rows in any order, renamed
+    into place only when the block ends without an exception."""
     with contextlib.ExitStack() as renames:
       maps = []
       for i in range(self.num_shards):

@@ -75,11 +75,8 @@ def build_faiss_index(store: EmbeddingStore, directory: str | os.PathLike, *,
                       index_shards: int = 1,
                       train_size: int = DEFAULT_TRAIN_SIZE, seed: int = 0,
                       progress: bool | None = None) -> dict:
-  """Builds (and, unless flat, writes) the FAISS index of ``store``'s rows.
-
-  Returns the ``faiss`` entry of ``meta.json``: factory, metric and parts
-  ``{"start", "end", "file", "bytes"}`` (``file`` None for flat).
-  """
+  """Builds (and unless flat writes) the FAISS index of ``store``'s rows;
+  returns meta.json's ``faiss`` entry (factory, metric, parts)."""
   directory = Path(directory)
   ranges = split_rows(len(store), index_shards)
   template = make_index(store.dim, factory, metric)
@@ -126,11 +123,8 @@ def _order(s: np.ndarray, r: np.ndarray, k: int
 
 def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray],
                k: int) -> tuple[np.ndarray, np.ndarray]:
-  """Merges per-part results ([Q, k_i] each, row -1 = none) into the top k.
-
-  Higher scores first; equal scores by ascending row. Missing results are
-  row -1 with score -inf, at the end.
-  """
+  """Merges per-part results ([Q, k_i], row -1 none) into the top k: higher
+  scores first, ties by ascending row, missing as row -1, -inf, last."""
   s = np.concatenate([np.asarray(x, np.float32) for x in scores], axis=1)
   r = np.concatenate([np.asarray(x, np.int64) for x in rows], axis=1)
   return _order(s, r, k)
@@ -154,11 +148,8 @@ def order_ties(s: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def check_faiss_files(directory: str | os.PathLike, info: dict,
                       num_rows: int) -> None:
-  """Checks a ``faiss`` meta.json entry's parts without reading them.
-
-  They must cover rows [0, num_rows) in order, and written files must have
-  their recorded sizes. Raises InputError naming the file.
-  """
+  """Checks a ``faiss`` meta.json entry's parts cover rows [0, num_rows) in
+  order with their recorded sizes, without reading them (InputError)."""
   directory = Path(directory)
   position = 0
   for part in info.get("parts", []):

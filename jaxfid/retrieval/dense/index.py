@@ -105,11 +105,8 @@ def staging_dir(output: str | os.PathLike) -> Path:
 
 def write_store(corpus, staging: Path, progress: bool | None = None,
                 encoding: str = "utf-8") -> PassageStore:
-  """Reads the corpus into the staging directory's passage store.
-
-  On a malformed corpus the staging directory is removed and the InputError
-  propagates.
-  """
+  """Reads the corpus into the staging passage store (removing the staging
+  directory on a malformed corpus's InputError)."""
   try:
     with PassageStoreWriter(staging, source=corpus) as writer:
       for lineno, passage in tqdm(

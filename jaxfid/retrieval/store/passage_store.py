@@ -59,12 +59,8 @@ class _SortedIds(Sequence):
 
 
 class PassageStore:
-  """Read-only, memory-mapped passages of one index directory.
-
-  ``store[i]`` is a :class:`Passage`, ``store.id(i)`` its id,
-  ``store.index_of(docid)`` the inverse; ``num_passages`` is checked when
-  given.
-  """
+  """Read-only, memory-mapped passages: ``store[i]`` a :class:`Passage`,
+  ``store.id(i)`` its id, ``store.index_of(docid)`` the inverse."""
 
   def __init__(self, directory: str | os.PathLike,
                num_passages: int | None = None):
@@ -173,11 +169,8 @@ class PassageStore:
 
 def _sort_ids(ids_path: Path,
               id_offsets: np.ndarray) -> tuple[np.ndarray, tuple | None]:
-  """Sorts the ids of ``ids.txt`` bytewise (stable).
-
-  Returns (passage indices in id order, one duplicate pair (i, j) with i < j
-  or None).
-  """
+  """(passage indices in bytewise-sorted id order, a duplicate pair (i, j),
+  i < j, or None) of ``ids.txt``."""
   n = len(id_offsets) - 1
   if n == 0:
     return np.zeros(0, dtype=np.int64), None

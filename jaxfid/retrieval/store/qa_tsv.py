@@ -54,11 +54,8 @@ def split_qa_line(line: str) -> tuple[str, list[str]] | None:
 
 def iter_qa_tsv(path: str | os.PathLike
                 ) -> Iterator[tuple[int, tuple[str, list[str]]]]:
-  """Yields (line number, (question, answers)) of a QA TSV file.
-
-  Raises:
-    InputError: a line that is not ``question<TAB>[answers]``.
-  """
+  """Yields (line number, (question, answers)) of a QA TSV file; InputError
+  for a line that is not ``question<TAB>[answers]``."""
   return qa_lines(iter_lines(path), path,
                   "(a QA TSV such as DPR's nq-test.qa.csv)")
 

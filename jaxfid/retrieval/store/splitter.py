@@ -44,11 +44,8 @@ def split_into_passages(docs: Iterable[Passage], words: int = 100,
 
 def write_dpr_tsv(path: str | os.PathLike,
                   passages: Iterable[Passage]) -> int:
-  """Writes passages as a DPR TSV file (``id text title``); returns the count.
-
-  A name ending in ``.gz`` is gzipped. The file appears only when complete
-  (written to a temporary file first).
-  """
+  """Writes passages atomically as a DPR TSV file (``id text title``;
+  ``.gz``: gzipped); returns the count."""
   count = 0
   with atomic_write(path, "wb") as raw:
     compressed = (gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
