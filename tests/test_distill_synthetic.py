@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # round 2's recall@1 over round 1's with the test's lighter reader (1,500
 # steps of 16 instead of the benchmark's 4,000 of 8: 6 minutes instead of
 # 8 on 2 idle cores); measured +0.195 (world seed 0, the test's) and +0.12
-# (seed 1): docs/retrieval.md
+# (seed 1): benchmarks/RESULTS.md
 MARGIN = 0.08
 READER_FLAGS = ["--reader-steps", "1500", "--reader-batch-size", "16"]
 
@@ -76,7 +76,7 @@ def test_the_world_defeats_bm25_by_construction():
 
 
 # Two rounds and the control (test_distill_iterate.py checks how rounds
-# follow each other; docs/retrieval.md has the third round).
+# follow each other; benchmarks/RESULTS.md has the third round).
 @pytest.mark.slow  # tiny trainings: 6 minutes on 2 idle cores
 def test_distillation_rises_per_round_and_a_shuffled_teacher_does_not(
     tmp_path):
