@@ -8,7 +8,9 @@
 * :func:`hold_at`: runs ``jaxfid ARGS`` in a child process that sleeps at a
   patched function (before or after its Nth call), so that a test can look
   at what a live run holds and then kill it (:func:`kill`: SIGKILL) at a
-  known point.
+  known point; or (``until_signal``) waits there for SIGTERM or SIGINT,
+  which the command's own handler takes, and then goes on: the signal lands
+  at that point of the run, however fast or slow the host.
 """
 from __future__ import annotations
 
@@ -137,9 +139,10 @@ def _umount(path: Path) -> None:
         return
 
 
-_HOLD = r"""
+HOLD = r"""
 import importlib, sys, time
 target, when, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+until_signal = sys.argv[4] == "signal"
 module_name, _, attr = target.partition(":")
 owner = importlib.import_module(module_name)
 *parents, name = attr.split(".")
@@ -149,8 +152,29 @@ original = getattr(owner, name)
 calls = []
 
 def hold():
+  if not until_signal:
+    print("HOLDING", flush=True)
+    time.sleep(3600)
+    return
+  # the command's handlers, each noting that it ran; back in place after
+  import signal
+  got, installed = [], {}
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    handler = signal.getsignal(sig)
+    if callable(handler):
+      def noted(signum, frame, handler=handler):
+        got.append(signum)
+        handler(signum, frame)
+      installed[sig] = (noted, handler)
+      signal.signal(sig, noted)
   print("HOLDING", flush=True)
-  time.sleep(3600)
+  try:
+    while not got:
+      time.sleep(0.05)
+  finally:
+    for sig, (noted, handler) in installed.items():
+      if signal.getsignal(sig) is noted:  # (a handler may have replaced it)
+        signal.signal(sig, handler)
 
 def patched(*args, **kwargs):
   calls.append(1)
@@ -163,7 +187,7 @@ def patched(*args, **kwargs):
 
 setattr(owner, name, patched)
 from jaxfid.cli import main
-sys.exit(main(sys.argv[4:]))
+sys.exit(main(sys.argv[5:]))
 """
 
 
@@ -177,13 +201,18 @@ def default_sigint() -> None:
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def hold_at(target: str, when: str, count: int, argv, log: Path):
-  """A child running ``jaxfid argv``, held (sleeping) at ``target``."""
-  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def hold_at(target: str, when: str, count: int, argv, log: Path,
+            until_signal: bool = False, env: dict | None = None):
+  """A child running ``jaxfid argv``, held (sleeping) at ``target``; with
+  ``until_signal``, held there until its handler of SIGTERM or SIGINT has
+  run (the test sends it once this returns), then going on. Its stdout is
+  the returned process's, its stderr ``log``; ``env``: its environment
+  (default: this one with PYTHONPATH the checkout)."""
+  env = env or {**os.environ, "PYTHONPATH": str(ROOT)}
   with open(log, "wb") as err:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, target, when, str(count),
-         *map(str, argv)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        [sys.executable, "-c", HOLD, target, when, str(count),
+         "signal" if until_signal else "sleep", *map(str, argv)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=err, preexec_fn=default_sigint)
   deadline = time.time() + 600
   while time.time() < deadline:
