@@ -326,14 +326,15 @@ def _sigterm_is_one_line(search_log_path: str | None):
   handler, which answers SIGTERM with a stack dump. Meanwhile SIGTERM says
   one line instead and then ends the process by SIGTERM, as the sender
   expects; the compile processes die with it (``CHILD_START``) and the
-  reports already in ``--search-log`` stay there."""
+  reports already in ``--search-log`` stay there. The line goes to file
+  descriptor 2 itself: ``sys.stderr`` may be a build's capture
+  (``Run.build``)."""
   def stop(signum, frame):
     del signum, frame
     hint = (f"; rerun with --search-log {search_log_path} to go on"
             if search_log_path else "")
-    print(f"jaxfid bench compile: stopped by SIGTERM{hint}", file=sys.stderr,
-          flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.write(2, f"jaxfid bench compile: stopped by SIGTERM{hint}\n".encode())
     os.kill(os.getpid(), signal.SIGTERM)
   previous = signal.signal(signal.SIGTERM, stop)
   try:

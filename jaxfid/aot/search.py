@@ -116,6 +116,12 @@ def _table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _say_row(row: dict) -> None:
+  """A row on stderr in one write (a SIGTERM's line never lands inside it:
+  ``jaxfid.aot.command``)."""
+  sys.stderr.write(_table([row]).splitlines()[1] + "\n")
+
+
 def _rank(fit: tuple[float, dict, dict]) -> tuple[float, float]:
   """Fastest first; at equal speed, the smaller per chip."""
   return fit[0], fit[2]["per_chip_gb"]
@@ -145,13 +151,13 @@ def search(compile_fn: Callable[..., dict], flops_fn: Callable[[], object],
     except (InputError, CompileFailed) as e:
       with lock:
         rows.append(_row(macros, None, e.message))
-        print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
+        _say_row(rows[-1])
       return None
     with lock:
       rows.append(_row(macros, result, None))
       if not ranked:
         rows[-1]["ranked"] = False
-      print(_table(rows[-1:]).splitlines()[1], file=sys.stderr)
+      _say_row(rows[-1])
       if not ranked:
         return result
       if result["fits"]:
