@@ -14,9 +14,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -24,7 +21,6 @@ import fault_tools
 import tiny_fid
 from jaxfid.cli import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The sizes of every run here (the task: tests/tiny_fid.py).
 SIZES = ("BATCH_SIZE=4", "N_CONTEXT=1", "TEXT_MAXLENGTH=12",
          "ANSWER_MAXLENGTH=3", "CHECKPOINT_EVERY=2", "LOG_EVERY=1",
@@ -214,29 +210,22 @@ def test_kill_9_before_a_checkpoint_loses_only_the_steps_since(
   assert _losses(model_dir) == pytest.approx(_losses(whole), rel=1e-6)
 
 
-def _start(argv):
-  env = {**os.environ, "PYTHONPATH": ROOT}
-  return subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *argv],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          preexec_fn=fault_tools.default_sigint)
-
-
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130),
                                        (signal.SIGTERM, 0)])
 def test_ctrl_c_and_sigterm_save_and_report_the_saved_step(
     sig, code, data, whole, tmp_path):
   model_dir = tmp_path / "run"
+  log = tmp_path / "held.log"
   # LOG_EVERY=4: the summary must still pair the saved step with its own loss.
-  proc = _start(_args(model_dir, data, 6, ["--gin.LOG_EVERY=4"]))
+  # The signal lands once the checkpoint of step 2 is written, before step 3.
+  proc = fault_tools.hold_at(
+      "jaxfid.checkpoints.model_dir:RunCheckpoints.save", "after", 1,
+      _args(model_dir, data, 6, ["--gin.LOG_EVERY=4"]), log,
+      until_signal=True)
   metrics = model_dir / "metrics.jsonl"
-  deadline = time.time() + 600
-  while time.time() < deadline and proc.poll() is None:
-    if (model_dir / "checkpoints" / "2").exists():
-      break
-    time.sleep(0.1)
   proc.send_signal(sig)
-  out, err = proc.communicate(timeout=600)
+  out = proc.communicate(timeout=600)[0].decode()
+  err = log.read_text(errors="replace")
   assert proc.returncode == code, err[-2000:]
   summary = json.loads(out.strip().splitlines()[-1])
   assert summary["preempted"] and summary["signal"] == signal.Signals(sig).name
