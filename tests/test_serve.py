@@ -334,8 +334,9 @@ def test_sigterm_while_loading_exits_0(world, tmp_path):
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
   """Last: it stops the module's server. The request's headers arrive
-  before SIGTERM and its body after: it is in flight when the signal lands,
-  whatever the machine's load; new connections are refused meanwhile."""
+  before SIGTERM and its body after: SIGTERM is sent once /metrics counts
+  it in flight, so it is in flight when the signal lands, whatever the
+  machine's load; new connections are refused meanwhile."""
   url = urllib.parse.urlsplit(server.url)
   body = json.dumps({"questions": [_question(i) for i in range(8)]}).encode()
   head = (f"POST /v1/answer:batch HTTP/1.1\r\nHost: {url.netloc}\r\n"
@@ -343,7 +344,11 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
           f"Content-Length: {len(body)}\r\n\r\n").encode()
   with socket.create_connection((url.hostname, url.port), timeout=60) as s:
     s.sendall(head + body[:10])
-    time.sleep(1.0)
+    deadline = time.time() + 60
+    while "jaxfid_serve_requests_in_flight 1" not in _get(
+        server.url + "metrics")[1]:
+      assert time.time() < deadline, "never in flight:\n" + server.stderr
+      time.sleep(0.05)
     server.proc.send_signal(signal.SIGTERM)
     deadline = time.time() + 30
     while True:  # it stops accepting connections

@@ -122,6 +122,7 @@ def test_the_server_goes_on_after_bad_requests(state):
           in metrics)
   assert 'jaxfid_serve_request_seconds_count{endpoint="/v1/answer"} ' in (
       metrics)
+  assert "jaxfid_serve_requests_in_flight 0" in metrics  # each one ended
 
 
 def test_batch_requests(state):

@@ -59,7 +59,13 @@ class Metrics:
     self._latency: dict[str, Histogram] = {}
     self._batch_size = Histogram(batch_buckets)
     self._batches: collections.Counter = collections.Counter()
+    self._in_flight = 0
     self.ready = False
+
+  def in_flight(self, change: int) -> None:
+    """+1 once a question request's headers are in, -1 once it is over."""
+    with self._lock:
+      self._in_flight += change
 
   def request(self, endpoint: str, status: int, seconds: float) -> None:
     with self._lock:
@@ -77,6 +83,10 @@ class Metrics:
       out = ["# HELP jaxfid_serve_ready 1 once the programs are compiled.",
              "# TYPE jaxfid_serve_ready gauge",
              f"jaxfid_serve_ready {int(self.ready)}",
+             "# HELP jaxfid_serve_requests_in_flight Question requests "
+             "received and not yet answered.",
+             "# TYPE jaxfid_serve_requests_in_flight gauge",
+             f"jaxfid_serve_requests_in_flight {self._in_flight}",
              "# HELP jaxfid_serve_requests_total Requests answered.",
              "# TYPE jaxfid_serve_requests_total counter"]
       for (endpoint, status), n in sorted(self._requests.items()):

@@ -190,6 +190,11 @@ class _Loader:
         alpha=c.decode.alpha,
         max_batch=c.max_batch, max_wait_ms=c.max_wait_ms,
         on_batch=self.state.metrics.batch)
+    # the server is up (and takes SIGTERM/SIGINT) before this line
+    while not self.server.started and not self._stopped():
+      time.sleep(0.01)
+    if self._stopped():
+      return
     print(f"compiling the reader for batch sizes {self.batcher.buckets} and "
           f"beam sizes {self.batcher.beam_sizes}", file=sys.stderr,
           flush=True)
@@ -202,10 +207,6 @@ class _Loader:
                                    n_context=c.n_context,
                                    beam_size=c.beam_size)
     self.state.metrics.ready = True
-    while not self.server.started and not self._stopped():
-      time.sleep(0.01)
-    if self._stopped():
-      return
     print(f"compiled {count} programs in {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     print(f"jaxfid serve: ready at {self.url}", flush=True)

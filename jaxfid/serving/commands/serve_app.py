@@ -82,7 +82,11 @@ def build_app(state: ServerState):
   def route(endpoint: str, batch: bool):
     async def handle(request):
       start = time.perf_counter()
-      status, content = await answered(request, batch)
+      state.metrics.in_flight(+1)
+      try:
+        status, content = await answered(request, batch)
+      finally:
+        state.metrics.in_flight(-1)
       state.metrics.request(endpoint, status, time.perf_counter() - start)
       return JSONResponse(content, status_code=status)
     return handle
