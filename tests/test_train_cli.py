@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+import fault_tools
 import tiny_fid
 from jaxfid.cli import main
 
@@ -108,20 +108,15 @@ def test_sigterm_saves_and_resumes(data, trained, tmp_path):
   model_dir = tmp_path / "out"
   args = _train_args(model_dir, train, dev, 6,
                      extra=["--gin.CHECKPOINT_EVERY=100", "--gin.EVAL_EVERY=100"])
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *args], cwd=ROOT,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  metrics_file = os.path.join(model_dir, "metrics.jsonl")
-  deadline = time.time() + 300
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.exists(metrics_file) and _losses(model_dir):
-      break
-    time.sleep(0.2)
-  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  # the signal lands once step 1 is done, whatever the host's speed
+  proc = fault_tools.hold_at(
+      "jaxfid.training.loop:StepLoop.finished_step", "after", 1, args,
+      tmp_path / "stderr.log", until_signal=True)
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err.decode()[-2000:]
-  assert b"SIGTERM" in err
+  proc.communicate(timeout=300)
+  err = (tmp_path / "stderr.log").read_text(errors="replace")
+  assert proc.returncode == 0, err[-2000:]
+  assert "SIGTERM" in err
   saved = [int(s) for s in os.listdir(os.path.join(model_dir, "checkpoints"))
            if s.isdigit()]
   assert saved and max(saved) < 6
