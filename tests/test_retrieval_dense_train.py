@@ -10,9 +10,6 @@ initialisation.
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import gin
 import jax
@@ -20,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 
+import fault_tools
 from hf_reference import make_tiny_hf_checkpoint
 from jaxfid.cli import main
 from jaxfid.commands import gin_flags
@@ -291,8 +289,7 @@ def test_accumulation_keeps_whole_batch_negatives_and_exact_gradients(
 
 # ---- the command line: resume, SIGTERM, accumulation, a data=2 mesh --------
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 30  # enough for SIGTERM to arrive mid-run
+STEPS = 30
 
 
 def _cli_args(model_dir, world, steps, *extra):
@@ -346,22 +343,15 @@ def test_sigterm_saves_and_a_rerun_resumes_step_for_step(world, uninterrupted,
   args = _cli_args(model_dir, world, STEPS, "--gin.DROPOUT_RATE=0.1",
                    f"--gin.EVAL_DATA='{world['test']}'",
                    "--gin.EVAL_MAX_EXAMPLES=16")
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep +
-             os.environ.get("PYTHONPATH", ""))
-  proc = subprocess.Popen([sys.executable, "-m", "jaxfid.cli", *args],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE)
-  metrics_file = model_dir / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and proc.poll() is None:
-    if metrics_file.exists() and _losses(model_dir):
-      break
-    time.sleep(0.2)
-  assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+  # the signal lands once step 1 is done, whatever the host's speed
+  proc = fault_tools.hold_at(
+      "jaxfid.training.loop:StepLoop.finished_step", "after", 1, args,
+      tmp_path / "stderr.log", until_signal=True)
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err.decode()[-2000:]
-  assert b"SIGTERM" in err
+  proc.communicate(timeout=300)
+  err = (tmp_path / "stderr.log").read_text(errors="replace")
+  assert proc.returncode == 0, err[-2000:]
+  assert "SIGTERM" in err
   saved = [int(s) for s in os.listdir(model_dir / "checkpoints")
            if s.isdigit()]
   assert saved and max(saved) < STEPS
