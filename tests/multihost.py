@@ -9,11 +9,14 @@ until gloo times out).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+import fault_tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,17 +36,24 @@ def env(devices: int) -> dict:
   return out
 
 
-def start(argv: list[str], processes: int, devices: int
+def start(argv: list[str], processes: int, devices: int,
+          held: tuple[int, str, str, int] | None = None
           ) -> list[subprocess.Popen]:
-  """Starts the processes (one process: no distributed flags)."""
+  """Starts the processes (one process: no distributed flags). ``held``:
+  ``(process, target, when, count)``: that process is held at ``target``
+  until a signal (``fault_tools.hold_at``'s ``until_signal``; it says
+  ``HOLDING`` on stdout first)."""
   port = free_port()
   procs = []
   for i in range(processes):
     extra = ([] if processes == 1 else
              ["--distributed", "--coordinator-address", f"127.0.0.1:{port}",
               "--num-processes", str(processes), "--process-id", str(i)])
+    program = ["-m", "jaxfid.cli"]
+    if held is not None and held[0] == i:
+      program = ["-c", fault_tools.HOLD, *map(str, held[1:]), "signal"]
     procs.append(subprocess.Popen(
-        [sys.executable, "-m", "jaxfid.cli", *argv, *extra], cwd=ROOT,
+        [sys.executable, *program, *argv, *extra], cwd=ROOT,
         env=env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True))
   return procs
@@ -70,11 +80,20 @@ def run(argv: list[str], processes: int, devices: int,
   return finish(start(argv, processes, devices), timeout)
 
 
-def terminate_when(procs, ready, which: int, timeout: float = 600) -> None:
-  """SIGTERM to process ``which`` once ``ready()`` is true."""
+def terminate_held(procs, which: int, timeout: float = 600) -> None:
+  """SIGTERM to process ``which`` (started ``held``) once it is held; if it
+  never is, all are killed and the error shows what they printed."""
   deadline = time.time() + timeout
-  while not ready():
-    if time.time() > deadline or any(p.poll() is not None for p in procs):
-      return
-    time.sleep(0.2)
-  procs[which].send_signal(signal.SIGTERM)
+  stdout = procs[which].stdout
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if select.select([stdout], [], [], 1.0)[0]:
+      line = stdout.readline()
+      if line.strip() == "HOLDING":
+        procs[which].send_signal(signal.SIGTERM)
+        return
+      if not line:
+        break
+  for p in procs:
+    p.kill()
+  printed = [err[-3000:] for _, _, err in finish(procs)]
+  raise AssertionError(f"process {which} was never held: {printed}")

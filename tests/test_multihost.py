@@ -76,11 +76,10 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(
     data, one_process, tmp_path):
   model_dir = tmp_path / "term"
   argv = _train_argv(model_dir, data, 4)
-  procs = multihost.start(argv, 2, 2)
-  metrics = model_dir / "metrics.jsonl"
-  multihost.terminate_when(
-      procs, lambda: metrics.exists() and '"step": 1,' in metrics.read_text(),
-      which=1)
+  # process 1 takes SIGTERM once step 1 is done (held there until then)
+  procs = multihost.start(argv, 2, 2, held=(
+      1, "jaxfid.training.loop:StepLoop.finished_step", "after", 1))
+  multihost.terminate_held(procs, which=1)
   results = _ok(multihost.finish(procs))
   final = json.loads(results[0][1].strip().splitlines()[-1])
   assert final.get("preempted") is True and final["step"] < 4
