@@ -8,18 +8,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
+import fault_tools
 from jaxfid.cli import build_parser
 from jaxfid.commands import shell
 from jaxfid.fid.commands import demo
 from subprocess_env import default_xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 200  # a window of seconds for SIGTERM to land in training on a loaded machine
+STEPS = 200
 
 
 def _command(out):
@@ -38,27 +37,14 @@ def _env(tmp_path):
 @pytest.mark.slow
 def test_sigterm_interrupts_the_demo_and_the_same_command_resumes(tmp_path):
   out = tmp_path / "demo"
-  proc = subprocess.Popen(_command(out), cwd=ROOT, env=_env(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
-  stderr = []
-  reader = threading.Thread(
-      target=lambda: stderr.extend(iter(lambda: proc.stderr.read(1), "")),
-      daemon=True)
-  reader.start()
-  deadline = time.time() + 600
-  step = re.compile(rf"train:[^\r\n]*?\| *([1-9]\d*)/{STEPS}")
-  while not step.search("".join(stderr)):
-    assert proc.poll() is None, "".join(stderr)[-3000:]
-    assert time.time() < deadline, "training never started"
-    time.sleep(0.2)
+  log = tmp_path / "stderr.log"
+  # SIGTERM lands in training, once step 1 is done, whatever the host's speed
+  proc = fault_tools.hold_at(
+      "jaxfid.training.loop:StepLoop.finished_step", "after", 1,
+      _command(out)[3:], log, until_signal=True, env=_env(tmp_path))
   proc.send_signal(signal.SIGTERM)
-  # Only the reader thread reads stderr (communicate() would read it too and
-  # take the last lines away from the thread).
-  stdout = proc.stdout.read()
-  proc.wait(timeout=600)
-  reader.join(timeout=60)
-  err = "".join(stderr)
+  stdout = proc.communicate(timeout=600)[0].decode()
+  err = log.read_text(errors="replace")
   assert proc.returncode == demo.INTERRUPTED_EXIT, err[-3000:]
   lines = [l for l in err.splitlines() if "interrupted (SIGTERM)" in l]
   assert len(lines) == 1, err[-3000:]
