@@ -159,13 +159,14 @@ def test_a_killed_process_stops_the_other_at_once_in_one_line(
     assert time.time() < deadline and all(p.poll() is None for p in procs)
     time.sleep(0.2)
   procs[killed].kill()
-  killed_at = time.time()
   results = multihost.finish(procs, timeout=300)
-  # JAX alone would end it after 100 s without heartbeats, with a fatal
-  # log and a C++ stack trace
-  assert time.time() - killed_at < 60
+  # At once: the line below is the peer watch's, which sees the killed
+  # process's connection close, or a collective's that lost it; JAX alone
+  # would end it after 100 s without heartbeats, with a fatal log (naming
+  # the heartbeats), a C++ stack trace and no such line.
   code, out, err = results[1 - killed]
   assert code == -signal.SIGABRT, err[-6000:]
+  assert "heartbeat" not in (out + err).lower(), err[-6000:]
   lines = assert_quiet(out + err)
   error, = [line for line in lines if line.startswith("jaxfid train:")]
   assert error.startswith("jaxfid train: error: ")
