@@ -82,17 +82,17 @@ def _row(program: str, batch: int, devices: int, flops: float, first: float,
 def train(run: command.Run, base: dict, steps: int) -> dict:
   built = run.build(base)
   flops = command.train_model_flops(run, base)[0]
-  task, settings = built.task, built.settings
+  task, p, settings = built.task, built.prepared, built.settings
   with launch.prng_context(built.hardware_rng):
-    plan = loop.layout(task, settings, built.optimizer)
+    plan = loop.layout(task, p, built.optimizer)
     place, phase = plan.placement, plan.phases[0]
     with jax.set_mesh(plan.mesh):
-      params = jax.jit(lambda: task.model.init_params(settings.seed),
+      params = jax.jit(lambda: p.model.init_params(settings.seed),
                        out_shardings=place.params)()
       state = [state_lib.fresh_state(phase.make_state, params, 0,
                                      plan.shardings[0])]
       del params
-      batch = synthetic(task.abstract_batch(settings, 0), place.batch)
+      batch = synthetic(task.abstract_batch(p, 0), place.batch)
       step = loop.jit_step(phase, plan.shardings[0], place)
 
       def one():
@@ -108,15 +108,15 @@ def train(run: command.Run, base: dict, steps: int) -> dict:
 
 def decode(run: command.Run, base: dict, batch_size: int, steps: int) -> dict:
   built = run.build(base)
-  task, settings = built.task, built.settings
+  task, p, settings = built.task, built.prepared, built.settings
   with launch.prng_context(built.hardware_rng):
-    plan = loop.layout(task, settings, built.optimizer)
+    plan = loop.layout(task, p, built.optimizer)
     place = plan.placement
     rows = place.eval_batch_size(batch_size)
-    fn, abstract = task.decode_program(settings, rows)
+    fn, abstract = task.decode_program(p, rows)
     flops = programs.program_flops(fn, plan.abstract_params, abstract)
     with jax.set_mesh(plan.mesh):
-      params = jax.jit(lambda: task.model.init_params(settings.seed),
+      params = jax.jit(lambda: p.model.init_params(settings.seed),
                        out_shardings=place.params)()
       batch = synthetic(abstract, place.batch)
       jitted = jax.jit(fn, in_shardings=(place.params, place.batch),

@@ -44,25 +44,26 @@ def assert_same_shapes(abstract, host_batch) -> None:
         jax.tree_util.keystr(path), a, r)
 
 
-def loop_placement(task, settings):
-  """The loop's mesh and placement of ``task.model`` (loop.train's step 1)."""
-  mesh = state_lib.checked_mesh(settings.mesh, settings.batch_size,
-                                settings.accumulation_steps)
-  return mesh, state_lib.placement(mesh, task.model.param_axes())
+def loop_placement(p):
+  """The loop's mesh and placement of ``p.model`` (loop.train's step 1;
+  ``p`` what the task's ``prepare`` or ``prepare_shapes`` returned)."""
+  s = p.settings
+  mesh = state_lib.checked_mesh(s.mesh, s.batch_size, s.accumulation_steps)
+  return mesh, state_lib.placement(mesh, p.model.param_axes())
 
 
-def lower_phases(task, settings, optimizer) -> list:
+def lower_phases(task, p, optimizer) -> list:
   """Each phase's step lowered as the loop jits it (its shardings, the state
   donated), from abstract shapes only; ``.compile()`` them for the
   executables (XLA:CPU compiling is what takes seconds)."""
-  mesh, place = loop_placement(task, settings)
-  phases = task.phases(settings, optimizer)
-  abstract_params = task.model.abstract_params()
+  mesh, place = loop_placement(p)
+  phases = task.phases(p, optimizer)
+  abstract_params = p.model.abstract_params()
   out = []
   for i, phase in enumerate(phases):
     state = jax.eval_shape(phase.make_state, abstract_params, 0)
     shardings = place.state(state, abstract_params)
-    batch = task.abstract_batch(settings, i)
+    batch = task.abstract_batch(p, i)
     with jax.set_mesh(mesh):
       out.append(jax.jit(phase.step, in_shardings=(shardings, place.batch),
                          out_shardings=(shardings, place.replicated),
@@ -70,12 +71,12 @@ def lower_phases(task, settings, optimizer) -> list:
   return out
 
 
-def lower_decode(task, settings, batch_size: int):
+def lower_decode(task, p, batch_size: int):
   """``decode_program``'s fn lowered with the parameters placed as the loop
   places them and the batch sharded over the data axes."""
-  mesh, place = loop_placement(task, settings)
-  fn, batch = task.decode_program(settings, batch_size)
+  mesh, place = loop_placement(p)
+  fn, batch = task.decode_program(p, batch_size)
   with jax.set_mesh(mesh):
     return jax.jit(fn, in_shardings=(place.params, place.batch),
                    out_shardings=place.replicated).lower(
-                       task.model.abstract_params(), batch)
+                       p.model.abstract_params(), batch)

@@ -40,15 +40,15 @@ def test_abstract_batch_is_the_real_batch(tmp_path):
   task, settings, _ = configured(GIN, SMALL + [
       f"MODEL_DIR = '{tmp_path / 'm'}'", f"CORPUS = '{tmp_path / 'corpus.jsonl'}'",
       f"TRAIN_DATA = '{tmp_path / 'train.json'}'"])
-  task.prepare(settings)
-  mesh, place = loop_placement(task, settings)
+  p = task.prepare(settings)
+  mesh, place = loop_placement(p)
   with jax.set_mesh(mesh):
-    params = jax.jit(lambda: task.model.init_params(0),
+    params = jax.jit(lambda: p.model.init_params(0),
                      out_shardings=place.params)()
-    task.start(Context(settings, place, _Log(), _Checkpoints(), None), 0,
+    task.start(p, Context(settings, place, _Log(), _Checkpoints(), None), 0,
                {"params": params})
-    host = task.batch(0, slice(0, settings.batch_size), params)
-  assert_same_shapes(task.abstract_batch(settings, 0), host)
+    host = task.batch(p, 0, slice(0, settings.batch_size), params)
+  assert_same_shapes(task.abstract_batch(p, 0), host)
   task.close()
 
 
@@ -56,9 +56,9 @@ def test_the_step_and_decoding_lower_from_shapes_alone():
   task, settings, optimizer = configured(GIN, SMALL + [
       f"MODEL_DIR = '{MISSING}/m'", f"CORPUS = '{MISSING}/c.tsv'",
       f"TRAIN_DATA = '{MISSING}/t.json'"])
-  task.prepare_shapes(settings)
-  assert len(lower_phases(task, settings, optimizer)) == 1
-  assert lower_decode(task, settings, 4) is not None
+  p = task.prepare_shapes(settings)
+  assert len(lower_phases(task, p, optimizer)) == 1
+  assert lower_decode(task, p, 4) is not None
   task, settings, _ = configured(GIN, SMALL + [
       f"MODEL_DIR = '{MISSING}/m'", f"CORPUS = '{MISSING}/c.tsv'",
       f"TRAIN_DATA = '{MISSING}/t.json'", f"INIT_RETRIEVER = '{MISSING}/r'"])

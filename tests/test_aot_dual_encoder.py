@@ -46,15 +46,15 @@ def test_abstract_batch_is_the_real_batch(train_file, tmp_path):
   task, settings, _ = configured(GIN, SMALL + [
       f"MODEL_DIR = '{tmp_path / 'm'}'", f"TRAIN_DATA = '{train_file}'",
       f"EVAL_DATA = '{train_file}'"])
-  task.prepare(settings)
+  p = task.prepare(settings)
   for step in (0, 1):
-    host = task.batch(step, slice(0, settings.batch_size), None)
+    host = task.batch(p, step, slice(0, settings.batch_size), None)
     assert not host["passage_mask"].all()   # masked rows are covered
-    assert_same_shapes(task.abstract_batch(settings, 0), host)
+    assert_same_shapes(task.abstract_batch(p, 0), host)
   with pytest.raises(ValueError):
-    task.abstract_batch(settings, 1)
-  evaluator = task.evaluator   # the evaluation's tokens, 4 rows at a time
-  assert_same_shapes(task.decode_program(settings, 4)[1], {
+    task.abstract_batch(p, 1)
+  evaluator = p.evaluator   # the evaluation's tokens, 4 rows at a time
+  assert_same_shapes(task.decode_program(p, 4)[1], {
       "query_tokens": evaluator.query_tokens[:4],
       "passage_tokens": evaluator.passage_tokens[:4]})
 
@@ -67,11 +67,11 @@ def _configured(extra):
 
 def test_lowers_from_the_configuration_alone():
   task, settings, optimizer = _configured([])
-  task.prepare_shapes(settings)
-  (train,) = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  (train,) = lower_phases(task, p, optimizer)
   assert "mean_rank" in train.out_info[1]
-  q, p = lower_decode(task, settings, batch_size=4).out_info
-  assert q.shape == p.shape == (4, task.model.dim)
+  queries, passages = lower_decode(task, p, batch_size=4).out_info
+  assert queries.shape == passages.shape == (4, p.model.dim)
 
 
 @pytest.mark.slow
@@ -80,11 +80,11 @@ def test_lowers_from_the_configuration_alone():
     ids=["plain", "grad_cache_dpr"])
 def test_compiles_from_the_configuration_alone(extra):
   task, settings, optimizer = _configured(extra)
-  task.prepare_shapes(settings)
-  (train,) = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  (train,) = lower_phases(task, p, optimizer)
   assert train.compile().memory_analysis() is not None
-  q, p = lower_decode(task, settings, batch_size=4).compile().out_info
-  assert q.shape == p.shape == (4, task.model.dim)
+  queries, passages = lower_decode(task, p, batch_size=4).compile().out_info
+  assert queries.shape == passages.shape == (4, p.model.dim)
 
 
 DISTILL = "gin/retrieval/distill_tiny.gin"
@@ -103,13 +103,13 @@ def test_distill_abstract_batch_is_the_real_batch_and_lowers(tmp_path):
   small = SMALL + ["N_CONTEXT = 3"]
   task, settings, _ = configured(DISTILL, small + [
       f"MODEL_DIR = '{tmp_path / 'm'}'", f"TRAIN_DATA = '{train}'"])
-  task.prepare(settings)
-  host = task.batch(0, slice(0, settings.batch_size), None)
+  p = task.prepare(settings)
+  host = task.batch(p, 0, slice(0, settings.batch_size), None)
   assert host["passage_tokens"].shape[0] == 3 * settings.batch_size
-  assert_same_shapes(task.abstract_batch(settings, 0), host)
+  assert_same_shapes(task.abstract_batch(p, 0), host)
   task, settings, optimizer = configured(DISTILL, small + [
       "ACCUMULATION_STEPS = 2", f"MODEL_DIR = '{MISSING}/m'",
       f"TRAIN_DATA = '{MISSING}/train.json'"])
-  task.prepare_shapes(settings)
-  (step,) = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  (step,) = lower_phases(task, p, optimizer)
   assert "mean_rank" in step.out_info[1]

@@ -40,22 +40,23 @@ def test_abstract_batch_is_the_real_batch(data, tmp_path):
   task, settings, _ = configured(GIN, SMALL + [
       f"MODEL_DIR = '{tmp_path / 'm'}'",
       f"TRAIN_DATA = '{data / 'train.json'}'", "RETRIEVAL_WARMUP_STEPS = 1"])
-  task.prepare(settings)
-  task.start(Context(settings, None, None, None, None), 0, None)
+  p = task.prepare(settings)
+  task.start(p, Context(settings, None, None, None, None), 0, None)
   try:
     for step in (0, 1):   # the QA-only warm-up, then the KL term
-      host = task.batch(step, slice(0, settings.batch_size), None)
-      assert_same_shapes(task.abstract_batch(settings, 0), host)
+      host = task.batch(p, step, slice(0, settings.batch_size), None)
+      assert_same_shapes(task.abstract_batch(p, 0), host)
   finally:
     task.close()
   r = task.reader   # the evaluation's batches (QaEvaluator's)
   _, _, host = next(eval_batches(
-      r.eval_examples or task.examples, r.tokenizer, batch_size=2,
+      p.reader.eval_examples or task.examples, p.reader.tokenizer,
+      batch_size=2,
       n_context=r.n_context, text_maxlength=r.text_maxlength,
       passage_eos=r.passage_eos))
-  assert_same_shapes(task.decode_program(settings, 2)[1], host)
+  assert_same_shapes(task.decode_program(p, 2)[1], host)
   # prepare_shapes keeps the configured separator: the T5 vocabulary's
-  assert task.config.separator_ids == ReAttConfig().separator_ids == tuple(
+  assert p.model.reatt.separator_ids == ReAttConfig().separator_ids == tuple(
       Tokenizer().encode("title:"))
 
 
@@ -68,10 +69,10 @@ def _configured(extra):
 
 def test_lowers_from_the_configuration_alone():
   task, settings, optimizer = _configured([])
-  task.prepare_shapes(settings)
-  (train,) = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  (train,) = lower_phases(task, p, optimizer)
   assert "kl_loss" in train.out_info[1]
-  assert lower_decode(task, settings, 2).out_info.shape == (2, 4)
+  assert lower_decode(task, p, 2).out_info.shape == (2, 4)
 
 
 @pytest.mark.slow
@@ -80,10 +81,10 @@ def test_lowers_from_the_configuration_alone():
          "EVAL_BEAMS = 2"]], ids=["plain", "grad_cache_beams"])
 def test_compiles_from_the_configuration_alone(extra):
   task, settings, optimizer = _configured(extra)
-  task.prepare_shapes(settings)
-  (train,) = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  (train,) = lower_phases(task, p, optimizer)
   assert train.compile().memory_analysis() is not None
-  decode = lower_decode(task, settings, batch_size=2).compile()
+  decode = lower_decode(task, p, batch_size=2).compile()
   assert decode.out_info.shape == (2, 4)   # DECODE_MAXLENGTH tokens
 
 

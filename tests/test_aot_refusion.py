@@ -71,24 +71,24 @@ def _real(tmp_path, db, task_name, data_dir, extra=()):
 def test_abstract_batches_are_the_real_batches(db, tmp_path, task_name,
                                                data_dir, extra):
   task, settings, optimizer = _real(tmp_path, db, task_name, data_dir, extra)
-  task.prepare(settings)
-  _, place = loop_placement(task, settings)
-  params = task.model.init_params(0)
+  p = task.prepare(settings)
+  _, place = loop_placement(p)
+  params = p.model.init_params(0)
   (tmp_path / "m").mkdir()
   ctx = Context(settings, place, None, None, None)
-  task.start(ctx, 0, None)
-  phases = task.phases(settings, optimizer)
+  task.start(p, ctx, 0, None)
+  phases = task.phases(p, optimizer)
   begin = 0
   for i, phase in enumerate(phases):   # each phase's first batch
-    host = task.batch(begin, slice(0, settings.batch_size), params)
-    assert_same_shapes(task.abstract_batch(settings, i), host)
-    task.phase_end(ctx, phase, {"params": params})  # a searched structure
+    host = task.batch(p, begin, slice(0, settings.batch_size), params)
+    assert_same_shapes(task.abstract_batch(p, i), host)
+    task.phase_end(p, ctx, phase, {"params": params})  # a searched structure
     begin = phase.end
   with pytest.raises(ValueError):
-    task.abstract_batch(settings, len(phases))
-  host, _ = next(batch_lib.eval_batches(task.arrays["dev"], 8))
-  host = task.neighbours(params, host, place.replicate)
-  _, abstract = task.decode_program(settings, 8)
+    task.abstract_batch(p, len(phases))
+  host, _ = next(batch_lib.eval_batches(p.arrays["dev"], 8))
+  host = p.neighbours(params, host, place.replicate)
+  _, abstract = task.decode_program(p, 8)
   assert_same_shapes(abstract, jax.device_get(host))
 
 
@@ -107,11 +107,11 @@ def _configured(extra):
 def test_lowers_from_the_configuration_alone():
   task, settings, optimizer = _configured([f"DB_DIM = {WIDTH}",
                                            "RETRAIN = True"])
-  task.prepare_shapes(settings)
-  search, retrain = lower_phases(task, settings, optimizer)
+  p = task.prepare_shapes(settings)
+  search, retrain = lower_phases(task, p, optimizer)
   assert "arch_loss" in search.out_info[1]
   assert "arch_loss" not in retrain.out_info[1]
-  assert lower_decode(task, settings, 8).out_info.shape == (8,)
+  assert lower_decode(task, p, 8).out_info.shape == (8,)
 
 
 def test_an_unknown_database_width_names_the_macro():
@@ -119,8 +119,8 @@ def test_an_unknown_database_width_names_the_macro():
   with pytest.raises(InputError, match="DB_DIM"):
     task.prepare_shapes(settings)
   task, settings, _ = _configured(["RETRIEVAL_MODE = 'hidden'"])
-  task.prepare_shapes(settings)   # 'hidden': the model's width
-  assert task.abstract_batch(settings, 0)["dev"]["neighbours"].shape == (
+  p = task.prepare_shapes(settings)   # 'hidden': the model's width
+  assert task.abstract_batch(p, 0)["dev"]["neighbours"].shape == (
       4, 1, 3, WIDTH)
 
 
@@ -131,8 +131,8 @@ def test_an_unknown_database_width_names_the_macro():
     ids=["search_retrain", "plain_backbone"])
 def test_compiles_from_the_configuration_alone(extra):
   task, settings, optimizer = _configured(extra)
-  task.prepare_shapes(settings)
-  for lowered in lower_phases(task, settings, optimizer):
+  p = task.prepare_shapes(settings)
+  for lowered in lower_phases(task, p, optimizer):
     assert lowered.compile().memory_analysis() is not None
-  classify = lower_decode(task, settings, 8).compile()
+  classify = lower_decode(task, p, 8).compile()
   assert classify.out_info.shape == (8,)

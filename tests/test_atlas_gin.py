@@ -53,12 +53,12 @@ def test_the_nq_recipe(gin_file):
 @pytest.mark.parametrize("gin_file", sorted(READERS))
 def test_the_files_build_the_atlas_model(gin_file):
   task, settings, _ = configured(gin_file, REQUIRED)
-  task.prepare_shapes(settings)
+  p = task.prepare_shapes(settings)
   reader = count_params(abstract_t5(config_lib.preset(READERS[gin_file])))
   n = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
-  params = task.model.abstract_params()
+  params = p.model.abstract_params()
   assert n(params["reader"]) == reader
   # the retriever: the reader's T5 encoder (no INIT_RETRIEVER), one tower
   retriever = n(params["retriever"])
   assert 0.3 * reader < retriever < 0.6 * reader
-  assert task.model.retriever.dim == task.reader.model_config.d_model
+  assert p.model.retriever.dim == task.reader.model_config.d_model

@@ -288,11 +288,11 @@ def test_shipped_fid_files_build_their_shapes_without_data(gin_file, capsys):
   assert set(base) == {"MODEL_DIR", "TRAIN_DATA"}
   run.check(base)
   built = run.build(base)
-  batch = built.task.abstract_batch(built.settings, 0)
+  batch = built.task.abstract_batch(built.prepared, 0)
   assert batch["encoder_input_tokens"].shape == (64, 100, 250)
   assert batch["passage_mask"].shape == (64, 100)
   assert batch["decoder_target_tokens"].shape == (64, 49)
-  fn, decode = built.task.decode_program(built.settings, 8)
+  fn, decode = built.task.decode_program(built.prepared, 8)
   assert decode["encoder_input_tokens"].shape == (8, 100, 250)
   assert "TARGET_MAXLENGTH None: compiled with targets of 49 tokens" in (
       capsys.readouterr().err)
@@ -312,8 +312,8 @@ def test_model_flops_are_the_models_without_recomputation():
     shape = fid_bench.Shape(4, 3, 16, 5)
     forward = fid_bench.forward_flops(built.task.model_config, shape)
     assert command.train_model_flops(run, base) == [3 * forward]
-    fn, batch = built.task.decode_program(built.settings, 4)
-    assert programs.program_flops(fn, built.task.model.abstract_params(),
+    fn, batch = built.task.decode_program(built.prepared, 4)
+    assert programs.program_flops(fn, built.prepared.model.abstract_params(),
                              batch) == fid_bench.forward_flops(
                                  built.task.model_config, shape,
                                  decoded_tokens=5)

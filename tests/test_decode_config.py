@@ -66,7 +66,7 @@ def test_training_run_config_records_what_decode_config_reads():
   reader = FidReaderConfig(train_data="t.json", n_context=6,
                            text_maxlength=30, decode_maxlength=11,
                            eval_beams=3, eval_batch_size=4)
-  run = FidTask(reader=reader).run_config()
+  run = FidTask(reader=reader).run_config(None)  # the config's alone
   recorded = reader.to_dict()
   assert {k: run[k] for k in recorded} == {**recorded, "answer_maxlength": 11}
   # answer_maxlength: the decoding bound, the key older loaders read

@@ -2,6 +2,7 @@
 the passage-score mode of `jaxfid predict`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gin
@@ -195,14 +196,18 @@ def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
   task = FidTask(reader=FidReaderConfig(
       train_data=str(train), n_context=2, text_maxlength=16,
       dataset="trivia_qa", passage_eos=False))
-  task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
-                        batch_size=3, progress=False))
+  built = dict(vars(task))
+  p = task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
+                            batch_size=3, progress=False))
+  assert vars(task) == built  # what prepare made is in its frozen value
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    p.target_length = 1
   try:
     longest = max(len(TOK.encode(t)) for t in (
         "red", "the green house by the river", "Blue Sky")) + 1
-    assert task.target_length == longest
+    assert p.target_length == longest
     assert "targets padded to" in capsys.readouterr().err
-    batch = task.batch(0, slice(0, 3), None)
+    batch = task.batch(p, 0, slice(0, 3), None)
     assert batch["decoder_target_tokens"].shape == (3, longest)
     # every target complete: its ids and EOS (no truncation)
     for row in batch["decoder_target_tokens"]:
@@ -210,7 +215,7 @@ def test_untruncated_targets_pad_to_the_longest_and_the_run_records_it(
       assert ids[-1] == EOS_ID and TOK.decode(ids) in (
           "red", "the green house by the river", "Blue Sky")
     assert not np.any(batch["encoder_input_tokens"] == EOS_ID)
-    run = task.run_config()
+    run = task.run_config(p)
     assert (run["passage_eos"], run["target_maxlength"],
             run["decode_maxlength"], run["answer_maxlength"]) == (
                 False, None, 49, 49)

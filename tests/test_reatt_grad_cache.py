@@ -19,7 +19,8 @@ from jaxfid.reatt.task import ReAttTask
 from jaxfid.t5.model import cross_entropy
 from jaxfid.training.microbatches import merge_microbatches, split_microbatches
 from jaxfid.training.step import make_train_step, target_tokens
-from jaxfid.training.task import OptimizerSettings, Settings, train_state
+from jaxfid.training.task import (OptimizerSettings, Prepared, Settings,
+                                  train_state)
 from reatt_world import make_world, tiny_model
 
 TOK = Tokenizer()
@@ -163,9 +164,9 @@ def test_the_task_uses_grad_cache_when_accumulating_in_batch(full, tmp_path):
                            text_maxlength=L, answer_maxlength=4)
   task = ReAttTask(reader=FidTask(reader=reader, model_config=model.config),
                    reatt=model.reatt)
-  task.model = model  # prepare() would read data; the phases need the model
   settings = Settings(model_dir=str(tmp_path / "run"), train_steps=2,
                       batch_size=B, accumulation_steps=A, progress=False)
-  (phase,) = task.phases(settings, OptimizerSettings(learning_rate=0.0))
+  p = Prepared(settings=settings, model=model)  # the phases need the model
+  (phase,) = task.phases(p, OptimizerSettings(learning_rate=0.0))
   _, metrics = jax.jit(phase.step)(phase.make_state(params, 0), batch)
   np.testing.assert_allclose(metrics["loss"], loss1, rtol=1e-5)

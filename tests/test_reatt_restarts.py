@@ -10,7 +10,7 @@ from jaxfid.fid.task import FidTask
 from jaxfid.reader.config import FidReaderConfig
 from jaxfid.reatt.restarts import reset_adam
 from jaxfid.reatt.task import ReAttTask, ReAttTraining
-from jaxfid.training.task import OptimizerSettings, Settings
+from jaxfid.training.task import OptimizerSettings, Prepared, Settings
 from reatt_world import tiny_config
 
 
@@ -43,11 +43,11 @@ def _run(tmp_path, restart: bool):
                    training=ReAttTraining(retrieval_warmup_steps=2,
                                           iteration_steps=2,
                                           restart_optimizer=restart))
-  task.model = _Quadratic()
   settings = Settings(model_dir=str(tmp_path / "run"), train_steps=6,
                       batch_size=2, progress=False)
   assert task.phase_starts(settings) == [2, 4]
-  (phase,) = task.phases(settings, OptimizerSettings(
+  (phase,) = task.phases(Prepared(settings=settings, model=_Quadratic()),
+                         OptimizerSettings(
       learning_rate=0.1, optimizer="adamw", schedule="linear",
       clip_norm=None))
   step = jax.jit(phase.step)

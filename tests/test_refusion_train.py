@@ -209,12 +209,14 @@ def test_init_checkpoint_backbone_goes_into_fresh_fusion_params(db, tmp_path):
   task = ReFusionTask(data=ReFusionData(
       task="sst-2", data_dir=str(SST2), retrieval_db=str(db), top_k=4,
       max_length=40), model_config=cfg)
-  task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
-                        batch_size=8, seed=3, progress=False))
+  built = dict(vars(task))
+  p = task.prepare(Settings(model_dir=str(tmp_path / "run"), train_steps=1,
+                            batch_size=8, seed=3, progress=False))
+  assert vars(task) == built  # what prepare made is in its frozen value
   ckpt = make_tiny_hf_checkpoint(tmp_path / "hf", **sizes)
-  params = task.initial_params(str(ckpt))
+  params = task.initial_params(p, str(ckpt))
   backbone = load_checkpoint(str(ckpt))[1]
-  fresh = task.model.init_params(3)
+  fresh = p.model.init_params(3)
   flat = lambda t: {"/".join(str(k.key) for k in p): np.asarray(v) for p, v
                     in jax.tree_util.tree_leaves_with_path(t)}
   got, theirs, mine = flat(params), flat(backbone), flat(fresh)
@@ -225,7 +227,7 @@ def test_init_checkpoint_backbone_goes_into_fresh_fusion_params(db, tmp_path):
   assert any("fusion_alpha" in n for n in set(got) - set(theirs))
   wider = make_tiny_hf_checkpoint(tmp_path / "hf64", **dict(sizes, d_ff=64))
   with pytest.raises(InputError, match="d_ff"):
-    task.initial_params(str(wider))
+    task.initial_params(p, str(wider))
 
 
 @pytest.mark.slow  # the plain baseline also runs in test_refusion_seqio_eval

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from jaxfid.core import sharding as shd
+from jaxfid.core.errors import InputError
 from jaxfid.training import loop as loop_lib
 from jaxfid.training.settings import OptimizerSettings, Settings
 from jaxfid.training.step import make_train_step
-from jaxfid.training.task import Phase, Task, train_state
+from jaxfid.training.task import Phase, Prepared, Task, train_state
 
 D = 4
 
@@ -52,22 +53,22 @@ class ToyTask(Task):
                fixed: bool = False):
     self.n_phases, self.nan_at, self.fixed = phases, nan_at, fixed
     self.sigterm_after, self.done = sigterm_after, done
-    self.model = Linear()
-
-  def prepare(self, settings):
-    self.settings = settings
     rng = np.random.default_rng(0)
     self.x = rng.normal(size=(64, D)).astype(np.float32)
     self.y = (self.x @ np.arange(1, D + 1, dtype=np.float32)[:, None])
 
-  def run_config(self):
+  def prepare(self, settings):
+    return Prepared(settings=settings, model=Linear())
+
+  def run_config(self, p):
     return {"method": self.name}
 
-  def phases(self, settings, optimizer):
+  def phases(self, p, optimizer):
+    settings, model = p.settings, p.model
     schedule = optimizer.schedule_fn(settings.train_steps)
     tx = optimizer.make(schedule)
     step = make_train_step(
-        lambda p, b, rng, norm: self.model.loss(p, b, rng, norm), tx,
+        lambda params, b, rng, norm: model.loss(params, b, rng, norm), tx,
         seed=settings.seed, accumulation_steps=settings.accumulation_steps,
         normalizer=lambda b: jnp.float32(b["x"].shape[0]))
     make = lambda p, s: train_state(p, s, opt_state=tx.init(p))
@@ -77,15 +78,15 @@ class ToyTask(Task):
     return [Phase("one", n, make, step, schedule),
             Phase("two", 2 * n, make, step, schedule, fresh_params="initial")]
 
-  def batch(self, step, rows, params):
-    b = self.settings.batch_size
+  def batch(self, p, step, rows, params):
+    b = p.settings.batch_size
     idx = (np.arange(b) + (0 if self.fixed else step * b)) % len(self.x)
     x = self.x[idx][rows].copy()
     if self.nan_at is not None and step + 1 == self.nan_at:
       x[0, 0] = np.nan
     return {"x": x, "y": self.y[idx][rows]}
 
-  def after_step(self, ctx, step, state):
+  def after_step(self, p, ctx, step, state):
     if self.sigterm_after == step:
       os.kill(os.getpid(), signal.SIGTERM)
 
@@ -165,3 +166,11 @@ def test_phases_restore_into_their_own_state(tmp_path):
 def test_a_completed_run_is_not_redone(whole):
   done = {"step": 6, "answer": 42}
   assert _train(whole, task=ToyTask(done=done)) == done
+
+
+def test_a_task_without_the_compile_hooks_says_so_in_one_line(tmp_path):
+  saved = tmp_path / "step.jaxexe"
+  saved.write_bytes(b"")
+  with pytest.raises(InputError, match="^METHOD: the toy task cannot be "
+                     "compiled ahead of time$"):
+    _train(tmp_path / "c", compiled_step=str(saved))

@@ -50,6 +50,7 @@ from jaxfid.core.errors import InputError
 from jaxfid.core.gin_checks import Reads
 from jaxfid.training import launch
 from jaxfid.training.settings import OptimizerSettings, Settings
+from jaxfid.training.task import Prepared, compilable
 
 HELP = ("compile a run's train step or decoding for a TPU slice or GPUs "
         "(none needed): memory per chip, fits, FLOPs, collectives, roofline")
@@ -142,11 +143,11 @@ class Run:
     gin.clear_config()
 
   def build(self, macros: dict) -> "Built":
-    """The run's task (prepared with ``prepare_shapes``), settings,
+    """The run's task, what its ``prepare_shapes`` returned, settings,
     optimizer and the macros the command reads, with ``macros`` bound."""
     self._parse(macros)
     try:
-      task = _reference("%METHOD")
+      task = compilable(_reference("%METHOD"))
       settings = _reference("loop.train.settings")
       optimizer = _reference("loop.train.optimizer")
       hardware_rng = bool(gin_flags.macro_value("USE_HARDWARE_RNG"))
@@ -157,12 +158,12 @@ class Run:
       gin.clear_config()
     said = io.StringIO()
     with launch.prng_context(hardware_rng), contextlib.redirect_stderr(said):
-      task.prepare_shapes(settings)
+      prepared = task.prepare_shapes(settings)
     for line in said.getvalue().splitlines():  # each note once, not per build
       if line not in self._said:
         self._said.add(line)
         print(line, file=sys.stderr)
-    return Built(task, settings, optimizer, hardware_rng,
+    return Built(task, prepared, settings, optimizer, hardware_rng,
                  eval_batch or settings.batch_size, remat, scan)
 
 
@@ -175,7 +176,8 @@ def _reference(name: str):
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-  task: Any
+  task: Any                     # a Compilable Task
+  prepared: Prepared
   settings: Settings
   optimizer: OptimizerSettings
   hardware_rng: bool
@@ -199,16 +201,18 @@ def compile_once(run: Run, macros: dict, program: str, target: programs.Target,
   built = run.build(macros)
   with launch.prng_context(built.hardware_rng):
     if program == "decode":
-      return programs.compile_decode(built.task, built.settings, built.optimizer,
-                                target, built.eval_batch_size, breakdown)
+      return programs.compile_decode(built.task, built.prepared,
+                                     built.optimizer, target,
+                                     built.eval_batch_size, breakdown)
     if model_flops is None:
       model_flops = train_model_flops(run, macros)
     if save_executable:
       return executables.compile_train_saving(
-          built.task, built.settings, built.optimizer, target,
+          built.task, built.prepared, built.optimizer, target,
           save_executable, model_flops)
-    return programs.compile_train(built.task, built.settings, built.optimizer,
-                             target, model_flops, breakdown)
+    return programs.compile_train(built.task, built.prepared,
+                                  built.optimizer, target, model_flops,
+                                  breakdown)
 
 
 def train_model_flops(run: Run, macros: dict) -> list[float]:
@@ -216,7 +220,7 @@ def train_model_flops(run: Run, macros: dict) -> list[float]:
   step traced with ``REMAT='none'`` (the model's own FLOPs)."""
   built = run.build({**macros, "REMAT": "none"})
   with launch.prng_context(built.hardware_rng):
-    return programs.train_flops(built.task, built.settings, built.optimizer)
+    return programs.train_flops(built.task, built.prepared, built.optimizer)
 
 
 @contextlib.contextmanager

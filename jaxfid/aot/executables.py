@@ -88,15 +88,16 @@ def signature(lowered) -> dict:
               lowered.as_text().encode()).hexdigest()}
 
 
-def compile_train_saving(task, settings, optimizer, target: programs.Target,
+def compile_train_saving(task, p, optimizer, target: programs.Target,
                          path: str, model_flops: list[float] | None) -> dict:
   """:func:`~jaxfid.aot.programs.compile_train`'s report, with every phase's
   compiled step written to ``path`` (module docstring)."""
-  plan = loop.layout(task, settings, optimizer, devices=target.devices)
+  settings = p.settings
+  plan = loop.layout(task, p, optimizer, devices=target.devices)
   place, best, seconds, saved = plan.placement, None, 0.0, {}
   for i, phase in enumerate(plan.phases):
     state = state_lib.abstract_with(plan.abstract_states[i], plan.shardings[i])
-    batch = programs._with_sharding(task.abstract_batch(settings, i),  # pylint: disable=protected-access
+    batch = programs._with_sharding(task.abstract_batch(p, i),  # pylint: disable=protected-access
                                     place.batch)
     t0 = time.perf_counter()
     with jax.set_mesh(plan.mesh):

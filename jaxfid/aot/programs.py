@@ -74,8 +74,8 @@ from jaxfid.aot import topologies
 from jaxfid.core.errors import InputError
 from jaxfid.training import loop
 from jaxfid.training import state as state_lib
-from jaxfid.training.settings import OptimizerSettings, Settings
-from jaxfid.training.task import Task
+from jaxfid.training.settings import OptimizerSettings
+from jaxfid.training.task import Compilable, Prepared
 
 GB = 1e9
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
@@ -257,17 +257,16 @@ def program_flops(fn: Callable, *abstract_args) -> float:
   return jaxpr_flops(jax.make_jaxpr(fn)(*abstract_args))
 
 
-def train_flops(task: Task, settings: Settings,
+def train_flops(task: Compilable, p: Prepared,
                 optimizer: OptimizerSettings) -> list[float]:
   """Per phase, the matmul FLOPs of one train step over the global batch
-  (``task`` prepared with ``prepare_shapes``; trace it without remat to
-  leave recomputation out)."""
-  params = task.model.abstract_params()
+  (``p`` from ``prepare_shapes``; trace it without remat to leave
+  recomputation out)."""
+  params = p.model.abstract_params()
   out = []
-  for i, phase in enumerate(task.phases(settings, optimizer)):
+  for i, phase in enumerate(task.phases(p, optimizer)):
     state = jax.eval_shape(phase.make_state, params, 0)
-    out.append(program_flops(phase.step, state,
-                             task.abstract_batch(settings, i)))
+    out.append(program_flops(phase.step, state, task.abstract_batch(p, i)))
   return out
 
 
@@ -412,18 +411,19 @@ def _larger(a: dict, b: dict | None) -> dict:
   return a if (a.get(key) or 0) >= (b.get(key) or 0) else b
 
 
-def compile_train(task: Task, settings: Settings,
+def compile_train(task: Compilable, p: Prepared,
                   optimizer: OptimizerSettings, target: Target,
                   model_flops: list[float] | None = None,
                   breakdown: bool = False) -> dict:
   """Compiles every phase's train step as the loop runs it; the report of
   the phase that needs the most memory per chip (named in ``phase``), with
   the compile time of all of them (``compile_s``)."""
-  plan = loop.layout(task, settings, optimizer, devices=target.devices)
+  settings = p.settings
+  plan = loop.layout(task, p, optimizer, devices=target.devices)
   place, best, seconds = plan.placement, None, 0.0
   for i, phase in enumerate(plan.phases):
     state = state_lib.abstract_with(plan.abstract_states[i], plan.shardings[i])
-    batch = _with_sharding(task.abstract_batch(settings, i), place.batch)
+    batch = _with_sharding(task.abstract_batch(p, i), place.batch)
     compiled, took, flops = _compile(
         loop.jit_step(phase, plan.shardings[i], place), plan.mesh, state,
         batch, options=target.compiler_options)
@@ -439,16 +439,16 @@ def compile_train(task: Task, settings: Settings,
   return best
 
 
-def compile_decode(task: Task, settings: Settings,
+def compile_decode(task: Compilable, p: Prepared,
                    optimizer: OptimizerSettings, target: Target,
                    batch_size: int, breakdown: bool = False) -> dict:
   """Compiles the task's prediction program as its evaluation runs it:
   parameters placed as in training, ``batch_size`` rows (rounded up over
   the data axes) sharded over the data axes, outputs replicated."""
-  plan = loop.layout(task, settings, optimizer, devices=target.devices)
+  plan = loop.layout(task, p, optimizer, devices=target.devices)
   place = plan.placement
   rows = place.eval_batch_size(batch_size)
-  fn, abstract_batch = task.decode_program(settings, rows)
+  fn, abstract_batch = task.decode_program(p, rows)
   params = state_lib.abstract_with(plan.abstract_params, place.params)
   batch = _with_sharding(abstract_batch, place.batch)
   jitted = jax.jit(fn, in_shardings=(place.params, place.batch),

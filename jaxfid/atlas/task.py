@@ -26,6 +26,7 @@ needs any more are removed.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -45,19 +46,30 @@ from jaxfid.core.errors import InputError
 from jaxfid.dual_encoder.checkpoint import load_dual_encoder
 from jaxfid.dual_encoder.model import (QUERY_TOWER, DualEncoder,
                                        DualEncoderConfig)
-from jaxfid.reader.task import ReaderTask, initial_reader_params
+from jaxfid.reader.task import (ReaderPrepared, ReaderTask,
+                                initial_reader_params)
 from jaxfid.runtime import multihost
 from jaxfid.t5.config import RUN_ONLY_FIELDS
 from jaxfid.t5.model import EncoderDecoderModel
-from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, train_state)
+from jaxfid.training.task import (Compilable, Context, OptimizerSettings,
+                                  Phase, Prepared, Settings, Task, train_state)
 
 LOGGED = ("loss", "reader_loss", "retriever_loss", "token_accuracy",
           "grad_norm")
 INDEX_DIR = "atlas_index"
 
 
-class AtlasTask(Task):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AtlasPrepared(Prepared):
+  """An Atlas run: the reader's data with the reader's half of the model,
+  the corpus, the index's refresh steps and INIT_RETRIEVER's weights."""
+  reader: ReaderPrepared
+  passages: list = dataclasses.field(default_factory=list)
+  refresh_at: list[int] = dataclasses.field(default_factory=list)
+  init_retriever: dict | None = None
+
+
+class AtlasTask(Task, Compilable):
   """Train Atlas (see the module docstring).
 
   Args:
@@ -71,34 +83,38 @@ class AtlasTask(Task):
 
   def __init__(self, *, reader: ReaderTask, atlas: AtlasConfig):
     self.reader, self.atlas = reader, atlas
+    # made by start: the index, the train batches, the eval questions
     self.retriever: InLoopRetriever | None = None
-    self._init_retriever: dict | None = None
+    self.batcher: AtlasBatcher | None = None
+    self.eval_queries = None
 
   # ---- data and model ---------------------------------------------------------
 
-  def prepare(self, settings: Settings) -> None:
+  def prepare(self, settings: Settings) -> AtlasPrepared:
     if paths.is_url(settings.model_dir):
       raise InputError("MODEL_DIR", "Atlas keeps its index in "
                        "MODEL_DIR/atlas_index and needs a local MODEL_DIR")
     reader, atlas = self.reader, self.atlas
-    reader.prepare_data(settings)
-    self.settings = settings
-    self.passages = read_passages(atlas.corpus)
+    data = reader.prepare_data(settings)
+    passages = read_passages(atlas.corpus)
     k = self._check_retrieved()
-    need = max(k, atlas.eval_recall_k if reader.evaluates() else 0)
-    if len(self.passages) < need:
-      raise InputError("CORPUS", f"{len(self.passages)} passages; retrieval "
+    need = max(k, atlas.eval_recall_k if reader.evaluates(data) else 0)
+    if len(passages) < need:
+      raise InputError("CORPUS", f"{len(passages)} passages; retrieval "
                        f"needs at least {need} (N_CONTEXT or "
                        f"RETRIEVER_N_CONTEXT, and eval_recall@"
                        f"{atlas.eval_recall_k})")
     if 0 < atlas.rerank_k < k:
       raise InputError("RERANK_K", f"{atlas.rerank_k} candidates to re-rank, "
                        f"fewer than the {k} retrieved")
-    self.model = AtlasModel(EncoderDecoderModel(reader.model_config),
-                            self._make_retriever(), atlas, reader.n_context)
-    reader.use_model(self.model.reader)
-    self.vocabulary = reader.vocabulary
-    self.refresh_at = atlas.refresh_steps(settings.train_steps)
+    retriever, init_retriever = self._make_retriever()
+    model = AtlasModel(EncoderDecoderModel(reader.model_config), retriever,
+                       atlas, reader.n_context)
+    return AtlasPrepared(
+        settings=settings, model=model, vocabulary=data.vocabulary,
+        reader=reader.with_model(data, model.reader), passages=passages,
+        refresh_at=atlas.refresh_steps(settings.train_steps),
+        init_retriever=init_retriever)
 
   def _check_retrieved(self) -> int:
     """Passages retrieved per question (RETRIEVER_N_CONTEXT, at least
@@ -109,9 +125,10 @@ class AtlasTask(Task):
                        "the reader reads the first N_CONTEXT of them")
     return k
 
-  def _make_retriever(self) -> DualEncoder:
-    """The retriever: INIT_RETRIEVER's architecture (its weights kept for
-    :meth:`initial_params` / :meth:`start`; the run's DROPOUT_RATE, DTYPE,
+  def _make_retriever(self) -> tuple[DualEncoder, dict | None]:
+    """The retriever and INIT_RETRIEVER's weights (for
+    :meth:`initial_params` / :meth:`start`; None without it): its
+    architecture (the run's DROPOUT_RATE, DTYPE,
     REMAT, ...: ``RUN_ONLY_FIELDS``), else the reader's T5 config;
     separate towers with QUERY_SIDE_ONLY in QUERY_SIDE_MODE 'frozen', one
     shared tower otherwise (Atlas's Contriever)."""
@@ -121,7 +138,7 @@ class AtlasTask(Task):
     shared = not atlas.separate_towers
     if not atlas.init_retriever:
       return DualEncoder(self.reader.model_config,
-                         DualEncoderConfig(shared=shared, **lengths))
+                         DualEncoderConfig(shared=shared, **lengths)), None
     loaded = load_dual_encoder(atlas.init_retriever)
     settings = loaded.encoder.settings.replace(**lengths)
     params = loaded.params
@@ -132,25 +149,24 @@ class AtlasTask(Task):
       raise InputError("INIT_RETRIEVER", "has separate query and passage "
                        "towers; train it with QUERY_SIDE_ONLY = True and "
                        "QUERY_SIDE_MODE = 'frozen'")
-    self._init_retriever = params
     run = self.reader.model_config  # the run's dropout, dtype, remat, ...
     config = loaded.encoder.config.replace(
         **{f: getattr(run, f) for f in RUN_ONLY_FIELDS})
-    return DualEncoder(config, settings)
+    return DualEncoder(config, settings), params
 
-  def run_config(self) -> dict:
-    return {**self.reader.run_config(), **run_config_fields(self.model)}
+  def run_config(self, p: AtlasPrepared) -> dict:
+    return {**self.reader.run_config(p.reader), **run_config_fields(p.model)}
 
-  def initial_params(self, path: str) -> dict:
+  def initial_params(self, p: AtlasPrepared, path: str) -> dict:
     """INIT_CHECKPOINT: an Atlas MODEL_DIR (reader and retriever), or any
     T5 checkpoint for the reader (the retriever: INIT_RETRIEVER's, else
     random from SEED)."""
     if is_atlas_dir(path):
       _, params = load_atlas(path)
       return params
-    retriever = (self._init_retriever if self._init_retriever is not None
-                 else untied(self.model.retriever.init_params(
-                     self.settings.seed + 1)))
+    retriever = (p.init_retriever if p.init_retriever is not None
+                 else untied(p.model.retriever.init_params(
+                     p.settings.seed + 1)))
     return {READER: initial_reader_params(path, self.reader.model_config),
             RETRIEVER: retriever}
 
@@ -165,7 +181,7 @@ class AtlasTask(Task):
       out["CORPUS"] = "(not read by bench compile)"
     return out
 
-  def prepare_shapes(self, settings: Settings) -> None:
+  def prepare_shapes(self, settings: Settings) -> AtlasPrepared:
     """The model from the configuration alone: no data, corpus or
     checkpoint is read (INIT_RETRIEVER's architecture would be: leave it
     unset to compile)."""
@@ -173,13 +189,13 @@ class AtlasTask(Task):
       raise InputError("INIT_RETRIEVER", "compiling ahead of time reads no "
                        "checkpoint: leave it unset (the retriever then has "
                        "the reader's T5 config)")
-    self.reader.prepare_shapes(settings)
-    self.settings = settings
+    reader = self.reader.prepare_shapes(settings)
     self._check_retrieved()
-    self.model = AtlasModel(self.reader.model, self._make_retriever(),
-                            self.atlas, self.reader.n_context)
+    model = AtlasModel(reader.model, self._make_retriever()[0], self.atlas,
+                       self.reader.n_context)
+    return AtlasPrepared(settings=settings, model=model, reader=reader)
 
-  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+  def abstract_batch(self, p: AtlasPrepared, phase: int) -> dict:
     """The reader's batch (rows [B, K, L], mask [B, K], targets [B, T]; K
     the passages retrieved) plus the retriever's ``query_tokens`` [B, Q] and
     ``passage_tokens`` [B, K, P]. The in-loop search is a program of its
@@ -187,8 +203,8 @@ class AtlasTask(Task):
     if phase != 0:
       raise ValueError(f"Atlas trains in one phase, not phase {phase}")
     atlas = self.atlas
-    b, k = settings.batch_size, atlas.retrieved(self.reader.n_context)
-    reader = self.reader.abstract_batch(settings, phase)
+    b, k = p.settings.batch_size, atlas.retrieved(self.reader.n_context)
+    reader = self.reader.abstract_batch(p.reader, phase)
     rows = reader["encoder_input_tokens"]
     return {**reader,
             "encoder_input_tokens": jax.ShapeDtypeStruct(
@@ -199,27 +215,28 @@ class AtlasTask(Task):
             "passage_tokens": jax.ShapeDtypeStruct(
                 (b, k, atlas.passage_maxlength), jnp.int32)}
 
-  def decode_program(self, settings: Settings, batch_size: int):
+  def decode_program(self, p: AtlasPrepared, batch_size: int):
     """The reader's evaluation program over the Atlas parameter tree."""
-    fn, batch = self.reader.decode_program(settings, batch_size,
-                                           model=self.model.reader)
+    fn, batch = self.reader.decode_program(p.reader, batch_size,
+                                           model=p.model.reader)
     return (lambda params, b: fn(params[READER], b)), batch
 
   # ---- the step ---------------------------------------------------------------
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
+  def phases(self, p: AtlasPrepared, optimizer: OptimizerSettings
              ) -> list[Phase]:
+    settings = p.settings
     schedule = optimizer.schedule_fn(settings.train_steps)
     tx = atlas_optimizer(optimizer, self.atlas, settings.train_steps)
     return [Phase("train", settings.train_steps,
-                  make_state=lambda p, s: train_state(
-                      p, s, opt_state=tx.init(p)),
+                  make_state=lambda params, s: train_state(
+                      params, s, opt_state=tx.init(params)),
                   step=make_atlas_step(
-                      self.model, tx, seed=settings.seed,
+                      p.model, tx, seed=settings.seed,
                       accumulation_steps=settings.accumulation_steps),
                   learning_rate=schedule)]
 
-  def batch(self, step: int, rows: slice, params) -> dict:
+  def batch(self, p: AtlasPrepared, step: int, rows: slice, params) -> dict:
     """Rows ``rows`` of step ``step``: the whole batch's questions searched
     with ``params`` (every process alike), then this process's rows."""
     questions = self.batcher.query_tokens[self.batcher.indices(step)]
@@ -238,89 +255,92 @@ class AtlasTask(Task):
 
   # ---- the index --------------------------------------------------------------
 
-  def _index_dir(self, step: int) -> str:
-    return os.path.join(self.settings.model_dir, INDEX_DIR, str(step))
+  def _index_dir(self, ctx: Context, step: int) -> str:
+    return os.path.join(ctx.settings.model_dir, INDEX_DIR, str(step))
 
-  def start(self, ctx: Context, step: int, state) -> None:
+  def start(self, p: AtlasPrepared, ctx: Context, step: int, state) -> None:
     """The retriever and its index: the index of the last refresh at or
     before ``step`` (loaded, or rebuilt when that refresh was cut short);
     on a fresh run without INIT_CHECKPOINT, INIT_RETRIEVER's weights."""
     reader, atlas = self.reader, self.atlas
     mesh = ctx.placement.mesh
     self.retriever = InLoopRetriever(
-        self.model, self.passages, reader.tokenizer, mesh,
+        p.model, p.passages, p.reader.tokenizer, mesh,
         passage_maxlength=atlas.passage_maxlength,
         query_maxlength=atlas.query_maxlength,
         batch_size=atlas.index_batch_size, dtype=atlas.index_dtype,
         rerank_k=atlas.rerank_k)
-    examples = reader.train_examples()
+    examples = p.reader.train_examples
     self.batcher = AtlasBatcher(
-        examples, self.passages, self.retriever.tokens,
+        examples, p.passages, self.retriever.tokens,
         self.retriever.query_tokens([e.question for e in examples]),
-        reader.tokenizer, batch_size=ctx.settings.batch_size,
+        p.reader.tokenizer, batch_size=ctx.settings.batch_size,
         n_context=atlas.retrieved(reader.n_context),
         text_maxlength=reader.text_maxlength,
-        target_maxlength=reader.target_length, seed=ctx.settings.seed,
+        target_maxlength=p.reader.target_length, seed=ctx.settings.seed,
         dataset=reader.dataset, passage_eos=reader.passage_eos)
     self.eval_queries = (self.retriever.query_tokens(
-        [e.question for e in reader.eval_examples]) if self.evaluates()
+        [e.question for e in p.reader.eval_examples]) if self.evaluates(p)
         else None)
-    if (step == 0 and self._init_retriever is not None
+    if (step == 0 and p.init_retriever is not None
         and not ctx.settings.init_checkpoint):
       # restored on this process's first device: placed from there by every
       # process (jax.device_put cannot reach other processes' devices)
       state["params"] = {**state["params"], RETRIEVER: multihost.put(
-          self._init_retriever, ctx.placement.params[RETRIEVER])}
-    last = max(s for s in self.refresh_at if s <= step)
-    directory = self._index_dir(last)
+          p.init_retriever, ctx.placement.params[RETRIEVER])}
+    last = max(s for s in p.refresh_at if s <= step)
+    directory = self._index_dir(ctx, last)
     meta = read_meta(directory)
     if meta is not None:
-      if meta["num_passages"] != len(self.passages):
+      if meta["num_passages"] != len(p.passages):
         raise InputError(directory, f"holds {meta['num_passages']} passages, "
-                         f"CORPUS {len(self.passages)}: another corpus")
+                         f"CORPUS {len(p.passages)}: another corpus")
       self.retriever.index = load_index(directory, mesh,
                                         atlas.index_batch_size)
     elif last == step:
-      self.refresh(ctx, step, state)
+      self.refresh(p, ctx, step, state)
     else:
       raise InputError(directory, f"missing: the index of step {last}, "
                        f"which the checkpoint of step {step} was trained "
                        "with")
 
-  def refresh(self, ctx: Context, step: int, state) -> None:
+  def refresh(self, p: AtlasPrepared, ctx: Context, step: int, state
+              ) -> None:
     """Rebuild the index with the current passage tower; save it."""
     self.retriever.refresh(state["params"], progress=ctx.settings.progress)
     corpus = self.atlas.corpus
-    save_index(self.retriever.index, self._index_dir(step), step=step,
+    save_index(self.retriever.index, self._index_dir(ctx, step), step=step,
                corpus=corpus if paths.is_url(corpus) else
                os.path.abspath(corpus))
-    ctx.log.write(step, {"index_refreshed": len(self.passages)})
-    self._prune(ctx, step)
+    ctx.log.write(step, {"index_refreshed": len(p.passages)})
+    self._prune(p, ctx, step)
 
-  def _prune(self, ctx: Context, step: int) -> None:
+  def _prune(self, p: AtlasPrepared, ctx: Context, step: int) -> None:
     """Remove the index directories no checkpoint (nor ``step``) needs."""
-    root = os.path.join(self.settings.model_dir, INDEX_DIR)
+    root = os.path.join(ctx.settings.model_dir, INDEX_DIR)
     if jax.process_index() != 0 or not os.path.isdir(root):
       return
-    needed = {max(s for s in self.refresh_at if s <= c)
+    needed = {max(s for s in p.refresh_at if s <= c)
               for c in [*ctx.checkpoints.steps(), step]}
     for name in os.listdir(root):
       if name.isdigit() and int(name) not in needed:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
-  def after_step(self, ctx: Context, step: int, state) -> None:
-    if step in self.refresh_at:
+  def after_step(self, p: AtlasPrepared, ctx: Context, step: int, state
+                 ) -> None:
+    if step in p.refresh_at:
       ctx.save(step, state)
-      self.refresh(ctx, step, state)
+      self.refresh(p, ctx, step, state)
 
   # ---- evaluation ---------------------------------------------------------------
 
-  def evaluates(self) -> bool:
-    return self.reader.evaluates()
+  def evaluates(self, p: AtlasPrepared) -> bool:
+    return self.reader.evaluates(p.reader)
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
+  def evaluate(self, p: AtlasPrepared, ctx: Context, step: int, params
+               ) -> dict:
     return evaluation.evaluate(
-        self.retriever, self.reader.evaluator, self.reader.eval_examples,
+        self.retriever, p.reader.evaluator, p.reader.eval_examples,
         self.eval_queries, n_context=self.reader.n_context,
         recall_k=self.atlas.eval_recall_k, model_dir=ctx.settings.model_dir,
         step=step, params=params, placement=ctx.placement)

@@ -42,8 +42,8 @@ from jaxfid.dual_encoder.model import (
     QUERY_TOWER, T5_KEYS, DualEncoder, DualEncoderConfig)
 from jaxfid.dual_encoder.step import make_contrastive_step
 from jaxfid.t5.config import T5Config
-from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, train_state)
+from jaxfid.training.task import (Compilable, Context, OptimizerSettings,
+                                  Phase, Prepared, Settings, Task, train_state)
 
 # The T5Config fields an INIT_CHECKPOINT's encoder must share with the run.
 ENCODER_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_heads",
@@ -119,7 +119,16 @@ class DualEncoderTrainConfig(Config):
     return self.objective == "distill"
 
 
-class DualEncoderTask(Task):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DualEncoderPrepared(Prepared):
+  """A dual-encoder run's batches and evaluation (``prepare_shapes``: the
+  model alone)."""
+  batcher: PairBatcher | ScoredBatcher | None = None
+  eval_examples: list = dataclasses.field(default_factory=list)
+  evaluator: PairEvaluator | None = None
+
+
+class DualEncoderTask(Task, Compilable):
   """Train a dual encoder (see the module docstring)."""
   name = METHOD
   description = "train dual encoder"
@@ -135,31 +144,30 @@ class DualEncoderTask(Task):
 
   # ---- data and model ---------------------------------------------------
 
-  def prepare(self, settings: Settings) -> None:
+  def prepare(self, settings: Settings) -> DualEncoderPrepared:
     t = self.training
-    self.settings = settings
-    self.eval_examples = (
-        read_pair_examples(t.eval_data, limit=t.eval_max_examples)
-        if t.eval_data else [])
-    self.tokenizer = load_tokenizer(settings.init_checkpoint)
-    self.vocabulary = self.tokenizer.path
-    self.model = DualEncoder(self.model_config, self.encoder)
-    s = self.model.settings
+    eval_examples = (read_pair_examples(t.eval_data, limit=t.eval_max_examples)
+                     if t.eval_data else [])
+    tokenizer = load_tokenizer(settings.init_checkpoint)
+    model = DualEncoder(self.model_config, self.encoder)
+    s = model.settings
     lengths = dict(query_maxlength=s.query_maxlength,
                    passage_maxlength=s.passage_maxlength,
                    passage_format=s.passage_format, seed=settings.seed)
     if t.distill:
-      self.batcher = ScoredBatcher(
-          read_scored_examples(t.train_data, t.n_context), self.tokenizer,
+      batcher = ScoredBatcher(
+          read_scored_examples(t.train_data, t.n_context), tokenizer,
           batch_size=settings.batch_size, n_context=t.n_context, **lengths)
     else:
-      self.batcher = PairBatcher(
-          read_pair_examples(t.train_data), self.tokenizer,
+      batcher = PairBatcher(
+          read_pair_examples(t.train_data), tokenizer,
           batch_size=settings.batch_size, hard_negatives=t.hard_negatives,
           **lengths)
-    self.evaluator = PairEvaluator(self.model, self.tokenizer,
-                                   self.eval_examples,
-                                   batch_size=t.eval_batch_size)
+    return DualEncoderPrepared(
+        settings=settings, model=model, vocabulary=tokenizer.path,
+        batcher=batcher, eval_examples=eval_examples,
+        evaluator=PairEvaluator(model, tokenizer, eval_examples,
+                                batch_size=t.eval_batch_size))
 
   @classmethod
   def compile_bindings(cls, macro) -> dict:
@@ -169,17 +177,17 @@ class DualEncoderTask(Task):
       return {"TRAIN_DATA": "(not read by bench compile)"}
     return {}
 
-  def prepare_shapes(self, settings: Settings) -> None:
+  def prepare_shapes(self, settings: Settings) -> DualEncoderPrepared:
     """The model from the configuration alone (nothing read)."""
-    self.settings = settings
-    self.model = DualEncoder(self.model_config, self.encoder)
+    return DualEncoderPrepared(
+        settings=settings, model=DualEncoder(self.model_config, self.encoder))
 
-  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+  def abstract_batch(self, p: DualEncoderPrepared, phase: int) -> dict:
     """The batcher's shapes: B questions, B*(1+H) passages (B*N and their
     gold scores when distilling)."""
     if phase != 0:
       raise ValueError(f"the dual encoder has one phase, not phase {phase}")
-    s, b, t = self.model.settings, settings.batch_size, self.training
+    s, b, t = p.model.settings, p.settings.batch_size, self.training
     passages = b * (t.n_context if t.distill else 1 + t.hard_negatives)
     gold = ({"gold_scores": jax.ShapeDtypeStruct((passages,), jnp.float32)}
             if t.distill else {})
@@ -190,11 +198,11 @@ class DualEncoderTask(Task):
             "passage_mask": jax.ShapeDtypeStruct((passages,), jnp.bool_),
             **gold}
 
-  def decode_program(self, settings: Settings, batch_size: int):
+  def decode_program(self, p: DualEncoderPrepared, batch_size: int):
     """The encoding the evaluation and ``jaxfid index dense`` run: a batch
     of questions through the query tower and one of passages through the
     passage tower, ``(float32 [N, dim], float32 [N, dim])``."""
-    model, s = self.model, self.model.settings
+    model, s = p.model, p.model.settings
 
     def encode(params, batch):
       return (model.embed(params, batch["query_tokens"], tower="query"),
@@ -206,15 +214,15 @@ class DualEncoderTask(Task):
         "passage_tokens": jax.ShapeDtypeStruct(
             (batch_size, s.passage_maxlength), jnp.int32)}
 
-  def run_config(self) -> dict:
+  def run_config(self, p: DualEncoderPrepared) -> dict:
     t = self.training
     if t.distill:
       return dual_encoder_run_config(
-          self.model, train_data=t.train_data, objective=t.objective,
+          p.model, train_data=t.train_data, objective=t.objective,
           **{k: getattr(t, k) for k in (
               "n_context", "temperature_gold", "temperature_score",
               "scale_by_sqrt_dim", "kl_reduction", "in_batch_negatives")})
-    return dual_encoder_run_config(self.model, train_data=t.train_data,
+    return dual_encoder_run_config(p.model, train_data=t.train_data,
                                    temperature=t.temperature,
                                    hard_negatives=t.hard_negatives)
 
@@ -231,27 +239,30 @@ class DualEncoderTask(Task):
         scale_by_sqrt_dim=t.scale_by_sqrt_dim, reduction=t.kl_reduction,
         in_batch_negatives=t.in_batch_negatives)
 
-  def batch(self, step: int, rows: slice, params) -> dict:
-    return self.batcher.batch(step, rows)
+  def batch(self, p: DualEncoderPrepared, step: int, rows: slice, params
+            ) -> dict:
+    return p.batcher.batch(step, rows)
 
   # ---- the step -------------------------------------------------------------
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
+  def phases(self, p: DualEncoderPrepared, optimizer: OptimizerSettings
              ) -> list[Phase]:
+    settings = p.settings
     schedule = optimizer.schedule_fn(settings.train_steps)
     tx = optimizer.make(schedule)
     return [Phase(
         "train", settings.train_steps,
-        make_state=lambda p, s: train_state(p, s, opt_state=tx.init(p)),
+        make_state=lambda params, s: train_state(params, s,
+                                                 opt_state=tx.init(params)),
         step=make_contrastive_step(
-            self.model, tx, seed=settings.seed,
+            p.model, tx, seed=settings.seed,
             temperature=self.training.temperature,
             accumulation_steps=settings.accumulation_steps,
             loss_fn=self.loss_fn()),
         learning_rate=schedule)]
 
-  def initial_params(self, path: str) -> dict:
-    return initial_dual_encoder_params(path, self.model)
+  def initial_params(self, p: DualEncoderPrepared, path: str) -> dict:
+    return initial_dual_encoder_params(path, p.model)
 
   # ---- logs and evaluation ------------------------------------------------
 
@@ -267,8 +278,9 @@ class DualEncoderTask(Task):
       out["top1"] = f"{record['eval_top1']:.3f}"
     return out
 
-  def evaluates(self) -> bool:
-    return bool(self.eval_examples)
+  def evaluates(self, p: DualEncoderPrepared) -> bool:
+    return bool(p.eval_examples)
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
-    return self.evaluator(params, ctx.placement)
+  def evaluate(self, p: DualEncoderPrepared, ctx: Context, step: int, params
+               ) -> dict:
+    return p.evaluator(params, ctx.placement)

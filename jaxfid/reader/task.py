@@ -21,7 +21,8 @@ use that many passages, the rest ``n_context``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,8 @@ from jaxfid.reader.predict import QaEvaluator, predict_program
 from jaxfid.runtime import console
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel
-from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, loss_phase)
+from jaxfid.training.task import (Compilable, Context, OptimizerSettings,
+                                  Phase, Prepared, Settings, Task, loss_phase)
 
 
 class Component(NamedTuple):
@@ -99,7 +100,24 @@ def initial_reader_params(path: str, config: T5Config) -> dict:
   return params
 
 
-class ReaderTask(Task):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReaderPrepared(Prepared):
+  """A reader run's data and model (``prepare_shapes``: the model and
+  ``target_length`` alone). ``model`` and ``evaluator`` are None only in
+  :meth:`ReaderTask.prepare_data`'s value, which ReAtt and Atlas complete
+  with their model (:meth:`ReaderTask.with_model`)."""
+  target_length: int              # T of the train batches' targets
+  tokenizer: Any = None
+  components: tuple[Component, ...] = ()
+  eval_examples: tuple[FidExample, ...] = ()
+  evaluator: QaEvaluator | None = None
+
+  @property
+  def train_examples(self) -> list[FidExample]:
+    return [e for c in self.components for e in c.examples]
+
+
+class ReaderTask(Task, Compilable):
   """Train a reader (see the module docstring)."""
   name = "fid"
   best_metric = "eval_em"
@@ -109,8 +127,7 @@ class ReaderTask(Task):
     self.reader = reader
     self.model_config = model_config
     self.lengths = reader.lengths
-    self.target_length = self.lengths.target_maxlength  # set by prepare_data
-    self._batchers: dict[int, FidBatcher] = {}
+    self._batchers: dict[int, FidBatcher] = {}  # by N_CONTEXT, made lazily
 
   # What other code (ReAtt's task) reads of the reader's options.
   n_context = property(lambda self: self.reader.n_context)
@@ -141,40 +158,43 @@ class ReaderTask(Task):
       evals = evals[:r.eval_max_examples]
     return train, evals
 
-  def prepare(self, settings: Settings) -> None:
-    self.prepare_data(settings)
-    self.use_model(EncoderDecoderModel(self.model_config))
+  def prepare(self, settings: Settings) -> ReaderPrepared:
+    return self.with_model(self.prepare_data(settings),
+                           EncoderDecoderModel(self.model_config))
 
-  def prepare_data(self, settings: Settings) -> None:
-    """Read and check the data; the run's tokenizer."""
-    self.settings = settings
-    self.components, self.eval_examples = self.read_data()
-    self.tokenizer = load_tokenizer(settings.init_checkpoint)
-    self.vocabulary = self.tokenizer.path
-    if self.lengths.target_maxlength is None:
-      self.target_length = max(
-          longest_target_length(self.tokenizer, c.examples, c.dataset)
-          for c in self.components)
+  def prepare_data(self, settings: Settings) -> ReaderPrepared:
+    """The data read and checked, and the run's tokenizer; no model yet."""
+    components, eval_examples = self.read_data()
+    tokenizer = load_tokenizer(settings.init_checkpoint)
+    target_length = self.lengths.target_maxlength
+    if target_length is None:
+      target_length = max(
+          longest_target_length(tokenizer, c.examples, c.dataset)
+          for c in components)
       console.say(f"TARGET_MAXLENGTH None: targets padded to "
-                  f"{self.target_length} tokens, the longest target of the "
+                  f"{target_length} tokens, the longest target of the "
                   "training data (EOS included); none is truncated")
+    return ReaderPrepared(
+        settings=settings, model=None, vocabulary=tokenizer.path,
+        target_length=target_length, tokenizer=tokenizer,
+        components=tuple(components), eval_examples=tuple(eval_examples))
 
-  def use_model(self, model) -> None:
-    """Train and evaluate ``model`` (ReAtt gives its own)."""
-    self.model = model
-    self.evaluator = QaEvaluator(
-        model, self.tokenizer, self.eval_examples, n_context=self.n_context,
+  def with_model(self, p: ReaderPrepared, model) -> ReaderPrepared:
+    """``p`` training and evaluating ``model`` (ReAtt gives its own)."""
+    return dataclasses.replace(p, model=model, evaluator=QaEvaluator(
+        model, p.tokenizer, list(p.eval_examples), n_context=self.n_context,
         text_maxlength=self.text_maxlength,
         answer_maxlength=self.lengths.decode_maxlength,
         num_beams=self.reader.eval_beams,
         batch_size=self.reader.eval_batch_size,
-        progress=self.settings.progress, passage_eos=self.passage_eos)
+        progress=p.settings.progress, passage_eos=self.passage_eos))
 
-  def run_config(self) -> dict:
+  def run_config(self, p: ReaderPrepared) -> dict:
     """The run's reader config (``reader.to_dict()``: what
     :meth:`~jaxfid.reader.config.DecodeConfig.from_run_config` reads) and model
     config, with the lengths resolved; ``answer_maxlength`` is the decoding
     bound."""
+    del p  # the configuration's alone
     return {**self.reader.to_dict(), "method": self.name,
             "model": self.model_config.to_dict(),
             "n_context": self.n_context, "text_maxlength": self.text_maxlength,
@@ -183,38 +203,36 @@ class ReaderTask(Task):
             "decode_maxlength": self.lengths.decode_maxlength,
             "passage_eos": self.passage_eos, "dataset": self.dataset}
 
-  def n_context_at(self, step: int) -> int:
+  def n_context_at(self, p: ReaderPrepared, step: int) -> int:
     first = self.reader.first_phase_n_context
-    if first and step < (self.settings.train_steps
+    if first and step < (p.settings.train_steps
                          - self.reader.final_phase_steps):
       return first
     return self.n_context
 
-  def train_examples(self) -> list[FidExample]:
-    return [e for c in self.components for e in c.examples]
-
-  def batcher(self, n_context: int) -> FidBatcher:
+  def batcher(self, p: ReaderPrepared, n_context: int) -> FidBatcher:
     if n_context not in self._batchers:
       self._batchers[n_context] = FidBatcher(
-          self.train_examples(), self.tokenizer,
-          batch_size=self.settings.batch_size, n_context=n_context,
+          p.train_examples, p.tokenizer,
+          batch_size=p.settings.batch_size, n_context=n_context,
           text_maxlength=self.text_maxlength,
-          target_maxlength=self.target_length, seed=self.settings.seed,
+          target_maxlength=p.target_length, seed=p.settings.seed,
           mixture=[(len(c.examples), c.rate, c.dataset)
-                   for c in self.components], passage_eos=self.passage_eos)
+                   for c in p.components], passage_eos=self.passage_eos)
     return self._batchers[n_context]
 
-  def batch(self, step: int, rows: slice, params) -> dict:
-    return self.batcher(self.n_context_at(step)).batch(step, rows)
+  def batch(self, p: ReaderPrepared, step: int, rows: slice, params) -> dict:
+    return self.batcher(p, self.n_context_at(p, step)).batch(step, rows)
 
   # ---- the step -------------------------------------------------------------
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
+  def phases(self, p: ReaderPrepared, optimizer: OptimizerSettings
              ) -> list[Phase]:
-    return [loss_phase(self.model, settings, optimizer,
+    settings = p.settings
+    return [loss_phase(p.model, settings, optimizer,
                        optimizer.schedule_fn(settings.train_steps))]
 
-  def initial_params(self, path: str) -> dict:
+  def initial_params(self, p: ReaderPrepared, path: str) -> dict:
     return initial_reader_params(path, self.model_config)
 
   # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
@@ -228,52 +246,54 @@ class ReaderTask(Task):
       return {"TRAIN_DATA": "(not read by bench compile)"}
     return {}
 
-  def prepare_shapes(self, settings: Settings) -> None:
+  def prepare_shapes(self, settings: Settings) -> ReaderPrepared:
     """The model; targets of TARGET_MAXLENGTH tokens, or (None: the data's
     longest, unknown without data) of the decoding bound, said on stderr."""
-    self.settings = settings
-    if self.lengths.target_maxlength is None:
-      self.target_length = self.lengths.decode_maxlength
+    target_length = self.lengths.target_maxlength
+    if target_length is None:
+      target_length = self.lengths.decode_maxlength
       console.say(f"TARGET_MAXLENGTH None: compiled with targets of "
-                  f"{self.target_length} tokens (the decoding bound; the "
+                  f"{target_length} tokens (the decoding bound; the "
                   "data's longest target is not read); set TARGET_MAXLENGTH "
                   "to size the run's own")
-    self.model = EncoderDecoderModel(self.model_config)
+    return ReaderPrepared(settings=settings,
+                          model=EncoderDecoderModel(self.model_config),
+                          target_length=target_length)
 
-  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+  def abstract_batch(self, p: ReaderPrepared, phase: int) -> dict:
     """The batcher's leaves: tokens [B, P, L] int32, passage mask [B, P]
     bool, targets [B, T] int32; P the larger of the two-phase counts (the
     step of N_CONTEXT or FIRST_PHASE_N_CONTEXT passages that needs more)."""
     del phase  # one phase; its passage count may change at a step
-    b, length = settings.batch_size, self.text_maxlength
-    p = max(self.n_context, self.reader.first_phase_n_context or 0)
-    return {"encoder_input_tokens": jax.ShapeDtypeStruct((b, p, length),
+    b, length = p.settings.batch_size, self.text_maxlength
+    n = max(self.n_context, self.reader.first_phase_n_context or 0)
+    return {"encoder_input_tokens": jax.ShapeDtypeStruct((b, n, length),
                                                          jnp.int32),
-            "passage_mask": jax.ShapeDtypeStruct((b, p), jnp.bool_),
+            "passage_mask": jax.ShapeDtypeStruct((b, n), jnp.bool_),
             "decoder_target_tokens": jax.ShapeDtypeStruct(
-                (b, self.target_length), jnp.int32)}
+                (b, p.target_length), jnp.int32)}
 
-  def decode_program(self, settings: Settings, batch_size: int, model=None):
+  def decode_program(self, p: ReaderPrepared, batch_size: int, model=None):
     """The evaluation's program: greedy or EVAL_BEAMS beam decoding of
     DECODE_MAXLENGTH tokens over N_CONTEXT passages, by ``model`` (default
-    this task's; ReAtt's task gives its own)."""
-    fn = predict_program(model or self.model,
+    ``p``'s; ReAtt's task gives its own)."""
+    fn = predict_program(model or p.model,
                          max_decode_len=self.lengths.decode_maxlength,
                          num_beams=self.reader.eval_beams)
-    p, length = self.n_context, self.text_maxlength
+    n, length = self.n_context, self.text_maxlength
     return fn, {"encoder_input_tokens": jax.ShapeDtypeStruct(
-                    (batch_size, p, length), jnp.int32),
-                "passage_mask": jax.ShapeDtypeStruct((batch_size, p),
+                    (batch_size, n, length), jnp.int32),
+                "passage_mask": jax.ShapeDtypeStruct((batch_size, n),
                                                      jnp.bool_)}
 
   # ---- evaluation -------------------------------------------------------------
 
-  def evaluates(self) -> bool:
-    return bool(self.eval_examples)
+  def evaluates(self, p: ReaderPrepared) -> bool:
+    return bool(p.eval_examples)
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
-    return self.evaluator(ctx.settings.model_dir, step, params,
-                          ctx.placement)
+  def evaluate(self, p: ReaderPrepared, ctx: Context, step: int, params
+               ) -> dict:
+    return p.evaluator(ctx.settings.model_dir, step, params, ctx.placement)
 
   def progress_fields(self, record: dict) -> dict:
     out = super().progress_fields(record)

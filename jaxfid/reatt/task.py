@@ -24,7 +24,7 @@ from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 from jaxfid.reader.examples import (TITLE_PREFIX, FidExample, read_fid_examples,
                                  write_fid_examples)
-from jaxfid.reader.task import ReaderTask
+from jaxfid.reader.task import ReaderPrepared, ReaderTask
 from jaxfid.reatt import model as reatt
 from jaxfid.reatt.batches import ReAttBatcher
 from jaxfid.reatt.checkpoint import load_reatt
@@ -32,8 +32,9 @@ from jaxfid.reatt.refresh import (iteration_file, phase_boundaries,
                                   refresh_close_documents)
 from jaxfid.reatt.restarts import restart_adam_at
 from jaxfid.reatt.step import make_grad_cache_step
-from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, loss_phase, train_state)
+from jaxfid.training.task import (Compilable, Context, OptimizerSettings,
+                                  Phase, Prepared, Settings, Task, loss_phase,
+                                  train_state)
 
 LOGGED = ("loss", "qa_loss", "kl_loss", "token_accuracy", "retrieval_accuracy",
           "retrieval_own_accuracy", "head_max_prob", "retrieval_head",
@@ -91,7 +92,15 @@ class ReAttTraining(Config):
   rerank_top_k: int = option(0, low=0)
 
 
-class ReAttTask(Task):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReAttPrepared(Prepared):
+  """A ReAtt run: the reader's data with this model, and the steps whose
+  close documents are refreshed."""
+  reader: ReaderPrepared
+  refresh_at: list[int] = dataclasses.field(default_factory=list)
+
+
+class ReAttTask(Task, Compilable):
   """Train ReAtt (see the module docstring); ``reader`` is FiD's task."""
   name = "reatt"
   description = "train reatt"
@@ -101,11 +110,12 @@ class ReAttTask(Task):
                reatt: reatt.ReAttConfig = reatt.ReAttConfig(),
                training: ReAttTraining = ReAttTraining()):
     self.reader, self.config, self.training = reader, reatt, training
+    self.examples: list[FidExample] = []  # the close documents trained on
     self._batcher: ReAttBatcher | None = None
 
   # ---- data and model ---------------------------------------------------------
 
-  def prepare(self, settings: Settings) -> None:
+  def prepare(self, settings: Settings) -> ReAttPrepared:
     corpus = self.training.retrieval_corpus
     if corpus and settings.process_count > 1:
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh runs on one "
@@ -113,19 +123,16 @@ class ReAttTask(Task):
     if corpus and paths.is_url(settings.model_dir):
       raise InputError("RETRIEVAL_CORPUS", "iterative refresh keeps its index "
                        "in MODEL_DIR/index and needs a local MODEL_DIR")
-    reader = self.reader
     self._check_reader()
-    reader.prepare_data(settings)
-    self.settings = settings
-    self.config = self.config.replace(
-        separator_ids=tuple(reader.tokenizer.encode(TITLE_PREFIX)))
-    self.model = self._make_model()
-    reader.use_model(self.model)
-    self.vocabulary = reader.vocabulary
-    self.examples = reader.train_examples()
-    self.refresh_at = (phase_boundaries(
-        settings.train_steps, self.training.retrieval_warmup_steps,
-        self.training.iteration_steps) if corpus else [])
+    data = self.reader.prepare_data(settings)
+    model = self._make_model(self.config.replace(
+        separator_ids=tuple(data.tokenizer.encode(TITLE_PREFIX))))
+    return ReAttPrepared(
+        settings=settings, model=model, vocabulary=data.vocabulary,
+        reader=self.reader.with_model(data, model),
+        refresh_at=(phase_boundaries(
+            settings.train_steps, self.training.retrieval_warmup_steps,
+            self.training.iteration_steps) if corpus else []))
 
   def _check_reader(self) -> None:
     if not self.reader.passage_eos:
@@ -133,15 +140,15 @@ class ReAttTask(Task):
                        "original's, and as its token index encodes documents)"
                        ": set PASSAGE_EOS = True")
 
-  def _make_model(self) -> reatt.ReAttModel:
+  def _make_model(self, config: reatt.ReAttConfig) -> reatt.ReAttModel:
     try:
-      return reatt.ReAttModel(self.reader.model_config, self.config)
+      return reatt.ReAttModel(self.reader.model_config, config)
     except ValueError as e:
       raise InputError("BI_ENCODER_LAYERS", str(e)) from None
 
   # ---- ahead-of-time compilation ------------------------------------------
 
-  def prepare_shapes(self, settings: Settings) -> None:
+  def prepare_shapes(self, settings: Settings) -> ReAttPrepared:
     """The model from the configuration alone: no data, tokenizer or index
     is read. ``separator_ids`` keep the configuration's (``title:`` in the
     T5 vocabulary; they are constants of the program, not shapes), and the
@@ -152,52 +159,56 @@ class ReAttTask(Task):
       raise InputError("TARGET_MAXLENGTH", "compiling ahead of time reads no "
                        "training data to find the longest target: set "
                        "TARGET_MAXLENGTH (or ANSWER_MAXLENGTH)")
-    self.settings = settings
-    self.model = self._make_model()
+    model = self._make_model(self.config)
+    return ReAttPrepared(settings=settings, model=model, reader=ReaderPrepared(
+        settings=settings, model=model,
+        target_length=self.reader.lengths.target_maxlength))
 
   compile_bindings = ReaderTask.compile_bindings  # the reader's TRAIN_DATA
 
-  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+  def abstract_batch(self, p: ReAttPrepared, phase: int) -> dict:
     """:class:`ReAttBatcher`'s global batch: the FiD reader's (rows
     [B, P, L], passage mask [B, P], targets [B, T]) plus
     ``question_length`` and ``kl_weight`` [B] (the KL term's inputs; the
     in-batch documents are the batch's own rows)."""
     if phase != 0:
       raise ValueError(f"ReAtt trains in one phase, not phase {phase}")
-    b = settings.batch_size
-    return {**self.reader.abstract_batch(settings, phase),
+    b = p.settings.batch_size
+    return {**self.reader.abstract_batch(p.reader, phase),
             "question_length": jax.ShapeDtypeStruct((b,), jnp.int32),
             "kl_weight": jax.ShapeDtypeStruct((b,), jnp.float32)}
 
-  def decode_program(self, settings: Settings, batch_size: int):
+  def decode_program(self, p: ReAttPrepared, batch_size: int):
     """The reader's evaluation program (:class:`QaEvaluator`'s) with this
     model: the split encoder, then greedy or beam decoding of
     DECODE_MAXLENGTH tokens."""
-    return self.reader.decode_program(settings, batch_size, model=self.model)
+    return self.reader.decode_program(p.reader, batch_size, model=p.model)
 
-  def run_config(self) -> dict:
-    return {**self.reader.run_config(), **reatt.run_config_fields(self.config),
+  def run_config(self, p: ReAttPrepared) -> dict:
+    return {**self.reader.run_config(p.reader),
+            **reatt.run_config_fields(p.model.reatt),
             "kl_weight": self.training.kl_weight,
             "retrieval_warmup_steps": self.training.retrieval_warmup_steps}
 
-  def initial_params(self, path: str) -> dict:
-    return initial_reatt_params(path, self.model)
+  def initial_params(self, p: ReAttPrepared, path: str) -> dict:
+    return initial_reatt_params(path, p.model)
 
-  def use_examples(self, examples: list[FidExample]) -> None:
+  def use_examples(self, p: ReAttPrepared, examples: list[FidExample]
+                   ) -> None:
     if self._batcher is not None:
       self._batcher.close()
-    reader = self.reader
+    reader, settings = self.reader, p.settings
     self.examples = examples
     self._batcher = ReAttBatcher(
-        examples, reader.tokenizer, batch_size=self.settings.batch_size,
+        examples, p.reader.tokenizer, batch_size=settings.batch_size,
         n_context=reader.n_context, text_maxlength=reader.text_maxlength,
-        target_maxlength=reader.target_length,
+        target_maxlength=p.reader.target_length,
         kl_weight=self.training.kl_weight,
         retrieval_warmup_steps=self.training.retrieval_warmup_steps,
-        seed=self.settings.seed, dataset=reader.dataset,
+        seed=settings.seed, dataset=reader.dataset,
         passage_eos=reader.passage_eos)
 
-  def batch(self, step: int, rows: slice, params) -> dict:
+  def batch(self, p: ReAttPrepared, step: int, rows: slice, params) -> dict:
     return self._batcher.batch(step, rows)
 
   # ---- the step ---------------------------------------------------------------
@@ -210,8 +221,9 @@ class ReAttTask(Task):
     return starts + phase_boundaries(settings.train_steps, warmup,
                                      self.training.iteration_steps)
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
+  def phases(self, p: ReAttPrepared, optimizer: OptimizerSettings
              ) -> list[Phase]:
+    settings = p.settings
     training, starts = self.training, self.phase_starts(settings)
     schedule = optimizer.schedule_fn(
         settings.train_steps,
@@ -220,14 +232,14 @@ class ReAttTask(Task):
     if settings.accumulation_steps > 1 and self.config.in_batch_negatives:
       tx = optimizer.make(schedule)
       phase = Phase("train", settings.train_steps,
-                    make_state=lambda p, s: train_state(
-                        p, s, opt_state=tx.init(p)),
+                    make_state=lambda params, s: train_state(
+                        params, s, opt_state=tx.init(params)),
                     step=make_grad_cache_step(
-                        self.model, tx, seed=settings.seed,
+                        p.model, tx, seed=settings.seed,
                         accumulation_steps=settings.accumulation_steps),
                     learning_rate=schedule)
     else:
-      phase = loss_phase(self.model, settings, optimizer, schedule)
+      phase = loss_phase(p.model, settings, optimizer, schedule)
     return [restart_adam_at(phase, starts if training.restart_optimizer
                             else [])]
 
@@ -242,17 +254,19 @@ class ReAttTask(Task):
 
   # ---- evaluation and refresh -------------------------------------------------
 
-  def evaluates(self) -> bool:
-    return self.reader.evaluates()
+  def evaluates(self, p: ReAttPrepared) -> bool:
+    return self.reader.evaluates(p.reader)
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
-    return self.reader.evaluate(ctx, step, params)
+  def evaluate(self, p: ReAttPrepared, ctx: Context, step: int, params
+               ) -> dict:
+    return self.reader.evaluate(p.reader, ctx, step, params)
 
-  def refresh(self, ctx: Context, step: int, params) -> list[FidExample]:
+  def refresh(self, p: ReAttPrepared, ctx: Context, step: int, params
+              ) -> list[FidExample]:
     """Re-index with ``params``, re-retrieve, write the iteration file."""
     reader, model_dir = self.reader, ctx.settings.model_dir
     examples = refresh_close_documents(
-        self.model, params, reader.tokenizer, reader.train_examples(),
+        p.model, params, p.reader.tokenizer, p.reader.train_examples,
         self.training.retrieval_corpus, os.path.join(model_dir, "index"),
         n_context=reader.n_context, doc_maxlength=reader.text_maxlength,
         query_maxlength=self.config.query_maxlength or reader.text_maxlength,
@@ -266,25 +280,26 @@ class ReAttTask(Task):
     ctx.log.write(step, {"refreshed_close_documents": len(examples)})
     return examples
 
-  def start(self, ctx: Context, step: int, state) -> None:
+  def start(self, p: ReAttPrepared, ctx: Context, step: int, state) -> None:
     """The close documents of the iteration ``step`` lies in."""
-    done = [s for s in self.refresh_at if s <= step]
-    examples = self.reader.train_examples()
+    done = [s for s in p.refresh_at if s <= step]
+    examples = p.reader.train_examples
     if done:
       path = iteration_file(ctx.settings.model_dir, done[-1])
       if os.path.exists(path):
         examples = read_fid_examples(path, require_answers=True)
       elif done[-1] == step:
-        examples = self.refresh(ctx, step, state["params"])
+        examples = self.refresh(p, ctx, step, state["params"])
       else:
         raise InputError(path, "missing: the close documents of this "
                          "iteration; retrain from the previous one")
-    self.use_examples(examples)
+    self.use_examples(p, examples)
 
-  def after_step(self, ctx: Context, step: int, state) -> None:
-    if step in self.refresh_at:
+  def after_step(self, p: ReAttPrepared, ctx: Context, step: int, state
+                 ) -> None:
+    if step in p.refresh_at:
       ctx.save(step, state)
-      self.use_examples(self.refresh(ctx, step, state["params"]))
+      self.use_examples(p, self.refresh(p, ctx, step, state["params"]))
 
   def log_record(self, step: int) -> dict:
     training = self.training

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from jaxfid.core.errors import InputError
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.refusion import batches as batch_lib
 from jaxfid.refusion import lmbff
@@ -23,6 +24,27 @@ def read_splits(spec: lmbff.TaskSpec, data_dir: str
                 ) -> dict[str, list[lmbff.Example]]:
   """Every split of the task (train, dev, test), read and checked."""
   return {s: lmbff.read_split(spec, data_dir, s) for s in lmbff.SPLITS}
+
+
+def database_width(retrieval_db: str | None, *, fused: bool, concat: bool,
+                   db_dim: int | None, hidden_width: int | None,
+                   mode: str) -> int:
+  """R, the width of RETRIEVAL_DB's vectors (0 without fusion modules or
+  CONCAT_NEIGHBOURS), checked against DB_DIM (``db_dim``, with fusion) and,
+  in 'hidden' or 'layer' retrieval (``mode``), against the model's hidden
+  states that query it (``hidden_width``)."""
+  if not (fused or concat):
+    return 0
+  width = nb_lib.db_width(retrieval_db)
+  if fused and db_dim is not None and db_dim != width:
+    raise InputError(retrieval_db, f"holds {width}-d vectors, but DB_DIM is "
+                     f"{db_dim}")
+  if hidden_width is not None and width != hidden_width:
+    raise InputError(retrieval_db, f"RETRIEVAL_MODE {mode!r} queries the "
+                     f"database with the model's {hidden_width}-d hidden "
+                     f"states, but it holds {width}-d vectors: build it with "
+                     "`jaxfid index dense --checkpoint` of this backbone")
+  return width
 
 
 def encode_splits(spec: lmbff.TaskSpec, splits: dict[str, Sequence],

@@ -29,14 +29,15 @@ from jaxfid.refusion import lmbff
 from jaxfid.refusion import neighbours as nb_lib
 from jaxfid.refusion import search as search_lib
 from jaxfid.refusion import template_sets
-from jaxfid.refusion.data import NeighbourVectors, encode_splits, read_splits
+from jaxfid.refusion.data import (NeighbourVectors, database_width,
+                                  encode_splits, read_splits)
 from jaxfid.refusion.model import ReFusionModel
 from jaxfid.refusion.scoring import SCORINGS, SplitScorer
 from jaxfid.runtime import console
 from jaxfid.t5.config import T5Config
 from jaxfid.training.metrics_log import read_records
-from jaxfid.training.task import (Context, OptimizerSettings, Phase, Settings,
-                                  Task, train_state)
+from jaxfid.training.task import (Compilable, Context, OptimizerSettings,
+                                  Phase, Prepared, Settings, Task, train_state)
 
 RETRIEVAL_MODES = ("input", "hidden", "layer")
 # The modules whose input is the layer's hidden state (width d_model): those
@@ -115,7 +116,23 @@ class ReFusionData(Config):
   generate_tokens: int = option(2, low=1)
 
 
-class ReFusionTask(Task):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReFusionPrepared(Prepared):
+  """A ReFusion run: the task, its label words' tokens [C, T], the fusion
+  settings of the database (K, R), the encoded splits and their scorer
+  (``prepare_shapes``: none; ``structure_model``, the structure compiled
+  before a search has found one)."""
+  spec: lmbff.TaskSpec
+  label_tokens: np.ndarray
+  fusion: fusion_lib.FusionConfig
+  test_examples: int = 0
+  arrays: dict | None = None
+  neighbours: NeighbourVectors | None = None
+  scorer: SplitScorer | None = None
+  structure_model: ReFusionModel | None = None
+
+
+class ReFusionTask(Task, Compilable):
   """Train (and search) ReFusion on one few-shot task (module docstring)."""
   name = "refusion"
 
@@ -129,6 +146,8 @@ class ReFusionTask(Task):
     self.search = search.search and fusion.enabled
     self.hidden = data.retrieval_mode == "hidden" and fusion.enabled
     self.layer = data.retrieval_mode == "layer" and fusion.enabled
+    # run-time state: the searched structure's model, set by phase_end (or
+    # start, on a resume in the retraining); start's step and placement
     self._structure_model: ReFusionModel | None = None
     self._start_step = 0
     self._replicate = None
@@ -141,63 +160,57 @@ class ReFusionTask(Task):
       raise InputError("RETRIEVAL_DB", "required with fusion modules or "
                        "CONCAT_NEIGHBOURS (build one with `jaxfid index "
                        "dense`)")
-
-  # ---- data and model -------------------------------------------------------
-
-  def prepare(self, settings: Settings) -> None:
-    self.settings = settings
-    data, fused = self.data, self.fusion.enabled
-    if self.hidden and settings.process_count > 1:
-      raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
-    self.spec = lmbff.get_task(data.task, data.templates)
-    splits = read_splits(self.spec, data.data_dir)
-    self.test_examples = len(splits["test"])
-    tokenizer = load_tokenizer(settings.init_checkpoint)
-    self.vocabulary = tokenizer.path
-    self.label_tokens = label_tokens = batch_lib.label_token_matrix(
-        self.spec.label_words, tokenizer)                    # [C, T]
-    db_dim = 0
-    if fused or data.concat_neighbours:
-      db_dim = nb_lib.db_width(data.retrieval_db)
-    if fused and data.db_dim is not None and data.db_dim != db_dim:
-      raise InputError(data.retrieval_db, f"holds {db_dim}-d vectors, but "
-                       f"DB_DIM is {data.db_dim}")
-    if (self.hidden or self.layer) and db_dim != self.model_config.d_model:
-      raise InputError(data.retrieval_db, f"RETRIEVAL_MODE "
-                       f"{data.retrieval_mode!r} queries "
-                       f"the database with the model's "
-                       f"{self.model_config.d_model}-d hidden states, but it "
-                       f"holds {db_dim}-d vectors: build it with `jaxfid index "
-                       "dense --checkpoint` of this backbone")
-    if self.layer and any(t.split(".")[1] not in LAYER_QUERY_MODULES
-                          for t in self.fusion.targets):
+    if (fusion.enabled and data.retrieval_mode == "layer"
+        and any(t.split(".")[1] not in LAYER_QUERY_MODULES
+                for t in fusion.targets)):
       raise InputError("FUSION_MODULES", "RETRIEVAL_MODE 'layer' queries "
                        "with each module's input, the hidden state: only "
                        f"{', '.join(LAYER_QUERY_MODULES)} modules")
-    self.arrays = encode_splits(
-        self.spec, splits, tokenizer, label_tokens, max_length=data.max_length,
+
+  # ---- data and model -------------------------------------------------------
+
+  def prepare(self, settings: Settings) -> ReFusionPrepared:
+    data, fused = self.data, self.fusion.enabled
+    if self.hidden and settings.process_count > 1:
+      raise InputError("RETRIEVAL_MODE", "'hidden' runs on one host")
+    spec = lmbff.get_task(data.task, data.templates)
+    splits = read_splits(spec, data.data_dir)
+    tokenizer = load_tokenizer(settings.init_checkpoint)
+    label_tokens = batch_lib.label_token_matrix(spec.label_words,
+                                                tokenizer)       # [C, T]
+    db_dim = database_width(
+        data.retrieval_db, fused=fused, concat=data.concat_neighbours,
+        db_dim=data.db_dim, mode=data.retrieval_mode,
+        hidden_width=(self.model_config.d_model if self.hidden or self.layer
+                      else None))
+    arrays = encode_splits(
+        spec, splits, tokenizer, label_tokens, max_length=data.max_length,
         retrieval_db=data.retrieval_db, top_k=data.top_k, fused=fused,
         hidden=self.hidden or self.layer,
         input_eos=template_sets.input_eos(data.templates),
         concat_neighbours=data.concat_neighbours,
         neighbour_cache=data.neighbour_cache, progress=settings.progress)
-    self._use_model(db_dim, nb_lib.layer_database(data.retrieval_db)
-                    if self.layer else None)
-    self.neighbours = NeighbourVectors(self.model, data.retrieval_db,
-                                       top_k=data.top_k, hidden=self.hidden)
-    self.scorer = SplitScorer(self.spec.metric, label_tokens, self.arrays,
-                              self.neighbours, data.eval_batch_size,
-                              scoring=data.scoring,
-                              generate_tokens=data.generate_tokens,
-                              spec=self.spec, tokenizer=tokenizer)
+    fusion, model = self._model(db_dim, nb_lib.layer_database(
+        data.retrieval_db) if self.layer else None)
+    neighbours = NeighbourVectors(model, data.retrieval_db, top_k=data.top_k,
+                                  hidden=self.hidden)
+    return ReFusionPrepared(
+        settings=settings, model=model, vocabulary=tokenizer.path, spec=spec,
+        label_tokens=label_tokens, fusion=fusion,
+        test_examples=len(splits["test"]), arrays=arrays,
+        neighbours=neighbours,
+        scorer=SplitScorer(spec.metric, label_tokens, arrays, neighbours,
+                           data.eval_batch_size, scoring=data.scoring,
+                           generate_tokens=data.generate_tokens, spec=spec,
+                           tokenizer=tokenizer))
 
-  def _use_model(self, db_dim: int, database: tuple | None = None) -> None:
+  def _model(self, db_dim: int, database: tuple | None = None
+             ) -> tuple[fusion_lib.FusionConfig, ReFusionModel]:
     """The run's fusion settings (K, the database width R, the search) and
     model (holding the database in 'layer' retrieval)."""
-    self.fusion = self.fusion.replace(top_k=self.data.top_k,
-                                      db_dim=max(db_dim, 1),
-                                      search=self.search)
-    self.model = ReFusionModel(self.model_config, self.fusion, database)
+    fusion = self.fusion.replace(top_k=self.data.top_k, db_dim=max(db_dim, 1),
+                                 search=self.search)
+    return fusion, ReFusionModel(self.model_config, fusion, database)
 
   # ---- ahead-of-time compilation ------------------------------------------
 
@@ -209,20 +222,19 @@ class ReFusionTask(Task):
     return {name: f"(not read by bench compile: {name})"
             for name in ("DATA_DIR", "RETRIEVAL_DB") if macro(name) is None}
 
-  def prepare_shapes(self, settings: Settings) -> None:
+  def prepare_shapes(self, settings: Settings) -> ReFusionPrepared:
     """The model and shapes from the configuration alone (reads no data).
 
     Before a search the structure is unknown: retrain and evaluation compile
     with ``FusionConfig.structure`` when given, else the ordered mask.
     """
-    self.settings = settings
     data, fused = self.data, self.fusion.enabled
     if self.layer:
       raise InputError("RETRIEVAL_MODE", "'layer' puts its database into "
                        "the programs: they are not compiled ahead of time")
-    self.spec = lmbff.get_task(data.task, data.templates)
-    self.label_tokens = batch_lib.label_token_matrix(self.spec.label_words,
-                                                     load_tokenizer())
+    spec = lmbff.get_task(data.task, data.templates)
+    label_tokens = batch_lib.label_token_matrix(spec.label_words,
+                                                load_tokenizer())
     if not fused:
       db_dim = 0
     elif self.hidden:
@@ -237,18 +249,21 @@ class ReFusionTask(Task):
                        "vectors")
     else:
       db_dim = data.db_dim
-    self._use_model(db_dim)
-    if self.search:
-      paths = self.model.paths
-      structure = self.fusion.structure or ("ordered_mask",) * len(paths)
-      self._structure_model = self.with_structure(structure)
+    fusion, model = self._model(db_dim)
+    p = ReFusionPrepared(settings=settings, model=model, spec=spec,
+                         label_tokens=label_tokens, fusion=fusion)
+    if not self.search:
+      return p
+    structure = fusion.structure or ("ordered_mask",) * len(model.paths)
+    return dataclasses.replace(p, structure_model=self.with_structure(
+        p, structure))
 
-  def _segments(self) -> int:
+  def _segments(self, p: ReFusionPrepared) -> int:
     """S, the neighbour segments of an example: one per input sentence
     ('input' retrieval), one pooled query ('hidden')."""
-    return 2 if self.spec.pair and not (self.hidden or self.layer) else 1
+    return 2 if p.spec.pair and not (self.hidden or self.layer) else 1
 
-  def _abstract_part(self, rows: int) -> dict:
+  def _abstract_part(self, p: ReFusionPrepared, rows: int) -> dict:
     """One batch of ``rows`` examples (:func:`batch_lib.train_batch` after
     :class:`NeighbourVectors`): tokens [B, L], label word [B, T] and, with
     fusion modules, the neighbours' vectors [B, S, K, R]."""
@@ -256,45 +271,45 @@ class ReFusionTask(Task):
     part = {"encoder_input_tokens": shape((rows, self.data.max_length),
                                           jnp.int32),
             "decoder_target_tokens": shape(
-                (rows, self.label_tokens.shape[1]), jnp.int32)}
-    if self.fusion.enabled and not self.layer:
-      f = self.fusion
-      part["neighbours"] = shape((rows, self._segments(), f.top_k, f.db_dim),
-                                 jnp.float32)
+                (rows, p.label_tokens.shape[1]), jnp.int32)}
+    if p.fusion.enabled and not self.layer:
+      f = p.fusion
+      part["neighbours"] = shape((rows, self._segments(p), f.top_k,
+                                  f.db_dim), jnp.float32)
     return part
 
-  def abstract_batch(self, settings: Settings, phase: int) -> dict:
+  def abstract_batch(self, p: ReFusionPrepared, phase: int) -> dict:
     """:meth:`batch`'s global batch of phase ``phase``: the search's has a
     train and a dev batch (the architecture step's), the others a train
     batch only."""
     count = 1 + (self.search and self.search_config.retrain)
     if not 0 <= phase < count:
       raise ValueError(f"this run has {count} phase(s), not phase {phase}")
-    out = {"train": self._abstract_part(settings.batch_size)}
+    out = {"train": self._abstract_part(p, p.settings.batch_size)}
     if self.search and phase == 0:
-      out["dev"] = self._abstract_part(settings.batch_size)
+      out["dev"] = self._abstract_part(p, p.settings.batch_size)
     return out
 
-  def decode_program(self, settings: Settings, batch_size: int):
+  def decode_program(self, p: ReFusionPrepared, batch_size: int):
     """The final structure's classification (:class:`SplitScorer`'s
     program) on an evaluation batch (which keeps its gold label word,
     unused): every label word scored under teacher forcing, int32 [N] best
     classes, or with ``SCORING='generate'`` int32 [N, GENERATE_TOKENS]
     generated tokens."""
-    model, labels = self.final_model(), self.label_tokens    # [C, T]
+    model, labels = self.final_model(p), p.label_tokens      # [C, T]
     if self.data.scoring == "generate":
       tokens = self.data.generate_tokens
       return (lambda params, batch: model.generate(params, batch, tokens),
-              self._abstract_part(batch_size))
+              self._abstract_part(p, batch_size))
     return (lambda params, batch: model.classify(params, batch, labels),
-            self._abstract_part(batch_size))
+            self._abstract_part(p, batch_size))
 
-  def run_config(self) -> dict:
+  def run_config(self, p: ReFusionPrepared) -> dict:
     return {"method": self.name, "model": self.model_config.to_dict(),
-            "fusion": self.fusion.to_dict(), "task": self.spec.name,
+            "fusion": p.fusion.to_dict(), "task": p.spec.name,
             "max_length": self.data.max_length,
-            "label_words": list(self.spec.label_words),
-            "templates": self.data.templates, "template": self.spec.template,
+            "label_words": list(p.spec.label_words),
+            "templates": self.data.templates, "template": p.spec.template,
             "scoring": self.data.scoring,
             "retrieval_db": self.data.retrieval_db,
             "concat_neighbours": self.data.concat_neighbours,
@@ -302,38 +317,40 @@ class ReFusionTask(Task):
             "retrieval_mode": ("hidden" if self.hidden else
                                "layer" if self.layer else "input"),
             "retrain": self.search_config.retrain,
-            "train_steps": self.settings.train_steps}
+            "train_steps": p.settings.train_steps}
 
-  def initial_params(self, path: str) -> dict:
+  def initial_params(self, p: ReFusionPrepared, path: str) -> dict:
     """INIT_CHECKPOINT's T5 backbone in fresh fusion parameters."""
     other, backbone, _ = load_checkpoint(path)
     matching.check_init_config(path, self.model_config, other.config)
-    return merge_backbone(self.model.init_params(self.settings.seed), backbone,
+    return merge_backbone(p.model.init_params(p.settings.seed), backbone,
                           path)
 
-  def with_structure(self, structure) -> ReFusionModel:
+  def with_structure(self, p: ReFusionPrepared, structure) -> ReFusionModel:
     """The backbone with every fusion module fixed to its ``structure`` entry."""
-    return self.model.with_fusion(dataclasses.replace(
-        self.fusion, search=False, structure=tuple(structure)))
+    return p.model.with_fusion(dataclasses.replace(
+        p.fusion, search=False, structure=tuple(structure)))
 
-  def final_model(self) -> ReFusionModel:
+  def final_model(self, p: ReFusionPrepared) -> ReFusionModel:
     """The model the run's result is: the searched structure's, or the
     configured one."""
     if not self.search:
-      return self.model
-    if self._structure_model is None:
-      path = os.path.join(self.settings.model_dir, search_lib.STRUCTURE_FILE)
+      return p.model
+    model = self._structure_model or p.structure_model
+    if model is None:
+      path = os.path.join(p.settings.model_dir, search_lib.STRUCTURE_FILE)
       raise InputError(path, "missing: the search's structure was not "
                        "written; remove MODEL_DIR to search again")
-    return self._structure_model
+    return model
 
   # ---- the steps --------------------------------------------------------------
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
+  def phases(self, p: ReFusionPrepared, optimizer: OptimizerSettings
              ) -> list[Phase]:
+    settings = p.settings
     steps = settings.train_steps
     schedule, model_opt, arch_opt = search_lib.optimizers(
-        self.model.abstract_params(), optimizer, self.search_config, steps)
+        p.model.abstract_params(), optimizer, self.search_config, steps)
 
     def make_state(with_arch: bool):
       def make(params, step):
@@ -349,37 +366,39 @@ class ReFusionTask(Task):
 
     phases = [Phase("search" if self.search else "train", steps,
                     make_state=make_state(self.search),
-                    step=make_step(self.model, self.search),
+                    step=make_step(p.model, self.search),
                     learning_rate=schedule)]
     if self.search and self.search_config.retrain:
       # Traced when the retrain phase starts, after the search's phase_end
       # (or start(), on a resume) has fixed the structure.
       retrain_step = lambda state, batch: make_step(
-          self.final_model(), False)(state, batch)
+          self.final_model(p), False)(state, batch)
       phases.append(Phase("retrain", 2 * steps, make_state=make_state(False),
                           step=retrain_step,
                           learning_rate=lambda s: schedule(s - steps),
                           fresh_params="initial"))
     return phases
 
-  def start(self, ctx: Context, step: int, state) -> None:
+  def start(self, p: ReFusionPrepared, ctx: Context, step: int, state
+            ) -> None:
     self._start_step = step
     self._replicate = ctx.placement.replicate
     if self.search and step > ctx.settings.train_steps:  # in the retrain
       saved = search_lib.read_structure(ctx.settings.model_dir)
       if saved is not None:
-        self._structure_model = self.with_structure(saved["structure"])
-      self.final_model()  # InputError when it is missing
+        self._structure_model = self.with_structure(p, saved["structure"])
+      self.final_model(p)  # InputError when it is missing
 
-  def batch(self, step: int, rows: slice, params) -> dict:
-    s = self.settings
-    train = batch_lib.train_batch(self.arrays["train"], step, s.batch_size,
+  def batch(self, p: ReFusionPrepared, step: int, rows: slice, params
+            ) -> dict:
+    s = p.settings
+    train = batch_lib.train_batch(p.arrays["train"], step, s.batch_size,
                                   s.seed, rows)
-    out = {"train": self.neighbours(params, train, self._replicate)}
+    out = {"train": p.neighbours(params, train, self._replicate)}
     if self.search and step < s.train_steps:
-      dev = batch_lib.train_batch(self.arrays["dev"], step, s.batch_size,
+      dev = batch_lib.train_batch(p.arrays["dev"], step, s.batch_size,
                                   s.seed + 1, rows)
-      out["dev"] = self.neighbours(params, dev, self._replicate)
+      out["dev"] = p.neighbours(params, dev, self._replicate)
     return out
 
   def log_fields(self, metrics: dict) -> dict:
@@ -390,34 +409,35 @@ class ReFusionTask(Task):
 
   # ---- evaluation and the structure -------------------------------------------
 
-  def evaluates(self) -> bool:
+  def evaluates(self, p: ReFusionPrepared) -> bool:
     return True
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
+  def evaluate(self, p: ReFusionPrepared, ctx: Context, step: int, params
+               ) -> dict:
     """Dev-set scores of the current discrete structure (and its counts)."""
     structure = None
     if not self.search:
-      model = self.model
+      model = p.model
     elif step > ctx.settings.train_steps:  # retraining the fixed structure
-      model = self.final_model()
+      model = self.final_model(p)
     else:
-      structure = self.model.discretize(params)
-      model = self.with_structure(structure)
-    scores = self.scorer(model, params, "dev", ctx.placement.replicate)
+      structure = p.model.discretize(params)
+      model = self.with_structure(p, structure)
+    scores = p.scorer(model, params, "dev", ctx.placement.replicate)
     record = {f"eval_{k}": v for k, v in scores.items()}
     if structure is not None:
       record.update({f"structure_{s}": structure.count(s)
                      for s in fusion_lib.SCHEMES})
     return record
 
-  def phase_end(self, ctx: Context, phase: Phase, state) -> dict:
+  def phase_end(self, p: ReFusionPrepared, ctx: Context, phase: Phase,
+                state) -> dict:
     """After the search: the argmax structure, written and logged once."""
     if phase.name != "search":
       return {}
     model_dir = ctx.settings.model_dir
-    record = search_lib.structure_record(self.model, state["params"],
-                                         phase.end)
-    self._structure_model = self.with_structure(record["structure"])
+    record = search_lib.structure_record(p.model, state["params"], phase.end)
+    self._structure_model = self.with_structure(p, record["structure"])
     ran = self._start_step < phase.end
     if not ran and search_lib.read_structure(model_dir) is not None:
       return {}  # written (and logged) by the run that searched
@@ -427,14 +447,15 @@ class ReFusionTask(Task):
         f"{p}={s}" for p, s in zip(record["paths"], record["structure"])))
     return {"structure": search_lib.describe(record)}
 
-  def finish(self, ctx: Context, step: int, state) -> dict:
+  def finish(self, p: ReFusionPrepared, ctx: Context, step: int, state
+             ) -> dict:
     """The test line: the final structure's scores and FLOPs per example."""
-    model, params = self.final_model(), state["params"]
+    model, params = self.final_model(p), state["params"]
     replicate = ctx.placement.replicate
-    scores = self.scorer(model, params, "test", replicate)
+    scores = p.scorer(model, params, "test", replicate)
     result = {f"test_{k}": v for k, v in scores.items()}
-    result["test_examples"] = self.test_examples
-    flops = self.scorer.flops(model, params, "test", replicate)
+    result["test_examples"] = p.test_examples
+    flops = p.scorer.flops(model, params, "test", replicate)
     if flops is not None:
       result["flops_per_example"] = flops
     return result

@@ -50,7 +50,7 @@ from jaxfid.runtime.locks import DirectoryLock
 from jaxfid.training import state as state_lib
 from jaxfid.training.metrics_log import MetricsLog
 from jaxfid.training.settings import OptimizerSettings, Settings
-from jaxfid.training.task import Context, Task
+from jaxfid.training.task import Context, Prepared, Task, compilable
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -126,13 +126,13 @@ def train(*, task: Task, settings: Settings,
   if progress is not None:
     settings = settings.replace(progress=progress)
   # 1. Data and model: the task reads and checks everything before any work.
-  task.prepare(settings)
-  plan = layout(task, settings, optimizer)
+  p = task.prepare(settings)
+  plan = layout(task, p, optimizer)
   device_mesh, place, phases = plan.mesh, plan.placement, plan.phases
   abstract_states, shardings = plan.abstract_states, plan.shardings
 
   # 2. Run directory: lock, config, vocabulary (process 0), checkpoints (all).
-  with _run_directory(settings.model_dir, task,
+  with _run_directory(settings.model_dir, task.run_config(p), p.vocabulary,
                       settings.keep_checkpoints) as ckpts:
     ctx = Context(settings=settings, placement=place, log=None,
                   checkpoints=ckpts,
@@ -151,14 +151,14 @@ def train(*, task: Task, settings: Settings,
       state, step, index = _restore_readable(ckpts, phases, abstract_states,
                                              shardings)
       again = any(p.fresh_params == "initial" for p in phases[index + 1:])
-      initial = (_initial_params(task, settings, place)
+      initial = (_initial_params(task, p, place)
                  if state is None or again else None)
       if state is None:
         state = state_lib.fresh_state(phases[0].make_state, initial, 0,
                                       shardings[0])
         initial = initial if again else None
       ctx.log = MetricsLog(settings.model_dir, resume_step=step)
-      task.start(ctx, step, state)
+      task.start(p, ctx, step, state)
       loop = StepLoop(total=phases[-1].end, start=step,
                       desc=task.description, progress=settings.progress,
                       on_nan=settings.on_nan)
@@ -172,16 +172,16 @@ def train(*, task: Task, settings: Settings,
                       else state["params"])
             state = state_lib.fresh_state(phases[i].make_state, params, step,
                                           shardings[i])
-          step_fn = step_function(task, settings, place, phases[i], i,
+          step_fn = step_function(task, p, place, phases[i], i,
                                   shardings[i], state)
-          state, step, stopped = _run_phase(task, ctx, loop, preemption,
+          state, step, stopped = _run_phase(task, p, ctx, loop, preemption,
                                             phases[i], step_fn, state, step,
                                             last)
           if stopped:
             return last
-          _record(ctx, last, step, task.phase_end(ctx, phases[i], state))
+          _record(ctx, last, step, task.phase_end(p, ctx, phases[i], state))
         # 5. The end: the task's final evaluation (ReFusion's test set).
-        _record(ctx, last, step, task.finish(ctx, step, state))
+        _record(ctx, last, step, task.finish(p, ctx, step, state))
       finally:
         loop.close()
         task.close()
@@ -203,17 +203,18 @@ class Layout:
   shardings: list               # per phase, the state's shardings
 
 
-def layout(task: Task, settings: Settings, optimizer: OptimizerSettings,
+def layout(task: Task, p: Prepared, optimizer: OptimizerSettings,
            devices=None) -> Layout:
   """The mesh (``MESH`` over ``devices``, default all; checked against the
-  batch), the placement of the task's model, its phases and each phase's
-  abstract train state and shardings. ``task`` is prepared (``prepare`` or
-  ``prepare_shapes``); nothing is allocated."""
+  batch), the placement of the prepared model (``p``: from ``prepare`` or
+  ``prepare_shapes``), the phases and each phase's abstract train state and
+  shardings; nothing is allocated."""
+  settings = p.settings
   device_mesh = state_lib.checked_mesh(settings.mesh, settings.batch_size,
                                        settings.accumulation_steps, devices)
-  place = state_lib.placement(device_mesh, task.model.param_axes())
-  phases = task.phases(settings, optimizer)
-  abstract_params = task.model.abstract_params()
+  place = state_lib.placement(device_mesh, p.model.param_axes())
+  phases = task.phases(p, optimizer)
+  abstract_params = p.model.abstract_params()
   abstract_states = [jax.eval_shape(p.make_state, abstract_params, 0)
                      for p in phases]
   shardings = [place.state(a, abstract_params) for a in abstract_states]
@@ -229,20 +230,20 @@ STEP_LOADERS: Registry = Registry(
     "does)")
 
 
-def step_function(task: Task, settings: Settings, place: state_lib.Placement,
+def step_function(task: Task, p: Prepared, place: state_lib.Placement,
                   phase, index: int, shardings, state):
   """Phase ``index``'s step as the loop runs it: :func:`jit_step`, or with
   ``COMPILED_STEP`` set the executable saved there
   (:mod:`jaxfid.aot.executables`), which the loader checks against this
   step (a mismatch: one line, and the step compiles)."""
   jitted = jit_step(phase, shardings, place)
-  if not settings.compiled_step:
+  if not p.settings.compiled_step:
     return jitted
   batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
       s.shape, s.dtype, sharding=place.batch),
-                       task.abstract_batch(settings, index))
+                       compilable(task).abstract_batch(p, index))
   return STEP_LOADERS.get("file", "COMPILED_STEP")(
-      settings.compiled_step, jitted, (state, batch), phase.name)
+      p.settings.compiled_step, jitted, (state, batch), phase.name)
 
 
 def jit_step(phase, shardings, place: state_lib.Placement):
@@ -253,21 +254,23 @@ def jit_step(phase, shardings, place: state_lib.Placement):
                  donate_argnums=0)
 
 
-def _initial_params(task: Task, settings: Settings, place):
+def _initial_params(task: Task, p: Prepared, place):
   """The run's initial parameters, sharded: INIT_CHECKPOINT's, or SEED's.
 
   A loaded checkpoint sits on this process's first device (a MODEL_DIR's
   restore) or on the host; :func:`multihost.put` places each process's
   parts from its own copy (``jax.device_put`` cannot move a single-device
   array onto devices of other processes)."""
+  settings = p.settings
   if settings.init_checkpoint:
-    return multihost.put(task.initial_params(settings.init_checkpoint),
+    return multihost.put(task.initial_params(p, settings.init_checkpoint),
                          place.params)
-  return jax.jit(lambda: task.model.init_params(settings.seed),
+  return jax.jit(lambda: p.model.init_params(settings.seed),
                  out_shardings=place.params)()
 
 
-def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
+def _run_phase(task: Task, p: Prepared, ctx: Context, loop: StepLoop,
+               preemption, phase,
                step_fn, state, step: int, last: dict):
   """Steps ``[step, phase.end)`` of ``phase``: batch, step, log, evaluate,
   checkpoint; ``last`` collects the latest record. Returns (state, step,
@@ -278,7 +281,7 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
   rows = place.batch_rows(batch_size)
   loop.restart_clock()
   while step < phase.end:
-    host = task.batch(step, rows, state["params"])
+    host = task.batch(p, step, rows, state["params"])
     state, metrics = step_fn(state, place.global_batch(host, rows,
                                                        batch_size))
     step += 1
@@ -288,9 +291,9 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
       last.clear()  # the record is the latest log line and what follows it
       last.update(_log_step(task, ctx.log, loop, phase, step, metrics,
                             batch_size))
-    if task.evaluates() and (step % settings.eval_every == 0
-                             or step == phase.end):
-      last.update(_evaluate(task, ctx, step, state))
+    if task.evaluates(p) and (step % settings.eval_every == 0
+                              or step == phase.end):
+      last.update(_evaluate(task, p, ctx, step, state))
       loop.show(**task.progress_fields(last))
     if (step % settings.checkpoint_every == 0 or step == phase.end
         or stopping):
@@ -300,7 +303,7 @@ def _run_phase(task: Task, ctx: Context, loop: StepLoop, preemption, phase,
                   f"{settings.model_dir}; exiting")
       last.update(step=step, preempted=True, signal=preemption.signal_name)
       return state, step, True
-    task.after_step(ctx, step, state)
+    task.after_step(p, ctx, step, state)
   return state, step, False
 
 
@@ -312,7 +315,8 @@ def _record(ctx: Context, last: dict, step: int, record: dict) -> None:
 
 
 @contextlib.contextmanager
-def _run_directory(model_dir: str, task: Task, keep: int):
+def _run_directory(model_dir: str, run_config: dict, vocabulary: str | None,
+                   keep: int):
   """MODEL_DIR locked (process 0, local directories), with the run config
   and vocabulary written and its checkpoints open."""
   paths.makedirs(model_dir)
@@ -324,10 +328,10 @@ def _run_directory(model_dir: str, task: Task, keep: int):
       if not paths.is_url(model_dir):  # what a killed run left half-written
         for sub in ("", "eval", "best"):
           remove_stale_temporaries(paths.join(model_dir, sub))
-      write_run_config(model_dir, task.run_config())
+      write_run_config(model_dir, run_config)
       spiece = paths.join(model_dir, "spiece.model")
-      if task.vocabulary and not paths.exists(spiece):
-        paths.copy(task.vocabulary, spiece)
+      if vocabulary and not paths.exists(spiece):
+        paths.copy(vocabulary, spiece)
     ckpts = RunCheckpoints(model_dir, keep=keep)
     try:
       yield ckpts
@@ -371,9 +375,10 @@ def _log_step(task: Task, log: MetricsLog, loop: StepLoop, phase, step: int,
   return record
 
 
-def _evaluate(task: Task, ctx: Context, step: int, state) -> dict:
+def _evaluate(task: Task, p: Prepared, ctx: Context, step: int, state
+              ) -> dict:
   """The task's evaluation, logged; the best checkpoint kept."""
-  result = task.evaluate(ctx, step, state["params"])
+  result = task.evaluate(p, ctx, step, state["params"])
   ctx.log.write(step, result)
   if task.best_metric and ctx.checkpoints.maybe_save_best(
       step, state["params"], result[task.best_metric], name=task.best_metric):

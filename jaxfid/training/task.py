@@ -2,28 +2,46 @@
 
 The loop (:func:`jaxfid.training.loop.train`) owns what every method shares
 (mesh, shardings, init or restore, resume, checkpoints, accumulation,
-metrics); a task owns its model, data, batches, train steps (one per
-:class:`Phase`), evaluation and events between steps.
+metrics, SIGTERM); a task is its configuration (gin builds it) and these
+hooks, called in this order. ``p`` is what ``prepare`` returned.
 
-The order of calls::
+  prepare(settings) -> p           reads and checks all data and builds the
+                                   model: a frozen :class:`Prepared`
+                                   (settings, model, vocabulary, and the
+                                   method's data, batches, evaluator); every
+                                   bad input fails here, before any work
+  run_config(p) -> dict            jaxfid_config.json (with "method")
+  phases(p, optimizer)             [Phase, ...] covering [0, final step);
+                                   pure steps, the same on every call
+  initial_params(p, path)          INIT_CHECKPOINT's params (fresh start)
+  completed(ctx, final_step)       a finished run's final record, or None
+  start(p, ctx, step, state)       after init or restore, before any step
+  batch(p, step, rows, params)     rows ``rows`` of the global batch of
+                                   0-based ``step``: a function of (seed,
+                                   step) and the params, so resume is exact
+  log_fields(metrics), log_record(step), progress_fields(record)
+  evaluates(p); evaluate(p, ctx, step, params) -> dict (eval_* fields)
+  after_step(p, ctx, step, state)  after the step's log, eval, checkpoint
+  phase_end(p, ctx, phase, state)  a phase complete (also on a resume at
+                                   its end) -> record
+  finish(p, ctx, step, state)      -> the final record (e.g. test scores)
+  close()                          always, last
 
-  task.prepare(settings)            read and check all data; build the model
-  task.run_config()                 -> jaxfid_config.json (with "method")
-  task.phases(settings, optimizer)  -> [Phase, ...] covering [0, final step)
-  task.initial_params(path)         INIT_CHECKPOINT (only on a fresh start)
-  task.start(ctx, step, state)      after init or restore
-  loop: task.batch(step, rows, params) -> step -> metrics
-        task.log_fields(metrics); task.evaluate(ctx, step, params)
-        task.after_step(ctx, step, state)
-  task.finish(ctx, step, state)     -> the final record (e.g. test scores)
+Only ``prepare``, ``phases`` and ``batch`` have no default. A task's own
+attributes are set in ``__init__``; the events (``start``, ``after_step``,
+``phase_end``) may change run-time state declared there (a refreshed
+index's batcher, ReFusion's searched structure).
 
-Ahead-of-time compilation (``jaxfid bench compile``) calls, instead of
-``prepare`` and without reading any data or checkpoint::
+A task that ``jaxfid bench compile`` (and ``COMPILED_STEP``) can compile
+also is :class:`Compilable`; the command says in one line when not:
 
-  task.prepare_shapes(settings)     build the model from the configuration
-  task.phases(settings, optimizer)  the same phases the loop would run
-  task.abstract_batch(settings, phase_index)  -> the global batch's shapes
-  task.decode_program(settings, batch_size)   -> the predict program
+  compile_bindings(macro)          (class) placeholders for unset data paths
+  prepare_shapes(settings) -> p    ``prepare`` from the configuration alone:
+                                   nothing read, opened or allocated
+  abstract_batch(p, phase)         ShapeDtypeStructs of ``batch``'s global
+                                   batch in phase ``phase``, exactly
+  decode_program(p, batch_size)    (fn(params, batch), abstract batch): the
+                                   evaluation's prediction program
 """
 from __future__ import annotations
 
@@ -96,36 +114,36 @@ class Context:
   save: Callable[[int, State], None]   # force a checkpoint of a state
 
 
-class Task:
-  """Base class of a method's training task (see the module docstring).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prepared:
+  """What :meth:`Task.prepare` returns; a method's subclass adds its data,
+  batches and evaluator."""
+  settings: Settings
+  model: Any                      # init_params, abstract_params, param_axes
+  vocabulary: str | None = None   # spiece.model to copy into MODEL_DIR
 
-  Subclasses set ``name`` (the run config's ``method``) and ``model``, and
-  implement :meth:`prepare`, :meth:`phases` and :meth:`batch`; the rest has
-  defaults.
-  """
-  name: str = "task"
+
+class Task:
+  """Base class of a method's training task (see the module docstring)."""
+  name: str = "task"              # the run config's "method"
   description: str = "train"      # the progress bar's label
   throughput_name: str = "examples_per_sec"
   best_metric: str | None = None  # an evaluate() key to keep the best of
-  model: Any = None
-  vocabulary: str | None = None   # spiece.model to copy into MODEL_DIR
 
-  def prepare(self, settings: Settings) -> None:
+  def prepare(self, settings: Settings) -> Prepared:
     raise NotImplementedError
 
-  def run_config(self) -> dict:
-    return {"method": self.name, "model": self.model.config.to_dict()}
+  def run_config(self, p: Prepared) -> dict:
+    return {"method": self.name, "model": p.model.config.to_dict()}
 
-  def phases(self, settings: Settings, optimizer: OptimizerSettings
-             ) -> list[Phase]:
+  def phases(self, p: Prepared, optimizer: OptimizerSettings) -> list[Phase]:
     raise NotImplementedError
 
-  def initial_params(self, path: str):
+  def initial_params(self, p: Prepared, path: str):
     """INIT_CHECKPOINT's parameters for this run's model (host arrays)."""
     raise NotImplementedError
 
-  def batch(self, step: int, rows: slice, params) -> Any:
-    """The rows ``rows`` of the global batch of 0-based ``step``."""
+  def batch(self, p: Prepared, step: int, rows: slice, params) -> Any:
     raise NotImplementedError
 
   def log_fields(self, metrics: dict) -> dict:
@@ -139,62 +157,59 @@ class Task:
   def progress_fields(self, record: dict) -> dict:
     return {"loss": f"{record['loss']:.4f}"} if "loss" in record else {}
 
-  def evaluates(self) -> bool:
+  def evaluates(self, p: Prepared) -> bool:
     return False
 
-  def evaluate(self, ctx: Context, step: int, params) -> dict:
+  def evaluate(self, p: Prepared, ctx: Context, step: int, params) -> dict:
     return {}
 
   def completed(self, ctx: Context, final_step: int) -> dict | None:
-    """The final record of a run that already finished, else None."""
     return None
 
-  def start(self, ctx: Context, step: int, state: State) -> None:
-    """After init or restore, before the first step of this process."""
+  def start(self, p: Prepared, ctx: Context, step: int, state: State) -> None:
+    pass
 
-  def phase_end(self, ctx: Context, phase: Phase, state: State) -> dict:
-    """When ``phase`` is complete (also on a resume exactly at its end)."""
+  def phase_end(self, p: Prepared, ctx: Context, phase: Phase,
+                state: State) -> dict:
     return {}
 
-  def after_step(self, ctx: Context, step: int, state: State) -> None:
-    """After the step's log, evaluation and checkpoint."""
+  def after_step(self, p: Prepared, ctx: Context, step: int,
+                 state: State) -> None:
+    pass
 
-  def finish(self, ctx: Context, step: int, state: State) -> dict:
+  def finish(self, p: Prepared, ctx: Context, step: int, state: State) -> dict:
     return {}
 
   def close(self) -> None:
     pass
 
-  # ---- ahead-of-time compilation (``jaxfid bench compile``) ----------------
+
+class Compilable:
+  """The hooks of ahead-of-time compilation (the module docstring), mixed
+  into a :class:`Task` that has them."""
 
   @classmethod
   def compile_bindings(cls, macro: Callable[[str], Any]) -> dict:
-    """Macros (name -> value) ``jaxfid bench compile`` binds so that the
-    task's configs build from a gin file whose data is not set (a
-    placeholder path nothing reads); ``macro(name)`` is the run's value of
-    a macro (None: unset). Default: none."""
+    """Macros (name -> value) that let the task's configs build from a gin
+    file whose data is not set (a placeholder path nothing reads);
+    ``macro(name)`` is the run's value (None: unset)."""
     del macro
     return {}
 
-  def prepare_shapes(self, settings: Settings) -> None:
-    """What :meth:`prepare` does that :meth:`phases` and the programs need
-    (``model`` above all), from the configuration alone: no data or
-    checkpoint is read, no file opened, nothing allocated on a device."""
-    raise InputError("METHOD", f"the {self.name} task cannot be compiled "
-                     "ahead of time")
+  def prepare_shapes(self, settings: Settings) -> Prepared:
+    raise NotImplementedError
 
-  def abstract_batch(self, settings: Settings, phase: int) -> Any:
-    """The global train batch of phase ``phase`` (an index into
-    :meth:`phases`), as ``jax.ShapeDtypeStruct`` leaves: the shapes and
-    dtypes :meth:`batch` would give for all ``settings.batch_size`` rows."""
-    raise InputError("METHOD", f"the {self.name} task cannot be compiled "
-                     "ahead of time")
+  def abstract_batch(self, p: Prepared, phase: int) -> Any:
+    raise NotImplementedError
 
-  def decode_program(self, settings: Settings, batch_size: int
+  def decode_program(self, p: Prepared, batch_size: int
                      ) -> tuple[Callable[[Any, Any], Any], Any]:
-    """``(fn, abstract_batch)``: the method's prediction program as a pure
-    ``fn(params, batch)`` (what ``jaxfid predict`` or the task's evaluation
-    runs per batch: encoding and cached greedy or beam decoding, or scoring),
-    and its batch of ``batch_size`` rows as ``jax.ShapeDtypeStruct``s."""
-    raise InputError("METHOD", f"the {self.name} task has no prediction "
-                     "program to compile")
+    raise NotImplementedError
+
+
+def compilable(task: Task) -> Compilable:
+  """``task``, when it can be compiled ahead of time; else InputError."""
+  if not isinstance(task, Compilable):
+    raise InputError("METHOD", f"the {task.name} task cannot be compiled "
+                     "ahead of time")
+  return task
