@@ -20,7 +20,8 @@ hooks, called in this order. ``p`` is what ``prepare`` returned.
                                    0-based ``step``: a function of (seed,
                                    step) and the params, so resume is exact
   log_fields(metrics), log_record(step), progress_fields(record)
-  evaluates(p); evaluate(p, ctx, step, params) -> dict (eval_* fields)
+  evaluates(p); evaluate(p, ctx, step, params) -> record, every EVAL_EVERY
+                                   steps (``best_metric`` among its keys)
   after_step(p, ctx, step, state)  after the step's log, eval, checkpoint
   phase_end(p, ctx, phase, state)  a phase complete (also on a resume at
                                    its end) -> record
