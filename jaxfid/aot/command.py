@@ -14,7 +14,7 @@ the task's prediction program at ``EVAL_BATCH_SIZE`` (``decode``); see
 No data or checkpoint is read and nothing is written: ``MODEL_DIR`` may be
 unset, and data paths may name files that do not exist here (a method's
 task binds placeholders where its configs need a path:
-``Task.compile_bindings``). The last line on stdout is one JSON object;
+``Compilable.compile_bindings``). The last line on stdout is one JSON object;
 ``--search`` (:mod:`jaxfid.aot.search`) tries remat, mesh
 splits, accumulation and scanned layers and prints the best as flags;
 ``--breakdown`` (one compile, not a search) adds where the step's HBM
