@@ -7,8 +7,13 @@ Every function here is the reader in evaluation mode (no dropout) and
 without gradient, as Atlas's ``eval_score``, ``perplexity_score``,
 ``loop_score`` and ``emdr_score`` run (``self.reader.eval()`` under
 ``torch.no_grad()``). ``tokens`` are the reader's rows [B, K, L] of the
-retrieved passages, ``targets`` [B, T] the answer tokens (0 = padding,
-Atlas's ``-100`` labels).
+retrieved passages, ``targets`` [B, T] the target tokens as the batches
+write them (under PROMPT_FORMAT 'atlas' the sentinel ``<extra_id_0>``, the
+answer, EOS: every one counts, as in Atlas's labels; 0 = padding, Atlas's
+``-100`` labels). The token likelihoods are the reader's own scoring
+(:meth:`~jaxfid.t5.model.EncoderDecoderModel.score`, whose
+:func:`~jaxfid.t5.model.sequence_log_likelihood` and
+:func:`~jaxfid.t5.model.token_log_likelihood` eval and predict use).
 
 * :func:`adist_gold` -- attention distillation: the ``normssum`` key of
   Atlas's ``FiD.get_crossattention_scores`` (``src/fid.py:162-163,191``),
@@ -37,44 +42,37 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxfid.t5.model import EncoderDecoderModel, shift_right
+from jaxfid.t5.model import (EncoderDecoderModel, sequence_log_likelihood,
+                             shift_right, token_log_likelihood)
 
 Array = jax.Array
 ATLAS_NTOKENS = 256  # the constant of Atlas's `ntokens_sum` (fid.py)
 
 
-def _token_nll(logits: Array, targets: Array) -> Array:
-  """float32 [N, T]: ``-log p(target token)`` of teacher-forced logits."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)   # [N, T, V]
-  return -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-
-
-def _mean_nll(logits: Array, targets: Array) -> Array:
-  """float32 [N]: the mean over non-padding targets of the token NLL."""
-  mask = targets > 0
-  nll = jnp.where(mask, _token_nll(logits, targets), 0.0)           # [N, T]
-  return jnp.sum(nll, -1) / jnp.maximum(jnp.sum(mask, -1), 1)
-
-
-def _alone_logits(reader: EncoderDecoderModel, params, tokens: Array,
-                  passage_mask: Array, targets: Array) -> Array:
-  """float32 [B*K, T, V]: the reader on each passage alone (rows [B*K, 1,
-  L]), the targets repeated per passage (``repeat_interleave``)."""
+def _alone(tokens: Array, passage_mask: Array, targets: Array) -> dict:
+  """The batch of each passage alone: rows [B*K, 1, L], mask [B*K, 1], the
+  targets repeated per passage [B*K, T] (``repeat_interleave``)."""
   b, k, l = tokens.shape
-  rows = tokens.reshape(b * k, 1, l)                                # [B*K, 1, L]
-  mask = passage_mask.reshape(b * k, 1)                             # [B*K, 1]
-  repeated = jnp.repeat(targets, k, axis=0)                         # [B*K, T]
-  return reader.logits(params, rows, shift_right(repeated),
-                       passage_mask=mask)
+  return {"encoder_input_tokens": tokens.reshape(b * k, 1, l),   # [B*K, 1, L]
+          "passage_mask": passage_mask.reshape(b * k, 1),         # [B*K, 1]
+          "decoder_target_tokens": jnp.repeat(targets, k, axis=0)}  # [B*K, T]
+
+
+def _count(targets: Array) -> Array:
+  """float32 [N]: the non-padding targets of each row (at least 1)."""
+  return jnp.maximum(jnp.sum(targets > 0, -1), 1).astype(jnp.float32)
 
 
 def pdist_gold(reader: EncoderDecoderModel, params, tokens: Array,
                passage_mask: Array, targets: Array) -> Array:
-  """float32 [B, K]: ``-mean NLL`` of the target given each passage alone."""
+  """float32 [B, K]: ``-mean NLL`` of the target given each passage alone
+  (the reader's :meth:`score` over the non-padding targets)."""
   params = jax.lax.stop_gradient(params)
   b, k, _ = tokens.shape
-  logits = _alone_logits(reader, params, tokens, passage_mask, targets)
-  return -_mean_nll(logits, jnp.repeat(targets, k, axis=0)).reshape(b, k)
+  alone = _alone(tokens, passage_mask, targets)
+  log_likelihood = reader.score(params, alone)                      # [B*K]
+  mean = log_likelihood / _count(alone["decoder_target_tokens"])
+  return mean.reshape(b, k)
 
 
 def emdr_token_logprobs(reader: EncoderDecoderModel, params, tokens: Array,
@@ -85,12 +83,14 @@ def emdr_token_logprobs(reader: EncoderDecoderModel, params, tokens: Array,
   as Atlas's ``repeated_labels[... == IGNORE_INDEX] = 0``)."""
   params = jax.lax.stop_gradient(params)
   b, k, _ = tokens.shape
-  logits = _alone_logits(reader, params, tokens, passage_mask, targets)
-  repeated = jnp.repeat(targets, k, axis=0)                         # [B*K, T]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature_gold,
-                            axis=-1)                                # [B*K, T, V]
-  gathered = jnp.take_along_axis(logp, repeated[..., None], -1)[..., 0]
-  return gathered.reshape(b, k, -1)                                 # [B, K, T]
+  alone = _alone(tokens, passage_mask, targets)
+  repeated = alone["decoder_target_tokens"]                         # [B*K, T]
+  logits = reader.logits(params, alone["encoder_input_tokens"],
+                         shift_right(repeated),
+                         passage_mask=alone["passage_mask"])        # [B*K, T, V]
+  logp = token_log_likelihood(logits.astype(jnp.float32) / temperature_gold,
+                              repeated)                             # [B*K, T]
+  return logp.reshape(b, k, -1)                                     # [B, K, T]
 
 
 def loop_gold(reader: EncoderDecoderModel, params, tokens: Array,
@@ -106,7 +106,7 @@ def loop_gold(reader: EncoderDecoderModel, params, tokens: Array,
     out = (jnp.arange(k) != i)[None, :, None]                       # [1, K, 1]
     mask = enc.mask.reshape(b, k, l) & out                          # [B, K, L]
     logits, _ = net.decode(enc.hidden, mask.reshape(b, k * l), inputs)
-    return _mean_nll(logits, targets)                               # [B]
+    return -sequence_log_likelihood(logits, targets) / _count(targets)  # [B]
 
   return jax.lax.map(without, jnp.arange(k)).T                      # [B, K]
 

@@ -45,11 +45,17 @@ def decoder_inputs(batch: dict) -> Array:
   return shift_right(batch["decoder_target_tokens"]) if inputs is None else inputs
 
 
+def token_log_likelihood(logits: Array, targets: Array) -> Array:
+  """float32 [B, T]: ``log p(target token)`` at every position (padding
+  reads id 0), from teacher-forced logits [B, T, V]."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [B, T, V]
+  return jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]   # [B, T]
+
+
 def sequence_log_likelihood(logits: Array, targets: Array) -> Array:
   """float32 [B]: the sum of ``log p(target token)`` over non-padding targets
   (EOS included), from teacher-forced logits [B, T, V]."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [B, T, V]
-  token = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]  # [B, T]
+  token = token_log_likelihood(logits, targets)                      # [B, T]
   return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)        # [B]
 
 
