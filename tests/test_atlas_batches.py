@@ -31,7 +31,7 @@ def _batcher():
       examples, passages, encode_padded(tok, [p.text for p in passages], 8),
       encode_padded(tok, [e.question for e in examples], 6), tok,
       batch_size=4, n_context=2, text_maxlength=16, target_maxlength=4,
-      seed=3)
+      seed=3, prompt_format="fid")
 
 
 def test_rows_are_the_retrieved_passages_in_order_and_split_by_rows():

@@ -14,9 +14,12 @@ per question, T target tokens.
   (seed, s, the parameters, the index), so a resumed run that restores the
   parameters and the index retrieves the same passages.
 * Targets: a random answer per step and question from ``rng(seed, s, i)``
-  (FiD's batches' draw, :func:`jaxfid.reader.inputs.choose_target`).
-* Rows: the reader's ``"question: Q title: T context: P"`` rows
-  (:func:`jaxfid.reader.inputs.encode_examples`, in retrieved order) and the
+  (FiD's batches' draw, :func:`jaxfid.reader.inputs.choose_target`), as
+  PROMPT_FORMAT writes it (:func:`jaxfid.atlas.prompts.target`: 'atlas'
+  "<extra_id_0> A"), EOS-terminated.
+* Rows: the reader's rows of PROMPT_FORMAT ('atlas': "question: Q answer:
+  <extra_id_0> title: T context: P", :mod:`jaxfid.atlas.prompts`;
+  :func:`jaxfid.reader.inputs.encode_examples`, in retrieved order) and the
   retriever's tokens of the same passages.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxfid.atlas import prompts
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.reader import inputs as fid_inputs
 from jaxfid.reader.examples import FidExample, Passage
@@ -57,6 +61,7 @@ class AtlasBatcher:
   seed: int = 0
   dataset: str = "nq"
   passage_eos: bool = True
+  prompt_format: str = "atlas"
 
   def indices(self, step: int) -> np.ndarray:
     """The examples of the global batch of 0-based ``step``, [B]."""
@@ -72,10 +77,13 @@ class AtlasBatcher:
     examples, targets = [], []
     for j, i in enumerate(chosen):
       example = self.examples[int(i)]
-      examples.append(with_retrieved(example, self.passages,
-                                     ids[offset + j], scores[offset + j]))
+      examples.append(prompts.reader_example(with_retrieved(
+          example, self.passages, ids[offset + j], scores[offset + j]),
+          self.prompt_format))
       rng = np.random.default_rng([self.seed, step, offset + j])
-      text = fid_inputs.choose_target(example, rng, self.dataset)
+      text = prompts.target(fid_inputs.choose_target(example, rng,
+                                                     self.dataset),
+                            self.prompt_format)
       targets.append(fid_inputs.encode_target(self.tokenizer, text,
                                               self.target_maxlength))
     tokens, mask = fid_inputs.encode_examples(

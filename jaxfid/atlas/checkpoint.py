@@ -44,7 +44,8 @@ def model_from_run_config(run: dict, dtype: str | None = None) -> AtlasModel:
   retriever = DualEncoder(
       T5Config.from_dict(run["retriever"]["model"]),
       DualEncoderConfig.from_dict(run["retriever"]["dual_encoder"]))
-  atlas = AtlasConfig.from_dict(run["atlas"])
+  # a run config without prompt_format is of a run trained on FiD's rows
+  atlas = AtlasConfig.from_dict({"prompt_format": "fid", **run["atlas"]})
   return AtlasModel(EncoderDecoderModel(config), retriever, atlas)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxfid.atlas.prompts import PROMPT_FORMATS
 from jaxfid.core.config import Config, option
 from jaxfid.core.errors import InputError
 
@@ -96,6 +97,13 @@ class AtlasConfig(Config):
       per row (:func:`jaxfid.atlas.index.quantize_int8`).
     eval_recall_k: the largest k of the logged ``eval_recall@k`` (with 1
       and 5).
+    prompt_format: what the reader and the retriever read
+      (:mod:`jaxfid.atlas.prompts`): 'atlas', the released code's QA
+      prompt (rows "question: Q answer: <extra_id_0> title: T context: P",
+      target "<extra_id_0> A", the retriever's query "question: Q answer:
+      <extra_id_0>", sentinels dropped from the generated answer); 'fid',
+      FiD's rows "question: Q title: T context: P", the answer as target,
+      the bare question to the retriever.
   """
   corpus: str = option()
   retriever_loss: str = option("pdist", choices=RETRIEVER_LOSSES)
@@ -114,6 +122,7 @@ class AtlasConfig(Config):
   index_dtype: str = option("bfloat16", choices=INDEX_DTYPES)
   rerank_k: int = option(0, low=0)
   eval_recall_k: int = option(20, low=5)
+  prompt_format: str = option("atlas", choices=PROMPT_FORMATS)
 
   def retrieved(self, n_context: int) -> int:
     """Passages retrieved per question when the reader reads

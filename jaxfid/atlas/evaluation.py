@@ -10,7 +10,9 @@ read), giving
   among their first k hits that contains an answer (DPR's ``has_answer`` on
   the passage text, :func:`jaxfid.evaluation.retrieval.answer_recall`);
 * ``eval_em``, ``eval_f1``: the reader's greedy (or EVAL_BEAMS) answers
-  over the first N_CONTEXT hits (FiD's evaluator, whose per-question
+  over the first N_CONTEXT hits, read as PROMPT_FORMAT's rows, sentinels
+  dropped from the answers under 'atlas' (:mod:`jaxfid.atlas.prompts`;
+  FiD's evaluator, whose per-question
   predictions go to ``MODEL_DIR/eval/predictions_<step>.jsonl``; the
   retrieved passages' ids are not written there).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jaxfid.atlas import prompts
 from jaxfid.atlas.batches import with_retrieved
 from jaxfid.atlas.model import READER
 from jaxfid.atlas.retrieval import InLoopRetriever
@@ -38,14 +41,14 @@ def retrieval_recall(retriever: InLoopRetriever, ids, examples:
 
 def evaluate(retriever: InLoopRetriever, reader_eval: QaEvaluator,
              examples: Sequence[FidExample], query_tokens, *, n_context: int,
-             recall_k: int, model_dir: str, step: int, params, placement
-             ) -> dict:
+             recall_k: int, model_dir: str, step: int, params, placement,
+             prompt_format: str = "atlas") -> dict:
   """The evaluation record of ``step`` (module docstring)."""
   k = max(n_context, recall_k)
   ids, scores = retriever.search(params, query_tokens, k)
   record = retrieval_recall(retriever, ids, examples, (1, 5, recall_k))
-  reader_eval.examples = [
-      with_retrieved(e, retriever.passages, row[:n_context], s[:n_context])
-      for e, row, s in zip(examples, ids, scores)]
+  reader_eval.examples = [prompts.reader_example(
+      with_retrieved(e, retriever.passages, row[:n_context], s[:n_context]),
+      prompt_format) for e, row, s in zip(examples, ids, scores)]
   record.update(reader_eval(model_dir, step, params[READER], placement))
   return record

@@ -9,7 +9,9 @@ The corpus is read once (``CORPUS``, any format of
 the retriever as Atlas's ``--retriever_format`` ``"{title} {text}"``
 (EOS-terminated, ``PASSAGE_MAXLENGTH`` tokens): what every refresh embeds
 and what a step's retriever re-embeds for the passages it retrieved.
-Questions are tokenised once too (``QUERY_MAXLENGTH``). Searches embed the
+Questions are tokenised once too, as PROMPT_FORMAT's query
+(:func:`jaxfid.atlas.prompts.query`; 'atlas': "question: Q answer:
+<extra_id_0>", ``QUERY_MAXLENGTH``). Searches embed the
 questions with the current query tower and take the exact top k of the
 index; they run on every process alike (SPMD), and every process gets all
 the hits.
@@ -33,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from jaxfid.atlas import prompts
 from jaxfid.atlas.index import PassageIndex
 from jaxfid.atlas.model import RETRIEVER, AtlasModel
 from jaxfid.core.errors import InputError
@@ -102,8 +105,10 @@ class InLoopRetriever:
   # ---- searches ----------------------------------------------------------
 
   def query_tokens(self, questions: Sequence[str]) -> np.ndarray:
-    """int32 [len(questions), Q]."""
-    return encode_padded(self.tokenizer, list(questions),
+    """int32 [len(questions), Q]: the queries of PROMPT_FORMAT."""
+    fmt = self.model.atlas.prompt_format
+    return encode_padded(self.tokenizer,
+                         [prompts.query(q, fmt) for q in questions],
                          self.query_maxlength)
 
   @functools.cached_property

@@ -33,7 +33,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 
-from jaxfid.atlas import evaluation
+from jaxfid.atlas import evaluation, prompts
 from jaxfid.atlas.batches import AtlasBatcher
 from jaxfid.atlas.checkpoint import is_atlas_dir, load_atlas, run_config_fields
 from jaxfid.atlas.config import AtlasConfig
@@ -110,9 +110,15 @@ class AtlasTask(Task, Compilable):
     retriever, init_retriever = self._make_retriever()
     model = AtlasModel(EncoderDecoderModel(reader.model_config), retriever,
                        atlas, reader.n_context)
+    fmt = atlas.prompt_format
+    if fmt == "atlas" and reader.lengths.target_maxlength is None:
+      # the sentinel before every answer
+      data = dataclasses.replace(data, target_length=data.target_length + 1)
+    reader_p = reader.with_model(data, model.reader)
+    reader_p.evaluator.answer_text = lambda text: prompts.answer(text, fmt)
     return AtlasPrepared(
         settings=settings, model=model, vocabulary=data.vocabulary,
-        reader=reader.with_model(data, model.reader), passages=passages,
+        reader=reader_p, passages=passages,
         refresh_at=atlas.refresh_steps(settings.train_steps),
         init_retriever=init_retriever)
 
@@ -278,7 +284,8 @@ class AtlasTask(Task, Compilable):
         n_context=atlas.retrieved(reader.n_context),
         text_maxlength=reader.text_maxlength,
         target_maxlength=p.reader.target_length, seed=ctx.settings.seed,
-        dataset=reader.dataset, passage_eos=reader.passage_eos)
+        dataset=reader.dataset, passage_eos=reader.passage_eos,
+        prompt_format=atlas.prompt_format)
     self.eval_queries = (self.retriever.query_tokens(
         [e.question for e in p.reader.eval_examples]) if self.evaluates(p)
         else None)
@@ -343,7 +350,8 @@ class AtlasTask(Task, Compilable):
         self.retriever, p.reader.evaluator, p.reader.eval_examples,
         self.eval_queries, n_context=self.reader.n_context,
         recall_k=self.atlas.eval_recall_k, model_dir=ctx.settings.model_dir,
-        step=step, params=params, placement=ctx.placement)
+        step=step, params=params, placement=ctx.placement,
+        prompt_format=self.atlas.prompt_format)
 
   def close(self) -> None:
     self.reader.close()

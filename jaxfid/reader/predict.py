@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -143,7 +143,10 @@ class QaEvaluator:
   """EM/F1 during training: ``evaluator(model_dir, step, params,
   placement)`` decodes batches sharded over the data axes (every process
   gets every prediction), writes ``MODEL_DIR/eval/predictions_<step>.jsonl``
-  (process 0) and returns ``eval_em``, ``eval_f1``, ``eval_examples``."""
+  (process 0) and returns ``eval_em``, ``eval_f1``, ``eval_examples``.
+  ``answer_text`` maps each decoded text to the answer scored and written
+  (Atlas's drops sentinels)."""
+  answer_text: Callable[[str], str] | None = None
 
   def __init__(self, model, tokenizer, examples: Sequence[FidExample], *,
                n_context: int, text_maxlength: int, answer_maxlength: int,
@@ -170,6 +173,8 @@ class QaEvaluator:
         batch_size=placement.eval_batch_size(self.batch_size),
         predict_fn=self._predict_fn, progress=self.progress,
         put_batch=placement.shard, passage_eos=self.passage_eos)
+    if self.answer_text is not None:
+      preds = [self.answer_text(p) for p in preds]
     scores = score(self.examples, preds)
     if jax.process_index() == 0:
       write_predictions(os.path.join(model_dir, "eval",
