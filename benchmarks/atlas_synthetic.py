@@ -14,6 +14,16 @@ knows nothing of the task:
   in-batch negatives, :data:`RETRIEVER`): it learns to find the question's
   entity, nothing about which of its passages answers.
 
+Every model reads ``--prompt-format``'s rows and targets (``PROMPT_FORMAT``,
+:mod:`jaxfid.atlas.prompts`; default 'atlas', gin/atlas/tiny.gin's): under
+'atlas' the reader is trained on BM25's top 6 rewritten as Atlas's QA prompt
+(the question "Q answer: <extra_id_0>", whose FiD row is Atlas's "question:
+Q answer: <extra_id_0> title: T context: P", and the answers "<extra_id_0>
+A", so its dev EM compares like with like), with 3 more row tokens
+(:data:`PROMPT_LENGTHS`: the prompt's "answer: <extra_id_0>") and one more
+target token (the sentinel); the retriever is trained and searched with the
+prompt's query ("question: Q answer: <extra_id_0>").
+
 Then it runs ``jaxfid train --gin_file=gin/atlas/tiny.gin`` (in process)
 from them (``INIT_CHECKPOINT`` the reader, ``INIT_RETRIEVER`` the
 retriever) once per entry of :data:`RUNS`: each ``RETRIEVER_LOSS``, the
@@ -61,6 +71,7 @@ import cpu_host  # noqa: E402
 from distill_synthetic import (READER_GIN, RETRIEVER_GIN,  # noqa: E402
                                reader_bindings, retriever_bindings)
 from jaxfid.atlas import evaluation as atlas_evaluation  # noqa: E402
+from jaxfid.atlas import prompts  # noqa: E402
 from jaxfid.atlas import gold as gold_lib  # noqa: E402
 from jaxfid.atlas.batches import with_retrieved  # noqa: E402
 from jaxfid.atlas.retrieval import read_passages  # noqa: E402
@@ -101,6 +112,16 @@ ATLAS = [
 # scores on the starting hits (measured: adist 0.0072, pdist 2.2, loop
 # 1.6), so the target is neither flat nor one-hot; emdr2's divides the
 # reader's logits: 1.
+# the rows' and targets' tokens per prompt format: 'fid' as first measured;
+# 'atlas' with room for "answer: <extra_id_0>" (3 tokens) and the sentinel
+PROMPT_LENGTHS = {"fid": {"TEXT_MAXLENGTH": 28, "ANSWER_MAXLENGTH": 4},
+                  "atlas": {"TEXT_MAXLENGTH": 31, "ANSWER_MAXLENGTH": 5}}
+
+
+def length_bindings(prompt_format: str) -> list[str]:
+  return [f"{k}={v}" for k, v in PROMPT_LENGTHS[prompt_format].items()]
+
+
 RUNS = {
     "none": ("none", []),
     "adist": ("adist", ["TEMPERATURE_GOLD=0.0025"]),
@@ -125,9 +146,26 @@ def _records(model_dir: str) -> list[dict]:
     return [json.loads(line) for line in f]
 
 
-def bm25_reader(paths: dict, work_dir: str) -> dict:
+def prompted(run_file: str, prompt_format: str) -> str:
+  """``run_file`` (FiD JSON) whose questions and answers are
+  ``prompt_format``'s (module docstring); the file itself for 'fid'."""
+  if prompt_format == "fid":
+    return run_file
+  out = run_file.replace(".json", f"_{prompt_format}.json")
+  with open(run_file) as f:
+    records = json.load(f)
+  for r in records:
+    r["question"] = prompts.reader_example(
+        FidExample(r["question"], ()), prompt_format).question
+    r["answers"] = [prompts.target(a, prompt_format) for a in r["answers"]]
+  with open(out, "w") as f:
+    json.dump(records, f)
+  return out
+
+
+def bm25_reader(paths: dict, work_dir: str, prompt_format: str) -> dict:
   """BM25's top 6 for the training and dev questions, and the reader
-  trained on them: ``{"model_dir", "eval_em"}``."""
+  trained on them in ``prompt_format``: ``{"model_dir", "eval_em"}``."""
   index = os.path.join(work_dir, "bm25")
   if not os.path.exists(os.path.join(index, "meta.json")):
     build_bm25_index(paths["corpus.tsv"], index, progress=False)
@@ -137,27 +175,31 @@ def bm25_reader(paths: dict, work_dir: str) -> dict:
     if not os.path.exists(runs[split]):
       retrieve_to_file(index, paths[f"{split}.jsonl"], TOP_K, runs[split],
                        progress=False)
-  model_dir = os.path.join(work_dir, "reader")
+  model_dir = os.path.join(work_dir, f"reader_{prompt_format}")
   if not os.path.exists(os.path.join(model_dir, "metrics.jsonl")):
+    data = {split: prompted(runs[split], prompt_format) for split in runs}
     _cli(["train", f"--gin_file={READER_GIN}", f"--gin.MODEL_DIR='{model_dir}'",
-          f"--gin.TRAIN_DATA='{runs['train']}'",
-          f"--gin.EVAL_DATA='{runs['dev']}'",
-          *[f"--gin.{b}" for b in READER]], "the reader's training")
+          f"--gin.TRAIN_DATA='{data['train']}'",
+          f"--gin.EVAL_DATA='{data['dev']}'",
+          *[f"--gin.{b}" for b in READER + length_bindings(prompt_format)]],
+         "the reader's training")
   em = [m["eval_em"] for m in _records(model_dir) if "eval_em" in m]
   return {"model_dir": model_dir, "eval_em": em[-1]}
 
 
-def uniform_retriever(work_dir: str) -> str:
-  """The starting retriever (module docstring): its MODEL_DIR."""
-  data = os.path.join(work_dir, "bm25_train_uniform.json")
+def uniform_retriever(work_dir: str, prompt_format: str) -> str:
+  """The starting retriever (module docstring), its queries
+  ``prompt_format``'s: its MODEL_DIR."""
+  data = os.path.join(work_dir, f"bm25_train_uniform_{prompt_format}.json")
   with open(os.path.join(work_dir, "bm25_train.json")) as f:
     records = json.load(f)
   for record in records:
+    record["question"] = prompts.query(record["question"], prompt_format)
     for c in record["ctxs"]:
       c["score"] = 0.0
   with open(data, "w") as f:
     json.dump(records, f)
-  model_dir = os.path.join(work_dir, "retriever")
+  model_dir = os.path.join(work_dir, f"retriever_{prompt_format}")
   if not os.path.exists(os.path.join(model_dir, "metrics.jsonl")):
     _cli(["train", f"--gin_file={RETRIEVER_GIN}",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_DATA='{data}'",
@@ -216,9 +258,11 @@ def logging_hit_stats(passages: list, questions: list[dict]):
 
 
 def dense_hits(checkpoint: str, questions: list[dict], passages: list,
-               k: int = 20, *, batch_size: int = 256) -> np.ndarray:
-  """[n, k]: the exact top ``k`` corpus rows for ``questions`` of the dual
-  encoder MODEL_DIR ``checkpoint`` (the starting retriever: step 0)."""
+               prompt_format: str, k: int = 20, *, batch_size: int = 256
+               ) -> np.ndarray:
+  """[n, k]: the exact top ``k`` corpus rows for ``questions`` (as
+  ``prompt_format``'s queries) of the dual encoder MODEL_DIR
+  ``checkpoint`` (the starting retriever: step 0)."""
   loaded = load_dual_encoder(checkpoint)
   fn = jax.jit(lambda p, t, tower: loaded.encoder.embed(p, t, tower=tower),
                static_argnums=2)
@@ -236,7 +280,8 @@ def dense_hits(checkpoint: str, questions: list[dict], passages: list,
     return np.concatenate(out)                                    # [n, D]
 
   p = embed([passage_text(x.title, x.text) for x in passages], "passage")
-  q = embed([x["question"] for x in questions], "query")
+  q = embed([prompts.query(x["question"], prompt_format) for x in questions],
+            "query")
   return np.argsort(-(q @ p.T), axis=1, kind="stable")[:, :k]
 
 
@@ -244,7 +289,7 @@ def dense_hits(checkpoint: str, questions: list[dict], passages: list,
 
 
 def gold_ranking(reader_dir: str, passages: list, questions: list[dict],
-                 ids, *, batch_size: int = 16) -> dict:
+                 ids, prompt_format: str, *, batch_size: int = 16) -> dict:
   """How ``reader_dir``'s gold scores (adist, pdist, loop; the latest
   checkpoint) rank each question's first six hits ``ids``: per objective,
   ``answer_first`` (of the questions with an answer passage among them,
@@ -266,9 +311,13 @@ def gold_ranking(reader_dir: str, passages: list, questions: list[dict],
   for start in range(0, len(examples), batch_size):
     part = examples[start:start + batch_size]
     part = part + [part[-1]] * (batch_size - len(part))  # one shape
-    tokens, mask = fid_inputs.encode_examples(tokenizer, part, TOP_K, 28, eos)
-    targets = np.stack([fid_inputs.encode_target(tokenizer, e.answers[0], 4)
-                        for e in part]).astype(np.int32)      # [b, T]
+    lengths = PROMPT_LENGTHS[prompt_format]
+    tokens, mask = fid_inputs.encode_examples(
+        tokenizer, [prompts.reader_example(e, prompt_format) for e in part],
+        TOP_K, lengths["TEXT_MAXLENGTH"], eos)
+    targets = np.stack([fid_inputs.encode_target(
+        tokenizer, prompts.target(e.answers[0], prompt_format),
+        lengths["ANSWER_MAXLENGTH"]) for e in part]).astype(np.int32)  # [b, T]
     for m in fns:
       golds[m].append(np.asarray(jitted[m](params, tokens.astype(np.int32),
                                            mask, targets)))   # [b, K]
@@ -298,9 +347,9 @@ def gold_ranking(reader_dir: str, passages: list, questions: list[dict],
 
 def atlas_run(name: str, loss: str, extra: list[str], paths: dict,
               work_dir: str, reader: str, retriever: str | None,
-              steps: int = STEPS) -> list:
+              prompt_format: str, steps: int = STEPS) -> list:
   """One joint run (``steps`` steps); its evaluation records."""
-  model_dir = os.path.join(work_dir, "atlas", name)
+  model_dir = os.path.join(work_dir, f"atlas_{prompt_format}", name)
   if not os.path.exists(os.path.join(model_dir, "metrics.jsonl")):
     init = [f"INIT_RETRIEVER='{retriever}'"] if retriever else []
     _cli(["train", f"--gin_file={ATLAS_GIN}", f"--gin.MODEL_DIR='{model_dir}'",
@@ -308,7 +357,8 @@ def atlas_run(name: str, loss: str, extra: list[str], paths: dict,
           f"--gin.TRAIN_DATA='{paths['train.jsonl']}'",
           f"--gin.EVAL_DATA='{paths['dev.jsonl']}'",
           f"--gin.RETRIEVER_LOSS='{loss}'", f"--gin.INIT_CHECKPOINT='{reader}'",
-          *[f"--gin.{b}" for b in ATLAS + init + extra],
+          *[f"--gin.{b}" for b in ATLAS + length_bindings(prompt_format)
+            + [f"PROMPT_FORMAT='{prompt_format}'"] + init + extra],
           f"--gin.TRAIN_STEPS={steps}", f"--gin.CHECKPOINT_EVERY={steps}"],
          f"run {name}")
   return [m for m in _records(model_dir) if "eval_em" in m]
@@ -335,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
   p.add_argument("--steps", type=int, default=STEPS,
                  help="steps of each joint run")
+  p.add_argument("--prompt-format", default="atlas",
+                 choices=prompts.PROMPT_FORMATS,
+                 help="what the readers and retrievers read (PROMPT_FORMAT)")
   args = p.parse_args(argv)
   t0, load = time.time(), os.getloadavg()
   paths = distill_world.write_world(distill_world.make_world(seed=args.seed),
@@ -342,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
   passages = read_passages(paths["corpus.tsv"])
   with open(paths["dev.jsonl"]) as f:
     dev = [json.loads(line) for line in f]
-  reader = bm25_reader(paths, args.output)
-  retriever = uniform_retriever(args.output)
-  start_ids = dense_hits(retriever, dev, passages)
+  fmt = args.prompt_format
+  reader = bm25_reader(paths, args.output, fmt)
+  retriever = uniform_retriever(args.output, fmt)
+  start_ids = dense_hits(retriever, dev, passages, fmt)
   start = hit_stats(passages, dev, start_ids)
   diagnostics = {"start": gold_ranking(reader["model_dir"], passages, dev,
-                                       start_ids)}
+                                       start_ids, fmt)}
   runs, starts = {}, {}
   with logging_hit_stats(passages, dev):
     for name in args.runs:
@@ -355,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
       from_random = name.endswith("random_retriever")
       records = atlas_run(name, loss, extra, paths, args.output,
                           reader["model_dir"],
-                          None if from_random else retriever, args.steps)
+                          None if from_random else retriever, fmt,
+                          args.steps)
       runs[name] = [{"step": r["step"], "em": r["eval_em"],
                      **{k: r[f"eval_{k}"] for k in COLUMNS if k != "em"}}
                     for r in records]
@@ -373,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
   print(cpu_host.summary())
   print(f"load average at start {load[0]:.2f}, at end "
         f"{os.getloadavg()[0]:.2f}; {minutes} minutes")
-  print(json.dumps({"reader_em": reader["eval_em"], "start": start,
+  print(json.dumps({"prompt_format": fmt, "reader_em": reader["eval_em"],
+                    "start": start,
                     "runs": runs, "diagnostics": diagnostics,
                     "minutes": minutes, "hardware": cpu_host.describe(),
                     "load_start": load[0]}))
