@@ -27,8 +27,8 @@ def test_the_nq_recipe(gin_file):
           atlas.rerank_k) == (
               "pdist", 0.01, 0.01, "0-1000:500,1000-10000:2000", False,
               "frozen", 512, 512, "bfloat16", 0)
-  assert (atlas.freeze_retriever_steps, atlas.retriever_learning_rate) == (
-      0, None)
+  assert (atlas.freeze_retriever_steps, atlas.retriever_learning_rate,
+          atlas.prompt_format) == (0, None, "atlas")
   assert (reader.n_context, reader.text_maxlength, reader.passage_eos,
           reader.lengths.target_maxlength,
           reader.lengths.decode_maxlength) == (40, 512, True, 16, 127)
