@@ -21,8 +21,8 @@ from jaxfid.atlas.batches import AtlasBatcher
 from jaxfid.atlas.retrieval import InLoopRetriever
 from jaxfid.core.tokenization import Tokenizer, encode_padded
 from jaxfid.evaluation import qa
-from jaxfid.fid import predict as fid_predict
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader import predict as fid_predict
+from jaxfid.reader.examples import FidExample
 from jaxfid.retrieval.store.corpus import Passage
 from jaxfid.t5.config import T5Config
 from jaxfid.t5.model import EncoderDecoderModel, shift_right

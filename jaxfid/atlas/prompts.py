@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from jaxfid.fid.examples import FidExample
+from jaxfid.reader.examples import FidExample
 
 PROMPT_FORMATS = ("atlas", "fid")
 QA_PROMPT = "question: {question} answer: <extra_id_0>"
@@ -45,7 +45,7 @@ def query(question: str, prompt_format: str) -> str:
 
 
 def reader_example(example: FidExample, prompt_format: str) -> FidExample:
-  """``example`` whose FiD rows (:func:`jaxfid.fid.inputs.format_passages`)
+  """``example`` whose FiD rows (:func:`jaxfid.reader.inputs.format_passages`)
   are the reader's rows: under 'atlas' its question is "{question} answer:
   <extra_id_0>", so "question: {question} answer: <extra_id_0> title: T
   context: P" is ``ENCODER_FORMAT`` of ``QA_PROMPT``."""
