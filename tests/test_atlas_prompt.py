@@ -176,16 +176,16 @@ def test_the_atlas_task_scores_answers_without_sentinels(
       f"TRAIN_DATA = '{tmp_path / 'qa.jsonl'}'",
       f"EVAL_DATA = '{tmp_path / 'qa.jsonl'}'", "N_CONTEXT = 2",
       "ANSWER_MAXLENGTH = None", f"PROMPT_FORMAT = '{prompt_format}'"])
-  task.prepare(settings)
+  p = task.prepare(settings)
   words = len(Tokenizer().encode(ANSWER))
   # targets padded to the longest one: the sentinel, the answer, EOS
-  assert task.reader.target_length == words + 1 + (prompt_format == "atlas")
+  assert p.reader.target_length == words + 1 + (prompt_format == "atlas")
   monkeypatch.setattr(fid_predict, "make_predict_fn", lambda *a, **k: None)
   monkeypatch.setattr(fid_predict, "generate",
                       lambda *a, **k: [f"<extra_id_0> {ANSWER}"])
   placement = types.SimpleNamespace(replicated=None, shard=None,
                                     eval_batch_size=lambda b: b)
-  got = task.reader.evaluator(str(tmp_path), 0, None, placement)
+  got = p.reader.evaluator(str(tmp_path), 0, None, placement)
   assert got["eval_em"] == em
 
 
