@@ -11,7 +11,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxfid.t5 import stack
+from jaxfid.t5 import attention_ops, stack
 from jaxfid.t5.layers import NEG_INF
 from jaxfid.t5.network import Encoder
 
@@ -48,16 +48,29 @@ def block_mask(valid: Array, question_length: Array) -> Array:
   return (same & valid[:, None, :])[:, None]                      # [N, 1, L, L]
 
 
+def block_segments(valid: Array, question_length: Array
+                   ) -> attention_ops.Segments:
+  """``block_mask`` as segment ids (0 question, 1 document), which the
+  fused attention takes without writing the [N, L, L] mask."""
+  pos = jnp.arange(valid.shape[-1])
+  seg = (pos[None, :] >= question_length[:, None]).astype(jnp.int32)  # [N, L]
+  return attention_ops.Segments(seg, seg, valid)
+
+
 def bi_encode(encoder: Encoder, x: Array, valid: Array, question_length: Array,
               num_layers: int, *, dropout_rng: Array | None = None) -> Array:
   """Layers ``[0, num_layers)`` on embedded rows ``x`` [N, L, D] with the block mask.
 
-  Per-layer dropout keys are ``fold(dropout_rng, i)``, as ``Encoder.__call__``
+  Where the layers' attention is the fused kernel the mask goes as
+  ``block_segments``, elsewhere as ``block_mask``. Per-layer dropout keys are ``fold(dropout_rng, i)``, as ``Encoder.__call__``
   draws them, so the split encoder equals the plain one when nothing is split.
   """
   length = x.shape[1]
   bias = encoder.relpos_bias(length, length)                      # [1, H, L, L]
-  mask = block_mask(valid, question_length)                       # [N, 1, L, L]
+  kernel = attention_ops.resolve(
+      encoder.layer(0).attention.implementation) == "pallas"
+  mask = (block_segments(valid, question_length) if kernel
+          else block_mask(valid, question_length))                # [N, 1, L, L]
 
   def run(layer, h, rng):
     out, _ = layer(h, mask=mask, bias=bias, dropout_rng=rng)

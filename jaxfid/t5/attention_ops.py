@@ -15,10 +15,16 @@ H heads, K key/value heads (H or 1), E head width.
 * 'auto': 'pallas' when the program is built for a TPU (the mesh's devices,
   or JAX's default backend without a mesh), 'reference' elsewhere.
 
+A mask is a bool array or :class:`Segments` (per-token segment ids, e.g.
+ReAtt's bi-encoder: question and document attend within themselves), which
+the kernel takes without the ``[B, L, S]`` mask ever being written.
+
 A new implementation (e.g. cuDNN on GPU) is one more branch in
 :func:`attend` with its own ``supported`` check.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +36,19 @@ from jaxfid.t5.dropout_masks import dropout
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
 IMPLEMENTATIONS = ("auto", "reference", "pallas")
+
+
+class Segments(NamedTuple):
+  """A mask by segments: a score is kept where the query's and the key's
+  ids are equal and the key is valid."""
+  query: Array  # int32 [B, L]
+  key: Array    # int32 [B, S]
+  valid: Array  # bool [B, S]
+
+  def dense(self) -> Array:
+    """bool [B, 1, L, S]: the mask these segments stand for."""
+    same = self.query[:, :, None] == self.key[:, None, :]       # [B, L, S]
+    return (same & self.valid[:, None, :])[:, None]             # [B, 1, L, S]
 
 
 def platform() -> str:
@@ -75,7 +94,7 @@ def reference(q: Array, k: Array, v: Array, *, bias: Array | None,
 
 
 def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
-           mask: Array | None, rate: float, rng: Array | None,
+           mask: Array | Segments | None, rate: float, rng: Array | None,
            implementation: str = "reference", return_logits: bool = False
            ) -> tuple[Array, Array | None]:
   """T5 attention without scaling: (context ``[B, L, H, E]`` in q's dtype,
@@ -84,17 +103,27 @@ def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
   Args:
     q: ``[B, L, H, E]``; k, v: ``[B, S, K, E]``.
     bias: float32, broadcastable to ``[B, H, L, S]`` (relative positions).
-    mask: bool, broadcastable to ``[B, H, L, S]``; False is masked.
+    mask: bool, broadcastable to ``[B, H, L, S]``; False is masked. Or
+      :class:`Segments` (the reference path builds their dense mask).
     rate, rng: dropout on the softmax weights (none when ``rng`` is None).
     implementation: one of ``IMPLEMENTATIONS``.
   """
+  segments = None
+  if isinstance(mask, Segments):
+    segments = (mask.query, mask.key)
+    key_mask = mask.valid[:, None, None, :]  # [B, 1, 1, S]
+  else:
+    key_mask = mask
   if (resolve(implementation) == "pallas" and not return_logits
       and fused_attention.supported(
           q.shape, k.shape, None if bias is None else bias.shape,
-          None if mask is None else mask.shape)):
+          None if key_mask is None else key_mask.shape,
+          None if segments is None else [x.shape for x in segments])):
     ctx = fused_attention.attention(
-        q, k, v, bias=bias, mask=mask, rate=rate, rng=rng,
-        interpret=platform() != "tpu")
+        q, k, v, bias=bias, mask=key_mask, rate=rate, rng=rng,
+        interpret=platform() != "tpu", segments=segments)
     return ctx, None
+  if segments is not None:
+    mask = mask.dense()
   ctx, logits = reference(q, k, v, bias=bias, mask=mask, rate=rate, rng=rng)
   return ctx, logits if return_logits else None

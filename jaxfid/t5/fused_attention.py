@@ -8,10 +8,14 @@ passages of 250 tokens each attend within themselves), one grid step takes
 a block of passages with all their heads: queries ``[b, L, H*E]``, keys
 and values ``[b, S, H*E]`` (the projections' own layout, no transposes in
 HBM), the relative position bias ``[H, L, S]`` (float32; its block index is
-the same at every step, so it is read once per call, not per passage) and
-each passage's key mask ``[b, 1, S]``; it loops over the heads inside the
-kernel and writes only the context ``[b, L, H*E]``. The logits, the
-float32 softmax and the dropout mask stay in VMEM.
+the same at every step, so it is read once per call, not per passage),
+each passage's key mask ``[b, 1, S]`` and, where attention is split into
+segments (ReAtt's bi-encoder: question and document attend within
+themselves), per-token segment ids of the queries ``[b, L, 1]`` and keys
+``[b, 1, S]``: a score is kept where the two ids are equal and the key is
+valid, so the ``[B, L, S]`` mask is never written to HBM. It loops over the
+heads inside the kernel and writes only the context ``[b, L, H*E]``. The
+logits, the float32 softmax and the dropout mask stay in VMEM.
 
 T5's arithmetic: no ``1/sqrt(E)`` scaling; masked logits are replaced by
 float32's lowest value (a passage with no real token attends uniformly, as
@@ -83,6 +87,7 @@ class Spec(NamedTuple):
   block: int            # passages per grid step
   has_bias: bool
   has_mask: bool
+  has_segments: bool
   interpret: bool
 
 
@@ -114,38 +119,53 @@ def _keep(scalars, spec: Spec, b: Array, h: int, shape) -> Array:
   return (z ^ flip) >= jnp.int32(limit)
 
 
-def _softmax(q, k, bias_ref, mask_row, h: int, spec: Spec):
-  """float32 [L, S] logits of one head -> (softmax weights, valid or None)."""
+def _valid(mask_ref, segment_refs, b, spec: Spec, shape) -> Array | None:
+  """bool [L, S] of passage ``b``: its key mask and, with segments, equal
+  query and key segment ids; None when nothing is masked."""
+  valid = None
+  if spec.has_mask:
+    valid = jnp.broadcast_to(mask_ref[b] != 0, shape)  # [1, S] -> [L, S]
+  if spec.has_segments:
+    q_ref, kv_ref = segment_refs
+    same = q_ref[b] == kv_ref[b]  # [L, 1] == [1, S] -> [L, S]
+    valid = same if valid is None else valid & same
+  return valid
+
+
+def _softmax(q, k, bias_ref, valid, h: int, spec: Spec):
+  """float32 [L, S] logits of one head -> softmax weights."""
   s = _dot(q, k, NT)  # [L, S]
   if spec.has_bias:
     s = s + bias_ref[h]
-  valid = None
-  if spec.has_mask:
-    valid = jnp.broadcast_to(mask_row != 0, s.shape)  # [L, S]
+  if valid is not None:
     s = jnp.where(valid, s, NEG_INF)
   m = jnp.max(s, axis=-1, keepdims=True)
   p = jnp.exp(s - m)
-  return p / jnp.sum(p, axis=-1, keepdims=True), valid
+  return p / jnp.sum(p, axis=-1, keepdims=True)
 
 
 def _refs(refs, spec: Spec):
-  """(scalars, q, k, v, bias or None, mask or None, rest)."""
+  """(scalars, q, k, v, bias or None, mask or None, (q segments, kv
+  segments) or None, rest)."""
   scalars, q, k, v, *rest = refs
   bias = rest.pop(0) if spec.has_bias else None
   mask = rest.pop(0) if spec.has_mask else None
-  return scalars, q, k, v, bias, mask, rest
+  segments = (rest.pop(0), rest.pop(0)) if spec.has_segments else None
+  return scalars, q, k, v, bias, mask, segments, rest
 
 
 def _forward_kernel(*refs, spec: Spec):
-  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, (o_ref,) = _refs(refs, spec)
+  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, seg_refs, (o_ref,) = (
+      _refs(refs, spec))
   e, first = spec.head_dim, pl.program_id(0) * spec.block
+  shape = (q_ref.shape[1], k_ref.shape[1])
 
   def one(b, carry):
-    mask_row = mask_ref[b] if spec.has_mask else None  # [1, S]
+    valid = _valid(mask_ref, seg_refs, b, spec, shape)  # [L, S] or None
     for h in range(spec.heads):
       cols = pl.ds(h * e, e)
       q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
-      w, _ = _softmax(q, k, bias_ref, mask_row, h, spec)
+      w = _softmax(q, k, bias_ref, valid, h, spec)
       if spec.rate > 0:
         keep = _keep(scalars, spec, first + b, h, w.shape)
         w = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
@@ -157,10 +177,12 @@ def _forward_kernel(*refs, spec: Spec):
 
 
 def _backward_kernel(*refs, spec: Spec):
-  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, rest = _refs(refs, spec)
+  scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, seg_refs, rest = _refs(
+      refs, spec)
   do_ref, dq_ref, dk_ref, dv_ref, *dbias = rest
   dbias_ref = dbias[0] if spec.has_bias else None
   e, first = spec.head_dim, pl.program_id(0) * spec.block
+  shape = (q_ref.shape[1], k_ref.shape[1])
 
   if spec.has_bias:
     @pl.when(pl.program_id(0) == 0)
@@ -168,12 +190,12 @@ def _backward_kernel(*refs, spec: Spec):
       dbias_ref[...] = jnp.zeros_like(dbias_ref)
 
   def one(b, carry):
-    mask_row = mask_ref[b] if spec.has_mask else None
+    valid = _valid(mask_ref, seg_refs, b, spec, shape)  # [L, S] or None
     for h in range(spec.heads):
       cols = pl.ds(h * e, e)
       q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
       do = do_ref[b, :, cols]  # [L, E]
-      w, valid = _softmax(q, k, bias_ref, mask_row, h, spec)
+      w = _softmax(q, k, bias_ref, valid, h, spec)
       dw = _dot(do, v, NT)  # [L, S]
       wd = w
       if spec.rate > 0:
@@ -198,8 +220,8 @@ def _backward_kernel(*refs, spec: Spec):
 
 
 def _in_specs(spec: Spec, q: Array, k: Array, n_rows: int):
-  """Block specs of (scalars, q, k, v, [bias], [mask], then ``n_rows``
-  more arrays shaped like q)."""
+  """Block specs of (scalars, q, k, v, [bias], [mask], [q segments, kv
+  segments], then ``n_rows`` more arrays shaped like q)."""
   _, l, he = q.shape
   s = k.shape[1]
   blk = spec.block
@@ -209,16 +231,16 @@ def _in_specs(spec: Spec, q: Array, k: Array, n_rows: int):
     specs.append(pl.BlockSpec((spec.heads, l, s), lambda i: (0, 0, 0)))
   if spec.has_mask:
     specs.append(pl.BlockSpec((blk, 1, s), lambda i: (i, 0, 0)))
+  if spec.has_segments:
+    specs.append(pl.BlockSpec((blk, l, 1), lambda i: (i, 0, 0)))
+    specs.append(pl.BlockSpec((blk, 1, s), lambda i: (i, 0, 0)))
   return specs + [rows(l)] * n_rows
 
 
-def _operands(scalars, q, k, v, bias, mask, spec: Spec) -> list:
-  ops = [scalars, q, k, v]
-  if spec.has_bias:
-    ops.append(bias)
-  if spec.has_mask:
-    ops.append(mask)
-  return ops
+def _operands(scalars, q, k, v, bias, masks: tuple, spec: Spec) -> list:
+  """The kernels' inputs; ``masks`` are the present int32 masks in
+  ``_in_specs``' order (key mask, query segments, key segments)."""
+  return [scalars, q, k, v] + ([bias] if spec.has_bias else []) + list(masks)
 
 
 def _cost(spec: Spec, q: Array, k: Array, matmuls: int, arrays: list):
@@ -237,9 +259,9 @@ def _params(arbitrary: bool):
                               vmem_limit_bytes=VMEM_LIMIT)
 
 
-def _forward_local(scalars, q, k, v, bias, mask, spec: Spec) -> Array:
+def _forward_local(scalars, q, k, v, bias, masks, spec: Spec) -> Array:
   """Context [b, L, H*E] of one shard's passages."""
-  ops = _operands(scalars, q, k, v, bias, mask, spec)
+  ops = _operands(scalars, q, k, v, bias, masks, spec)
   out = jax.ShapeDtypeStruct(q.shape, q.dtype)
   return pl.pallas_call(
       functools.partial(_forward_kernel, spec=spec), out_shape=out,
@@ -250,10 +272,10 @@ def _forward_local(scalars, q, k, v, bias, mask, spec: Spec) -> Array:
   )(*ops)
 
 
-def _backward_local(scalars, q, k, v, bias, mask, do, spec: Spec):
+def _backward_local(scalars, q, k, v, bias, masks, do, spec: Spec):
   """(dq, dk, dv, dbias or None) of one shard's passages; dbias is summed
   over them."""
-  ops = _operands(scalars, q, k, v, bias, mask, spec) + [do]
+  ops = _operands(scalars, q, k, v, bias, masks, spec) + [do]
   specs = _in_specs(spec, q, k, 1)
   row = lambda n: pl.BlockSpec((spec.block, n, q.shape[2]),  # noqa: E731
                                lambda i: (i, 0, 0))
@@ -304,43 +326,46 @@ def _split(plan: Plan, local, operands: list, specs: list, out_specs):
                        out_specs=out_specs, check_vma=False)(*operands)
 
 
-def _layout(plan: Plan, q, bias, mask):
+def _layout(plan: Plan, bias, masks: tuple):
   P = jax.sharding.PartitionSpec
   rows = P(plan.batch_axes, None, plan.head_axes)
   specs = [rows, rows, rows]
   if bias is not None:
     specs.append(P(plan.head_axes, None, None))
-  if mask is not None:
-    specs.append(P(plan.batch_axes, None, None))
+  specs.extend(P(plan.batch_axes, None, None) for _ in masks)
   return rows, specs
 
 
-def _run_forward(plan: Plan, q, k, v, bias, mask, seeds):
-  rows, specs = _layout(plan, q, bias, mask)
-  ops = [x for x in (q, k, v, bias, mask) if x is not None]
+def _unpack(plan: Plan, ops):
+  """(q, k, v, bias or None, masks, rest) of the flat operands."""
+  q, k, v, *rest = ops
+  bias = rest.pop(0) if plan.spec.has_bias else None
+  n = int(plan.spec.has_mask) + 2 * int(plan.spec.has_segments)
+  return q, k, v, bias, tuple(rest[:n]), rest[n:]
+
+
+def _run_forward(plan: Plan, q, k, v, bias, masks, seeds):
+  rows, specs = _layout(plan, bias, masks)
+  ops = [x for x in (q, k, v, bias) if x is not None] + list(masks)
 
   def local(offsets, seeds, *ops):
-    q, k, v, *rest = ops
-    bias = rest.pop(0) if plan.spec.has_bias else None
-    mask = rest.pop(0) if plan.spec.has_mask else None
+    q, k, v, bias, masks, _ = _unpack(plan, ops)
     scalars = jnp.concatenate([seeds, offsets])
-    return _forward_local(scalars, q, k, v, bias, mask, plan.spec)
+    return _forward_local(scalars, q, k, v, bias, masks, plan.spec)
 
   return _split(plan, local, [seeds, *ops], [jax.sharding.PartitionSpec(),
                                              *specs], rows)
 
 
-def _run_backward(plan: Plan, q, k, v, bias, mask, seeds, do):
-  rows, specs = _layout(plan, q, bias, mask)
-  ops = [x for x in (q, k, v, bias, mask) if x is not None] + [do]
+def _run_backward(plan: Plan, q, k, v, bias, masks, seeds, do):
+  rows, specs = _layout(plan, bias, masks)
+  ops = [x for x in (q, k, v, bias) if x is not None] + list(masks) + [do]
 
   def local(offsets, seeds, *ops):
-    q, k, v, *rest = ops
-    bias = rest.pop(0) if plan.spec.has_bias else None
-    mask = rest.pop(0) if plan.spec.has_mask else None
+    q, k, v, bias, masks, (do,) = _unpack(plan, ops)
     scalars = jnp.concatenate([seeds, offsets])
-    dq, dk, dv, dbias = _backward_local(scalars, q, k, v, bias, mask,
-                                        rest[-1], plan.spec)
+    dq, dk, dv, dbias = _backward_local(scalars, q, k, v, bias, masks, do,
+                                        plan.spec)
     if dbias is None:
       return dq, dk, dv
     if plan.mesh is not None and plan.batch_axes is not None:
@@ -356,19 +381,19 @@ def _run_backward(plan: Plan, q, k, v, bias, mask, seeds, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(plan: Plan, q, k, v, bias, mask, seeds):
-  return _run_forward(plan, q, k, v, bias, mask, seeds)
+def _attention(plan: Plan, q, k, v, bias, masks, seeds):
+  return _run_forward(plan, q, k, v, bias, masks, seeds)
 
 
-def _attention_fwd(plan: Plan, q, k, v, bias, mask, seeds):
-  return (_run_forward(plan, q, k, v, bias, mask, seeds),
-          (q, k, v, bias, mask, seeds))
+def _attention_fwd(plan: Plan, q, k, v, bias, masks, seeds):
+  return (_run_forward(plan, q, k, v, bias, masks, seeds),
+          (q, k, v, bias, masks, seeds))
 
 
 def _attention_bwd(plan: Plan, residuals, do):
-  q, k, v, bias, mask, seeds = residuals
-  dq, dk, dv, dbias = _run_backward(plan, q, k, v, bias, mask, seeds, do)
-  return dq, dk, dv, dbias, None, None
+  q, k, v, bias, masks, seeds = residuals
+  dq, dk, dv, dbias = _run_backward(plan, q, k, v, bias, masks, seeds, do)
+  return dq, dk, dv, dbias, tuple(None for _ in masks), None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -385,10 +410,12 @@ def _mesh_axes(mesh) -> tuple:
   return spec[0], spec[2], spec[1] is None and spec[3] is None
 
 
-def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
+def supported(q_shape, k_shape, bias_shape, mask_shape,
+              segment_shapes=None) -> bool:
   """Whether the kernels take these shapes: q ``[B, L, H, E]``, k/v
   ``[B, S, H, E]`` (as many key heads as query heads), the bias ``[1, H, L,
-  S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, both
+  S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, segment
+  ids of queries and keys ``([B, L], [B, S])`` or none, both
   lengths at most ``MAX_LENGTH`` and within VMEM (:func:`vmem_estimate`),
   at least ``MIN_QUERIES`` queries (not a
   decoding step), and a mesh layout that splits neither
@@ -403,6 +430,9 @@ def supported(q_shape, k_shape, bias_shape, mask_shape) -> bool:
   if mask_shape is not None and (
       len(mask_shape) != 4 or tuple(mask_shape[1:]) != (1, 1, s)
       or mask_shape[0] not in (1, b)):
+    return False
+  if segment_shapes is not None and tuple(map(tuple, segment_shapes)) != (
+      (b, l), (b, s)):
     return False
   mesh = jax.sharding.get_abstract_mesh()
   mesh = None if mesh is None or mesh.empty else mesh
@@ -432,10 +462,13 @@ def _block(batch: int, length: int, width: int, itemsize: int) -> int:
 
 def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
               mask: Array | None, rate: float, rng: Array | None,
-              interpret: bool) -> Array:
+              interpret: bool,
+              segments: tuple[Array, Array] | None = None) -> Array:
   """Context ``[B, L, H, E]`` (q's dtype) of T5 attention (``supported``
   shapes): ``softmax(q k^T + bias, masked)`` with dropout ``rate`` under
-  ``rng`` (none when ``rng`` is None), times v."""
+  ``rng`` (none when ``rng`` is None), times v. ``segments``, int32 ids of
+  the queries ``[B, L]`` and keys ``[B, S]``, masks the scores whose ids
+  differ (beside ``mask``'s keys)."""
   b, l, h, e = q.shape
   s = k.shape[1]
   mesh = jax.sharding.get_abstract_mesh()
@@ -447,7 +480,7 @@ def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
   spec = Spec(heads=local_h, head_dim=e, rate=float(rate), global_heads=h,
               block=_block(local_b, max(l, s), local_h * e, q.dtype.itemsize),
               has_bias=bias is not None, has_mask=mask is not None,
-              interpret=interpret)
+              has_segments=segments is not None, interpret=interpret)
   plan = Plan(spec, mesh, batch_axes, head_axes)
   seeds = (jax.lax.bitcast_convert_type(dropout_masks.seeds(rng), jnp.int32)
            if spec.rate > 0 else jnp.zeros((2,), jnp.int32))
@@ -456,8 +489,12 @@ def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
   if mask is not None:
     mask = jnp.broadcast_to(mask[:, 0, 0, :], (b, s)).astype(jnp.int32)
     mask = mask[:, None, :]  # [B, 1, S]
+  masks = () if mask is None else (mask,)
+  if segments is not None:
+    q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
+    masks += (q_seg[:, :, None], kv_seg[:, None, :])  # [B, L, 1], [B, 1, S]
   k = k.astype(q.dtype)
   v = v.astype(q.dtype)
   ctx = _attention(plan, q.reshape(b, l, h * e), k.reshape(b, s, h * e),
-                   v.reshape(b, s, h * e), bias, mask, seeds)  # [B, L, H*E]
+                   v.reshape(b, s, h * e), bias, masks, seeds)  # [B, L, H*E]
   return ctx.reshape(b, l, h, e)  # [B, L, H, E]

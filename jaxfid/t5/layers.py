@@ -237,14 +237,16 @@ class Attention(nnx.Module):
     return ax.with_logical_constraint(q, ACT_QKV)
 
   def __call__(self, x: Array, kv_input: Array | None = None, *,
-               mask: Array | None = None, bias: Array | None = None,
+               mask: Array | attention_ops.Segments | None = None,
+               bias: Array | None = None,
                kv: tuple[Array, Array] | None = None,
                dropout_rng: Array | None = None, extras: Any = None,
                return_logits: bool = False) -> AttentionOutput:
     """Attend from ``x`` [B, L, D] to ``kv_input`` [B, S, D] (or given ``kv``).
 
     Args:
-      mask: bool, broadcastable to [B, H, L, S]; False positions are masked.
+      mask: bool, broadcastable to [B, H, L, S]; False positions are masked;
+        or ``attention_ops.Segments`` (per-token segment ids).
       bias: float32, broadcastable to [B, H, L, S] (relative position bias).
       kv: precomputed (keys, values) ``[B, S, K, E]``; skips the projections.
     """
