@@ -176,3 +176,31 @@ def test_reatt_with_pallas_equals_reference():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5,
                                                       rtol=1e-5),
                out["pallas"][1], out["reference"][1])
+
+
+def test_head_groups_equal_the_reference(monkeypatch):
+  """Where a chip's VMEM does not hold all heads' bias and its gradient
+  (v4: 16 MiB), the grid splits the heads into groups of 128 lanes: the
+  same context and gradients, the same dropout mask (the hash counts each
+  group's global heads)."""
+  monkeypatch.setattr(fused_attention, "_vmem_bytes", lambda: 300 << 10)
+  b, l, h, e = 2, 16, 4, 64
+  assert fused_attention.tiling(b, h, e, l, l, 4) == (2, 1)
+  ks = jax.random.split(jax.random.key(2), 5)
+  q, k, v, cot = (jax.random.normal(ks[i], (b, l, h, e)) for i in (0, 1, 2, 3))
+  bias0 = jax.random.normal(ks[4], (1, h, l, l))
+  valid = jnp.asarray(np.arange(l)[None, :] < np.asarray([16, 11])[:, None])
+  qlen = jnp.asarray([5, 3], jnp.int32)
+  out = []
+  for impl, mask in (("reference", block_mask(valid, qlen)),
+                     ("pallas", block_segments(valid, qlen))):
+    def loss(q, k, v, bias, mask=mask, impl=impl):
+      ctx, _ = attention_ops.attend(q, k, v, bias=bias, mask=mask, rate=0.3,
+                                    rng=jax.random.key(4), implementation=impl)
+      return jnp.sum(ctx * cot), ctx
+    grads, ctx = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
+        q, k, v, bias0)
+    out.append((ctx, *grads))
+  for name, a, c in zip(("ctx", "dq", "dk", "dv", "dbias"), *out):
+    np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=1e-5,
+                               rtol=1e-5, err_msg=name)

@@ -59,7 +59,10 @@ MAX_LENGTH = 1024
 MIN_QUERIES = 8
 # Bytes of one q/k/v block: passages per grid step are as many as fit.
 BLOCK_BYTES = 1 << 20
-VMEM_LIMIT = 64 * (1 << 20)  # every TPU generation has at least this much
+VMEM_LIMIT = 64 * (1 << 20)  # the scoped VMEM the kernels ask for
+# A TensorCore's VMEM where it is less than VMEM_LIMIT (v4: the compiler's
+# "Used 16.82M of 16.00M vmem" for ReAtt-large's 16 heads at one group)
+VMEM_BYTES = {"TPU v2": 16 << 20, "TPU v3": 16 << 20, "TPU v4": 16 << 20}
 
 
 def _i32(c: int) -> int:
@@ -80,7 +83,8 @@ def _fmix32(z: Array) -> Array:
 
 class Spec(NamedTuple):
   """What the kernels are compiled for (static)."""
-  heads: int            # H in this call (a shard's heads under a mesh)
+  heads: int            # heads per grid step (a group of a shard's heads)
+  groups: int           # head groups: the grid's first axis
   head_dim: int         # E
   rate: float           # dropout rate; 0 = no dropout
   global_heads: int     # H of the [B, H, L, S] shape the dropout hash counts
@@ -103,9 +107,9 @@ def _dot(a: Array, b: Array, dims) -> Array:
 NN, NT, TN = ((1,), (0,)), ((1,), (1,)), ((0,), (0,))  # x@y, x@y^T, x^T@y
 
 
-def _keep(scalars, spec: Spec, b: Array, h: int, shape) -> Array:
-  """bool [L, S]: the dropout mask of passage ``b`` (global index in the
-  call: the shard's offset is in ``scalars``) and head ``h``."""
+def _keep(scalars, spec: Spec, b: Array, h: Array, shape) -> Array:
+  """bool [L, S]: the dropout mask of passage ``b`` and head ``h`` (indices
+  in the call: the shard's offsets are in ``scalars``)."""
   l, s = shape
   bg = scalars[2] + b
   hg = scalars[3] + h
@@ -157,7 +161,8 @@ def _refs(refs, spec: Spec):
 def _forward_kernel(*refs, spec: Spec):
   scalars, q_ref, k_ref, v_ref, bias_ref, mask_ref, seg_refs, (o_ref,) = (
       _refs(refs, spec))
-  e, first = spec.head_dim, pl.program_id(0) * spec.block
+  e, first = spec.head_dim, pl.program_id(1) * spec.block
+  head0 = pl.program_id(0) * spec.heads
   shape = (q_ref.shape[1], k_ref.shape[1])
 
   def one(b, carry):
@@ -167,7 +172,7 @@ def _forward_kernel(*refs, spec: Spec):
       q, k, v = q_ref[b, :, cols], k_ref[b, :, cols], v_ref[b, :, cols]
       w = _softmax(q, k, bias_ref, valid, h, spec)
       if spec.rate > 0:
-        keep = _keep(scalars, spec, first + b, h, w.shape)
+        keep = _keep(scalars, spec, first + b, head0 + h, w.shape)
         w = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
       ctx = _dot(w.astype(v.dtype), v, NN)  # [L, E]
       o_ref[b, :, cols] = ctx.astype(o_ref.dtype)
@@ -181,11 +186,12 @@ def _backward_kernel(*refs, spec: Spec):
       refs, spec)
   do_ref, dq_ref, dk_ref, dv_ref, *dbias = rest
   dbias_ref = dbias[0] if spec.has_bias else None
-  e, first = spec.head_dim, pl.program_id(0) * spec.block
+  e, first = spec.head_dim, pl.program_id(1) * spec.block
+  head0 = pl.program_id(0) * spec.heads
   shape = (q_ref.shape[1], k_ref.shape[1])
 
-  if spec.has_bias:
-    @pl.when(pl.program_id(0) == 0)
+  if spec.has_bias:  # a group's bias gradient sums over the batch axis
+    @pl.when(pl.program_id(1) == 0)
     def _():
       dbias_ref[...] = jnp.zeros_like(dbias_ref)
 
@@ -199,7 +205,7 @@ def _backward_kernel(*refs, spec: Spec):
       dw = _dot(do, v, NT)  # [L, S]
       wd = w
       if spec.rate > 0:
-        keep = _keep(scalars, spec, first + b, h, w.shape)
+        keep = _keep(scalars, spec, first + b, head0 + h, w.shape)
         wd = jnp.where(keep, w / (1.0 - spec.rate), 0.0)
         dw = jnp.where(keep, dw / (1.0 - spec.rate), 0.0)
       dv = _dot(wd.astype(do.dtype), do, TN)  # [S, E]
@@ -219,21 +225,28 @@ def _backward_kernel(*refs, spec: Spec):
   jax.lax.fori_loop(0, spec.block, one, 0)
 
 
+def _rows(spec: Spec, length: int, width: int):
+  """The block of a ``[B, length, H*E]`` array: a block of passages, a
+  group's heads."""
+  return pl.BlockSpec((spec.block, length, width // spec.groups),
+                      lambda g, i: (i, 0, g))
+
+
 def _in_specs(spec: Spec, q: Array, k: Array, n_rows: int):
   """Block specs of (scalars, q, k, v, [bias], [mask], [q segments, kv
   segments], then ``n_rows`` more arrays shaped like q)."""
   _, l, he = q.shape
   s = k.shape[1]
   blk = spec.block
-  rows = lambda n: pl.BlockSpec((blk, n, he), lambda i: (i, 0, 0))  # noqa: E731
+  rows = lambda n: _rows(spec, n, he)  # noqa: E731
   specs = [pl.BlockSpec(memory_space=pltpu.SMEM), rows(l), rows(s), rows(s)]
   if spec.has_bias:
-    specs.append(pl.BlockSpec((spec.heads, l, s), lambda i: (0, 0, 0)))
+    specs.append(pl.BlockSpec((spec.heads, l, s), lambda g, i: (g, 0, 0)))
   if spec.has_mask:
-    specs.append(pl.BlockSpec((blk, 1, s), lambda i: (i, 0, 0)))
+    specs.append(pl.BlockSpec((blk, 1, s), lambda g, i: (i, 0, 0)))
   if spec.has_segments:
-    specs.append(pl.BlockSpec((blk, l, 1), lambda i: (i, 0, 0)))
-    specs.append(pl.BlockSpec((blk, 1, s), lambda i: (i, 0, 0)))
+    specs.append(pl.BlockSpec((blk, l, 1), lambda g, i: (i, 0, 0)))
+    specs.append(pl.BlockSpec((blk, 1, s), lambda g, i: (i, 0, 0)))
   return specs + [rows(l)] * n_rows
 
 
@@ -248,14 +261,16 @@ def _cost(spec: Spec, q: Array, k: Array, matmuls: int, arrays: list):
   s = k.shape[1]
   return pl.CostEstimate(
       flops=2 * matmuls * b * l * s * he,
-      transcendentals=b * spec.heads * l * s,
+      transcendentals=b * spec.heads * spec.groups * l * s,
       bytes_accessed=sum(int(np.prod(a.shape)) * a.dtype.itemsize
                          for a in arrays))
 
 
 def _params(arbitrary: bool):
+  """The head groups run in parallel; the batch in order where the bias
+  gradient sums over it."""
   sem = "arbitrary" if arbitrary else "parallel"
-  return pltpu.CompilerParams(dimension_semantics=(sem,),
+  return pltpu.CompilerParams(dimension_semantics=("parallel", sem),
                               vmem_limit_bytes=VMEM_LIMIT)
 
 
@@ -265,7 +280,8 @@ def _forward_local(scalars, q, k, v, bias, masks, spec: Spec) -> Array:
   out = jax.ShapeDtypeStruct(q.shape, q.dtype)
   return pl.pallas_call(
       functools.partial(_forward_kernel, spec=spec), out_shape=out,
-      grid=(q.shape[0] // spec.block,), in_specs=_in_specs(spec, q, k, 0),
+      grid=(spec.groups, q.shape[0] // spec.block),
+      in_specs=_in_specs(spec, q, k, 0),
       out_specs=_in_specs(spec, q, k, 1)[-1],
       compiler_params=_params(False), interpret=spec.interpret,
       cost_estimate=_cost(spec, q, k, 2, ops + [q]), name="t5_attention_fwd",
@@ -277,8 +293,7 @@ def _backward_local(scalars, q, k, v, bias, masks, do, spec: Spec):
   over them."""
   ops = _operands(scalars, q, k, v, bias, masks, spec) + [do]
   specs = _in_specs(spec, q, k, 1)
-  row = lambda n: pl.BlockSpec((spec.block, n, q.shape[2]),  # noqa: E731
-                               lambda i: (i, 0, 0))
+  row = lambda n: _rows(spec, n, q.shape[2])  # noqa: E731
   outs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
   out_specs = [row(q.shape[1]), row(k.shape[1]), row(k.shape[1])]
   if spec.has_bias:
@@ -286,7 +301,8 @@ def _backward_local(scalars, q, k, v, bias, masks, do, spec: Spec):
     out_specs.append(specs[4])
   grads = pl.pallas_call(
       functools.partial(_backward_kernel, spec=spec), out_shape=outs,
-      grid=(q.shape[0] // spec.block,), in_specs=specs, out_specs=out_specs,
+      grid=(spec.groups, q.shape[0] // spec.block), in_specs=specs,
+      out_specs=out_specs,
       compiler_params=_params(spec.has_bias), interpret=spec.interpret,
       cost_estimate=_cost(spec, q, k, 5, ops + outs), name="t5_attention_bwd",
   )(*ops)
@@ -317,7 +333,7 @@ def _split(plan: Plan, local, operands: list, specs: list, out_specs):
   def body(*ops):
     offsets = []
     for axes, size in ((plan.batch_axes, ops[1].shape[0]),
-                       (plan.head_axes, plan.spec.heads)):
+                       (plan.head_axes, plan.spec.heads * plan.spec.groups)):
       offsets.append(0 if axes is None else
                      jax.lax.axis_index(axes).astype(jnp.int32) * size)
     return local(jnp.stack(offsets).astype(jnp.int32), *ops)
@@ -410,20 +426,38 @@ def _mesh_axes(mesh) -> tuple:
   return spec[0], spec[2], spec[1] is None and spec[3] is None
 
 
+def _vmem_bytes() -> int:
+  """The scoped VMEM the kernels get on the target chip."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh is None or mesh.empty else mesh.abstract_device
+  if device is None and jax.default_backend() == "tpu":
+    device = jax.devices()[0]
+  kind = getattr(device, "device_kind", "")
+  return min(VMEM_LIMIT, VMEM_BYTES.get(kind, VMEM_LIMIT))
+
+
+def _local(b: int, h: int):
+  """(mesh or None, batch axes, head axes, whether the layout is the
+  kernel's, passages and heads of a shard)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  mesh = None if mesh is None or mesh.empty else mesh
+  batch_axes, head_axes, ok = _mesh_axes(mesh)
+  return (mesh, batch_axes, head_axes, ok,
+          b // _axis_size(mesh, batch_axes), h // _axis_size(mesh, head_axes))
+
+
 def supported(q_shape, k_shape, bias_shape, mask_shape,
               segment_shapes=None) -> bool:
   """Whether the kernels take these shapes: q ``[B, L, H, E]``, k/v
   ``[B, S, H, E]`` (as many key heads as query heads), the bias ``[1, H, L,
   S]`` or none, the mask a key mask ``[B or 1, 1, 1, S]`` or none, segment
-  ids of queries and keys ``([B, L], [B, S])`` or none, both
-  lengths at most ``MAX_LENGTH`` and within VMEM (:func:`vmem_estimate`),
-  at least ``MIN_QUERIES`` queries (not a
-  decoding step), and a mesh layout that splits neither
-  the lengths nor the head width."""
-  b, l, h, _ = q_shape
+  ids of queries and keys ``([B, L], [B, S])`` or none, both lengths at
+  most ``MAX_LENGTH`` with a :func:`tiling` within VMEM, at least
+  ``MIN_QUERIES`` queries (not a decoding step), and a mesh layout that
+  splits neither the lengths nor the head width."""
+  b, l, h, e = q_shape
   s = k_shape[1]
-  if (k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH
-      or l < MIN_QUERIES or vmem_estimate(h, l, s) > VMEM_LIMIT // 2):
+  if k_shape[0] != b or k_shape[2] != h or max(l, s) > MAX_LENGTH:
     return False
   if bias_shape is not None and tuple(bias_shape) != (1, h, l, s):
     return False
@@ -434,30 +468,41 @@ def supported(q_shape, k_shape, bias_shape, mask_shape,
   if segment_shapes is not None and tuple(map(tuple, segment_shapes)) != (
       (b, l), (b, s)):
     return False
-  mesh = jax.sharding.get_abstract_mesh()
-  mesh = None if mesh is None or mesh.empty else mesh
-  return _mesh_axes(mesh)[2]
+  _, _, _, ok, local_b, local_h = _local(b, h)
+  return ok and l >= MIN_QUERIES and tiling(local_b, local_h, e, l, s,
+                                            4) is not None
 
 
-def vmem_estimate(heads: int, length: int, keys: int) -> int:
-  """A bound on the backward kernel's VMEM (bytes): the float32 bias and its
-  gradient ``[H, L, S]``, a head's float32 score temporaries and the q/k/v
-  blocks. Within half of ``VMEM_LIMIT``, the compiler's scoped VMEM holds it
-  (FiD-base's 12 heads x 256: 12 MB); tiny T5's 4 heads at 1024 tokens
-  (34 MB of bias alone) ran out of it (``CompileTimeScopedVmemOom``)."""
-  scores = length * keys * 4
-  return 2 * heads * scores + 8 * scores + 4 * BLOCK_BYTES
+def vmem_estimate(heads: int, length: int, keys: int, row_bytes: int) -> int:
+  """The backward kernel's VMEM (bytes) with ``heads`` per grid step: the
+  float32 bias and its gradient ``[H, L, S]`` and 8 float32 score
+  temporaries of a head (in tiles of 8 x 128), and 7 q-shaped blocks of
+  ``row_bytes``, double-buffered. ReAtt-large's 16 heads x 250 tokens with
+  blocks of 512 KB: 17.0 MB; the compiler used 16.82 MB (v4)."""
+  scores = -(-length // 8) * 8 * -(-keys // 128) * 128 * 4
+  return 2 * heads * scores + 8 * scores + 14 * row_bytes
 
 
-def _block(batch: int, length: int, width: int, itemsize: int) -> int:
-  """Passages per grid step: the largest divisor of ``batch`` whose q/k/v
-  block is at most ``BLOCK_BYTES``."""
-  per = max(1, length * width * itemsize)
-  best = 1
-  for n in range(1, batch + 1):
-    if batch % n == 0 and n * per <= BLOCK_BYTES:
-      best = n
-  return best
+def tiling(batch: int, heads: int, head_dim: int, length: int, keys: int,
+           itemsize: int) -> tuple[int, int] | None:
+  """(head groups, passages per grid step) within 3/4 of the target's VMEM:
+  the fewest groups (each a multiple of 128 lanes wide, or all heads), then
+  the most passages (a divisor of ``batch``; q/k/v blocks of at most
+  ``BLOCK_BYTES`` unless one passage is more); None when nothing fits.
+  FiD's 12 or 16 heads at 250 tokens are one group on v5e; ReAtt-large's 16
+  heads on v4 (16 MiB) two groups of 8."""
+  for groups in range(1, heads + 1):
+    width = heads // groups * head_dim
+    if heads % groups or (groups > 1 and width % 128):
+      continue
+    per = max(length, keys) * width * itemsize
+    for n in range(batch, 0, -1):
+      if batch % n or (n > 1 and n * per > BLOCK_BYTES):
+        continue
+      if (vmem_estimate(heads // groups, length, keys, n * per)
+          <= _vmem_bytes() * 3 // 4):
+        return groups, n
+  return None
 
 
 def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
@@ -471,14 +516,13 @@ def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
   differ (beside ``mask``'s keys)."""
   b, l, h, e = q.shape
   s = k.shape[1]
-  mesh = jax.sharding.get_abstract_mesh()
-  mesh = None if mesh is None or mesh.empty else mesh
-  batch_axes, head_axes, _ = _mesh_axes(mesh)
-  local_b = b // _axis_size(mesh, batch_axes)
-  local_h = h // _axis_size(mesh, head_axes)
+  mesh, batch_axes, head_axes, _, local_b, local_h = _local(b, h)
+  # what fits in float32 (``supported``) fits in a narrower dtype
+  groups, block = (tiling(local_b, local_h, e, l, s, q.dtype.itemsize)
+                   or tiling(local_b, local_h, e, l, s, 4))
   rate = rate if rng is not None else 0.0
-  spec = Spec(heads=local_h, head_dim=e, rate=float(rate), global_heads=h,
-              block=_block(local_b, max(l, s), local_h * e, q.dtype.itemsize),
+  spec = Spec(heads=local_h // groups, groups=groups, head_dim=e,
+              rate=float(rate), global_heads=h, block=block,
               has_bias=bias is not None, has_mask=mask is not None,
               has_segments=segments is not None, interpret=interpret)
   plan = Plan(spec, mesh, batch_axes, head_axes)
