@@ -15,7 +15,7 @@ from jaxfid.core import sharding as ax
 from jaxfid.core.tokenization import Tokenizer
 from jaxfid.fid import inputs as fid_inputs
 from jaxfid.reatt.retrieval_attention import block_mask, block_segments
-from jaxfid.t5 import attention_ops, fused_attention
+from jaxfid.t5 import attention_ops, fused_attention, fused_attention_fit
 from jaxfid.t5.layers import relative_position_buckets
 from reatt_world import make_world, tiny_model
 
@@ -183,7 +183,7 @@ def test_head_groups_equal_the_reference(monkeypatch):
   (v4: 16 MiB), the grid splits the heads into groups of 128 lanes: the
   same context and gradients, the same dropout mask (the hash counts each
   group's global heads)."""
-  monkeypatch.setattr(fused_attention, "_vmem_bytes", lambda: 300 << 10)
+  monkeypatch.setattr(fused_attention_fit, "_vmem_bytes", lambda: 300 << 10)
   b, l, h, e = 2, 16, 4, 64
   assert fused_attention.tiling(b, h, e, l, l, 4) == (2, 1)
   ks = jax.random.split(jax.random.key(2), 5)
