@@ -5,11 +5,14 @@ padding and dropout; a whole tiny ReAtt with ATTENTION='pallas' equals
 'reference'; the kernel with segments compiles for a TPU slice (``tpu``)."""
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxfid import cli
 from jaxfid.aot import topologies
 from jaxfid.core import sharding as ax
 from jaxfid.core.tokenization import Tokenizer
@@ -204,3 +207,29 @@ def test_head_groups_equal_the_reference(monkeypatch):
   for name, a, c in zip(("ctx", "dq", "dk", "dv", "dbias"), *out):
     np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=1e-5,
                                rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow  # a ReAtt train step compiled twice for v4: ~80 s each
+@pytest.mark.tpu
+def test_reatt_step_compiles_with_the_kernel(capsys):
+  """A tiny ReAtt train step with ATTENTION='pallas' compiles for v4:2x2x1
+  through `jaxfid bench compile`: both encoder layers (the bi-encoder's by
+  its segments) leave the einsum path, so the attention-score FLOPs that
+  remain (the decoder's, the retrieval scores) are a small part of the
+  reference's, and it moves fewer bytes."""
+  if not topologies.libtpu_available():
+    pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
+  flags = ["--gin_file=gin/reatt/tiny.gin", "--gin.TARGET_MAXLENGTH=4",
+           "--gin.config.T5Config.vocab_size=128", "--breakdown"]
+  reports = {}
+  for impl in ("reference", "pallas"):
+    assert cli.main(["bench", "compile", "--in-process", "--topology",
+                     "v4:2x2x1", *flags, f"--gin.ATTENTION='{impl}'"]) == 0
+    reports[impl] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  scores = {impl: sum(g["flops"] for g in r["breakdown"]["groups"]
+                      if g["group"] == "attention scores")
+            for impl, r in reports.items()}
+  assert reports["pallas"]["fits"]
+  assert scores["pallas"] < 0.2 * scores["reference"], scores
+  assert (reports["pallas"]["bytes_accessed_per_chip"]
+          < reports["reference"]["bytes_accessed_per_chip"])
