@@ -16,7 +16,7 @@ from jaxfid import cli
 from jaxfid.aot import topologies
 from jaxfid.core import sharding as ax
 from jaxfid.core.tokenization import Tokenizer
-from jaxfid.fid import inputs as fid_inputs
+from jaxfid.reader import inputs as fid_inputs
 from jaxfid.reatt.retrieval_attention import block_mask, block_segments
 from jaxfid.t5 import attention_ops, fused_attention, fused_attention_fit
 from jaxfid.t5.layers import relative_position_buckets
