@@ -200,28 +200,3 @@ def test_non_finite_loss_leaves_parameters_untouched():
   assert int(new["step"]) == 1
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b),
                new["params"], params)
-
-
-def test_decoding_reads_the_decoder_kernels_in_the_activation_dtype(
-    monkeypatch):
-  """The decoder's kernels are cast once before the loop: the same logits
-  and tokens as casting at every use; nothing else changes dtype."""
-  config = CONFIG.replace(dtype="bfloat16")
-  model, params = EncoderDecoderModel.create(config, seed=3)
-  cast = model.decoding_params(params)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(cast):
-    name = jax.tree_util.keystr(path)
-    kernel = name.startswith("['decoder']") and name.endswith("['kernel']")
-    assert leaf.dtype == (jnp.bfloat16 if kernel else jnp.float32), name
-  tokens, dec = _passages(), shift_right(_targets())
-  np.testing.assert_array_equal(np.asarray(model.logits(cast, tokens, dec)),
-                                np.asarray(model.logits(params, tokens, dec)))
-  decode = lambda: [np.asarray(model.predict(
-      params, tokens, max_decode_len=6, num_beams=beams)) for beams in (1, 3)]
-  once = decode()
-  monkeypatch.setattr(EncoderDecoderModel, "decoding_params",
-                      lambda self, p: p)  # cast at every use, in the loop
-  for a, b in zip(once, decode()):
-    np.testing.assert_array_equal(a, b)
-  monkeypatch.undo()
-  assert EncoderDecoderModel(CONFIG).decoding_params(params) is params
