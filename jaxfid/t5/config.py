@@ -14,7 +14,7 @@ from jaxfid.core.config import Config, option
 
 FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
 DTYPES = ("float32", "bfloat16")
-REMATS = ("none", "full", "dots")
+REMATS = ("none", "full", "dots", "save_out_proj_with_context")
 PASSAGE_ENCODINGS = ("flatten", "vmap")
 ATTENTIONS = ("auto", "reference", "pallas")  # jaxfid.t5.attention_ops
 # Fields a run sets for itself: they change no parameter.
@@ -47,8 +47,13 @@ class T5Config(Config):
       and the feed-forward hidden layer (as HF/T5).
     dtype: activation dtype ('float32' or 'bfloat16'); parameters are always
       float32, logits and softmax always float32.
-    remat: gradient checkpointing of each layer: 'none', 'full' (recompute
-      everything) or 'dots' (save matmul outputs without batch dims).
+    remat: gradient checkpointing of each layer: 'none', 'full' (keep each
+      layer's input, recompute the rest), 'dots' (save matmul outputs
+      without batch dims) or 'save_out_proj_with_context' (also keep each
+      attention's context and output projection, MaxText's 'context' and
+      'out_proj': the backward pass recomputes the q/k/v projections and
+      the MLP but not the fused kernel's forward; the einsum attention's
+      gradient recomputes its scores).
     scan_layers: run each stack's alike layers as one ``lax.scan`` over
       their stacked parameters (``jaxfid.t5.stack``): XLA compiles one layer
       instead of all of them; the parameters and their names do not change.

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxfid.core import sharding as ax
 from jaxfid.t5 import attention_ops
@@ -258,10 +259,10 @@ class Attention(nnx.Module):
         q, k, v, bias=bias, mask=mask, rate=self.dropout_rate,
         rng=dropout_rng, implementation=self.implementation,
         return_logits=return_logits)  # [B, L, H, E]
-    ctx = ax.with_logical_constraint(ctx, ACT_QKV)
+    ctx = checkpoint_name(ax.with_logical_constraint(ctx, ACT_QKV), "context")
     b, l = ctx.shape[:2]
     ctx = ctx.reshape(b, l, self.num_heads * self.head_dim)  # [B, L, H*E]
-    out = self.out(ctx, extras)  # [B, L, D]
+    out = checkpoint_name(self.out(ctx, extras), "out_proj")  # [B, L, D]
     return AttentionOutput(out, logits)
 
 
@@ -301,7 +302,17 @@ class MLP(nnx.Module):
     return self.wo(hidden, extras)  # [B, L, D]
 
 
+# REMAT values that save named activations (``checkpoint_name`` in
+# ``Attention``; MaxText's names): the attention's context ``[B, L, H, E]``
+# and its output projection ``[B, L, D]``.
+SAVED_NAMES = {"save_out_proj_with_context": ("context", "out_proj")}
+
+
 def remat_policy(name: str):
+  """The ``jax.checkpoint`` policy of a REMAT value ('full': None, save
+  nothing but each layer's input)."""
   if name == "dots":
     return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-  return None  # 'full': save nothing
+  if name in SAVED_NAMES:
+    return jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES[name])
+  return None

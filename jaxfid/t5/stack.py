@@ -35,8 +35,8 @@ def run_layers(modules: Sequence[nnx.Module], x: Array, fn: LayerFn, *,
   """Apply ``fn`` layer by layer; returns (x, [aux of each layer]).
 
   Layer ``j`` of ``modules`` is layer ``first + j`` of its stack and gets
-  the dropout key ``fold(rng, first + j)``. ``remat`` ('none', 'full',
-  'dots') checkpoints each layer. ``scan``: one ``lax.scan`` when the
+  the dropout key ``fold(rng, first + j)``. ``remat`` (a ``T5Config.remat``
+  value other than 'none') checkpoints each layer. ``scan``: one ``lax.scan`` when the
   layers are alike and there are at least two, else the loop.
   """
   if scan and len(modules) > 1 and alike(modules):
