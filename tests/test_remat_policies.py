@@ -44,8 +44,11 @@ def _loss_fn(remat: str, **fields):
 
 @pytest.mark.parametrize("fields", [
     {"attention": "reference"},
-    {"attention": "reference", "scan_layers": True},
-    {"attention": "pallas"},  # the fused kernel, interpreted on CPU
+    # ~25 s each on a 2-core host: the loop above keeps the fast tier's
+    pytest.param({"attention": "reference", "scan_layers": True},
+                 marks=pytest.mark.slow),
+    pytest.param({"attention": "pallas"},  # the kernel, interpreted on CPU
+                 marks=pytest.mark.slow),
 ])
 def test_policy_gives_the_loss_and_gradients_of_full_and_none(fields):
   results = {}
