@@ -12,15 +12,20 @@ H heads, K key/value heads (H or 1), E head width.
   applies (self-attention shapes it takes, no logits asked for: ReAtt's and
   FiD's passage scores read them); elsewhere the reference path. Off TPU it
   runs in Pallas' interpreter;
+* 'cudnn': cuDNN's flash attention (``jaxfid.t5.cudnn_attention``) where
+  it applies (bfloat16/float16, no attention dropout, the relative bias
+  with a key padding mask or the causal mask, no logits asked for) on a
+  GPU; elsewhere, and on every other platform, the reference path;
 * 'auto': 'pallas' when the program is built for a TPU (the mesh's devices,
-  or JAX's default backend without a mesh), 'reference' elsewhere.
+  or JAX's default backend without a mesh), 'cudnn' for a GPU, 'reference'
+  elsewhere.
 
 A mask is a bool array or :class:`Segments` (per-token segment ids, e.g.
 ReAtt's bi-encoder: question and document attend within themselves), which
 the kernel takes without the ``[B, L, S]`` mask ever being written.
 
-A new implementation (e.g. cuDNN on GPU) is one more branch in
-:func:`attend` with its own ``supported`` check.
+Each implementation is one branch in :func:`attend` with its own
+``supported`` check.
 """
 from __future__ import annotations
 
@@ -30,12 +35,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfid.t5 import fused_attention
+from jaxfid.t5 import cudnn_attention, fused_attention
 from jaxfid.t5.dropout_masks import dropout
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
-IMPLEMENTATIONS = ("auto", "reference", "pallas")
+IMPLEMENTATIONS = ("auto", "reference", "pallas", "cudnn")
+GPU_PLATFORMS = ("gpu", "cuda")
 
 
 class Segments(NamedTuple):
@@ -64,9 +70,15 @@ def platform() -> str:
 
 
 def resolve(implementation: str) -> str:
-  """'reference' or 'pallas' for ``implementation`` on this platform."""
+  """The implementation ``implementation`` names on this platform:
+  'auto' is 'pallas' on TPU, 'cudnn' on GPU, else 'reference'; 'cudnn'
+  off GPU is 'reference'."""
+  where = platform()
   if implementation == "auto":
-    return "pallas" if platform() == "tpu" else "reference"
+    return {"tpu": "pallas"}.get(
+        where, "cudnn" if where in GPU_PLATFORMS else "reference")
+  if implementation == "cudnn" and where not in GPU_PLATFORMS:
+    return "reference"
   return implementation
 
 
@@ -95,8 +107,8 @@ def reference(q: Array, k: Array, v: Array, *, bias: Array | None,
 
 def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
            mask: Array | Segments | None, rate: float, rng: Array | None,
-           implementation: str = "reference", return_logits: bool = False
-           ) -> tuple[Array, Array | None]:
+           implementation: str = "reference", return_logits: bool = False,
+           causal: bool = False) -> tuple[Array, Array | None]:
   """T5 attention without scaling: (context ``[B, L, H, E]`` in q's dtype,
   float32 logits ``[B, H, L, S]`` when ``return_logits``, else None).
 
@@ -107,6 +119,8 @@ def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
       :class:`Segments` (the reference path builds their dense mask).
     rate, rng: dropout on the softmax weights (none when ``rng`` is None).
     implementation: one of ``IMPLEMENTATIONS``.
+    causal: ``mask`` is the causal mask (query i sees keys up to i), which
+      cuDNN applies itself; the other paths read ``mask``.
   """
   segments = None
   if isinstance(mask, Segments):
@@ -114,7 +128,16 @@ def attend(q: Array, k: Array, v: Array, *, bias: Array | None,
     key_mask = mask.valid[:, None, None, :]  # [B, 1, 1, S]
   else:
     key_mask = mask
-  if (resolve(implementation) == "pallas" and not return_logits
+  chosen = resolve(implementation)
+  if (chosen == "cudnn" and not return_logits and segments is None
+      and cudnn_attention.supported(
+          q.shape, k.shape, q.dtype, None if bias is None else bias.shape,
+          None if mask is None else mask.shape, causal=causal,
+          dropout=rng is not None and rate > 0)):
+    ctx = cudnn_attention.attention(q, k, v, bias=bias, mask=mask,
+                                    causal=causal)
+    return ctx, None
+  if (chosen == "pallas" and not return_logits
       and fused_attention.supported(
           q.shape, k.shape, None if bias is None else bias.shape,
           None if key_mask is None else key_mask.shape,

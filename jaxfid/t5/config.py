@@ -16,7 +16,7 @@ FEED_FORWARD_PROJS = ("relu", "gelu", "gated-gelu", "gated-relu")
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "full", "dots", "save_out_proj_with_context")
 PASSAGE_ENCODINGS = ("flatten", "vmap")
-ATTENTIONS = ("auto", "reference", "pallas")  # jaxfid.t5.attention_ops
+ATTENTIONS = ("auto", "reference", "pallas", "cudnn")  # jaxfid.t5.attention_ops
 # Fields a run sets for itself: they change no parameter.
 RUN_ONLY_FIELDS = ("dropout_rate", "dtype", "remat", "scan_layers",
                    "passage_encoding", "attention")
@@ -68,8 +68,11 @@ class T5Config(Config):
       'pallas' (a fused Pallas kernel keeping them on chip where it applies:
       at most 1024 keys, a key padding mask, not a causal one, no logits
       asked for, e.g. FiD's encoder; the reference elsewhere; interpreted
-      off TPU), or 'auto': 'pallas' on TPU, 'reference' elsewhere and
-      with vmapped passages.
+      off TPU), 'cudnn' (cuDNN's flash attention on GPU where it applies:
+      bfloat16/float16, no attention dropout, the relative bias with a key
+      padding mask, or the causal mask; the reference elsewhere and off
+      GPU), or 'auto': 'pallas' on TPU, 'cudnn' on GPU, 'reference'
+      elsewhere and with vmapped passages.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).

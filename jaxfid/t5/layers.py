@@ -242,7 +242,8 @@ class Attention(nnx.Module):
                bias: Array | None = None,
                kv: tuple[Array, Array] | None = None,
                dropout_rng: Array | None = None, extras: Any = None,
-               return_logits: bool = False) -> AttentionOutput:
+               return_logits: bool = False,
+               causal: bool = False) -> AttentionOutput:
     """Attend from ``x`` [B, L, D] to ``kv_input`` [B, S, D] (or given ``kv``).
 
     Args:
@@ -250,6 +251,7 @@ class Attention(nnx.Module):
         or ``attention_ops.Segments`` (per-token segment ids).
       bias: float32, broadcastable to [B, H, L, S] (relative position bias).
       kv: precomputed (keys, values) ``[B, S, K, E]``; skips the projections.
+      causal: ``mask`` is the causal mask (``attention_ops.attend``).
     """
     q = self.project_q(x, extras)  # [B, L, H, E]
     if kv is None:
@@ -258,7 +260,7 @@ class Attention(nnx.Module):
     ctx, logits = attention_ops.attend(
         q, k, v, bias=bias, mask=mask, rate=self.dropout_rate,
         rng=dropout_rng, implementation=self.implementation,
-        return_logits=return_logits)  # [B, L, H, E]
+        return_logits=return_logits, causal=causal)  # [B, L, H, E]
     ctx = checkpoint_name(ax.with_logical_constraint(ctx, ACT_QKV), "context")
     b, l = ctx.shape[:2]
     ctx = ctx.reshape(b, l, self.num_heads * self.head_dim)  # [B, L, H*E]

@@ -136,8 +136,9 @@ class DecoderLayer(nnx.Module):
                cache: dict | None = None, cur_index: Array | None = None,
                cross_kv: tuple[Array, Array] | None = None,
                dropout_rng: Array | None = None, extras: Any = None,
-               return_logits: bool = False):
+               return_logits: bool = False, self_causal: bool = False):
     """One layer; with ``cache`` it decodes a single position ``cur_index``.
+    ``self_causal``: ``self_mask`` is the causal mask.
 
     Returns (x, new_cache, self_logits, cross_logits).
     """
@@ -147,7 +148,8 @@ class DecoderLayer(nnx.Module):
     if cache is None:
       att = self.self_attention(h, mask=self_mask, bias=self_bias,
                                 dropout_rng=fold(dropout_rng, 0), extras=extras,
-                                return_logits=return_logits)
+                                return_logits=return_logits,
+                                causal=self_causal)
     else:
       k, v = self.self_attention.project_kv(h, extras)  # [B, 1, H, E]
       ck = jax.lax.dynamic_update_slice_in_dim(
@@ -223,7 +225,8 @@ class Decoder(nnx.Module):
     def run(layer, h, rng):
       out, _, sl, cl = layer(h, encoded, self_mask=causal, self_bias=self_bias,
                              cross_mask=cross_mask, dropout_rng=rng,
-                             extras=extras, return_logits=output_attention_logits)
+                             extras=extras, return_logits=output_attention_logits,
+                             self_causal=True)
       return out, (h if output_hidden_states else None, sl, cl)
 
     x, aux = stack.run_layers(

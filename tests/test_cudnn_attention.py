@@ -1,0 +1,136 @@
+"""cuDNN flash attention for T5 (jaxfid.t5.cudnn_attention): which
+attention it takes, per platform, dtype, dropout and mask; that a T5's
+programs compiled for an H100 without one hold cuDNN's fused attention
+where it applies (marked ``gpu``; JAX's CUDA plugin compiles them on this
+host). Its numbers need a GPU: benchmarks/gpu_step.py compares them there."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfid.aot import gpus, topologies
+from jaxfid.core import sharding as ax
+from jaxfid.t5 import attention_ops, cudnn_attention
+from jaxfid.t5.config import T5Config
+from jaxfid.t5.model import EncoderDecoderModel
+
+FMHA = "__cudnn$fmha"
+BF16 = jnp.bfloat16
+
+
+def _ok(q=(2, 16, 4, 64), k=None, dtype=BF16, bias=(1, 4, 16, 16),
+        mask=(2, 1, 1, 16), causal=False, dropout=False):
+  return cudnn_attention.supported(q, q if k is None else k, dtype, bias,
+                                   mask, causal=causal, dropout=dropout)
+
+
+def test_what_cudnn_takes():
+  """T5's encoder self-attention (bias and key mask), the decoder's causal
+  self-attention, multi-query keys; not float32, attention dropout, a bias
+  per example, odd lengths with a bias, a key mask without the bias (the
+  decoder's cross-attention over concatenated passages), a query mask, a
+  decoding position, a head wider than 128."""
+  assert _ok()
+  assert _ok(mask=(1, 1, 1, 16)) and _ok(bias=None, mask=None)
+  assert _ok(mask=(1, 1, 16, 16), causal=True)
+  assert _ok(k=(2, 16, 1, 64), bias=None, mask=None)
+  assert _ok(dtype=jnp.float16)
+  assert not _ok(dtype=jnp.float32)
+  assert not _ok(dropout=True)
+  assert not _ok(bias=(2, 4, 16, 16))
+  assert not _ok(q=(2, 15, 4, 64), bias=(1, 4, 15, 16))
+  assert not _ok(bias=None)
+  assert not _ok(mask=(2, 1, 16, 16))
+  assert not _ok(q=(2, 1, 4, 64), k=(2, 16, 4, 64), bias=(1, 4, 1, 16))
+  assert not _ok(q=(2, 16, 4, 256))
+  assert not _ok(q=(2, 16, 4, 64), k=(2, 8, 4, 64), bias=None, mask=None,
+                 causal=True)
+
+
+def test_off_gpu_every_implementation_is_the_reference_or_pallas():
+  """On this CPU host 'cudnn' and 'auto' are the reference: the same
+  context and logits as the reference, bit for bit."""
+  assert attention_ops.resolve("cudnn") == "reference"
+  assert attention_ops.resolve("auto") == "reference"
+  ks = jax.random.split(jax.random.key(0), 3)
+  q, k, v = (jax.random.normal(x, (2, 16, 4, 64)).astype(BF16) for x in ks)
+  bias = jnp.zeros((1, 4, 16, 16))
+  mask = jnp.arange(16)[None, None, None, :] < jnp.array([16, 9])[:, None,
+                                                                  None, None]
+  outs = [attention_ops.attend(q, k, v, bias=bias, mask=mask, rate=0.0,
+                               rng=None, implementation=i,
+                               return_logits=True)
+          for i in ("reference", "cudnn", "auto")]
+  for ctx, logits in outs[1:]:
+    np.testing.assert_array_equal(np.asarray(ctx, np.float32),
+                                  np.asarray(outs[0][0], np.float32))
+    np.testing.assert_array_equal(logits, outs[0][1])
+
+
+def _h100_mesh():
+  if not gpus.plugin_available():
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e "
+                "'.[gpu-aot]')")
+  devices = topologies.devices(topologies.parse("h100-1"))
+  return ax.parse_mesh("data=1", devices)
+
+
+@pytest.mark.gpu
+def test_auto_is_cudnn_for_a_gpu_and_compiles_without_one():
+  """Under an H100 mesh 'auto' is 'cudnn'; T5's biased, key-masked
+  attention and its gradients (q, k, v and the bias) compile to cuDNN's
+  forward and backward fused attention; with attention dropout, or float32,
+  they stay einsums."""
+  mesh = _h100_mesh()
+  mask = (jnp.arange(16)[None, None, None, :]
+          < jnp.array([16, 9])[:, None, None, None])  # [B, 1, 1, S]
+
+  def step(dtype, rate):
+    def loss(q, k, v, bias):
+      ctx, _ = attention_ops.attend(
+          q, k, v, bias=bias, mask=mask, rate=rate,
+          rng=jax.random.key(0) if rate else None, implementation="auto")
+      return jnp.sum(ctx.astype(jnp.float32) ** 2)
+    args = [jax.ShapeDtypeStruct((2, 16, 4, 64), dtype)] * 3 + [
+        jax.ShapeDtypeStruct((1, 4, 16, 16), jnp.float32)]
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
+        *args).lower().compile().as_text()
+
+  with jax.set_mesh(mesh):
+    assert attention_ops.resolve("auto") == "cudnn"
+    hlo = step(BF16, 0.0)
+    assert f'"{FMHA}ScaleBiasSoftmax"' in hlo
+    assert f'"{FMHA}ScaleBiasSoftmaxBackward"' in hlo
+    assert FMHA not in step(BF16, 0.1)
+    assert FMHA not in step(jnp.float32, 0.0)
+
+
+CONFIG = T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=96, num_heads=4,
+                  num_layers=2, num_decoder_layers=2, dropout_rate=0.0,
+                  dtype="bfloat16", feed_forward_proj="gated-gelu",
+                  tie_word_embeddings=False, remat="full")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention, calls", [("cudnn", 4), ("reference", 0)])
+def test_a_t5_train_step_uses_cudnn_for_its_self_attention(attention, calls):
+  """A FiD-shaped T5's loss gradient for an H100: each encoder layer's
+  self-attention (relative bias, padded passages) and each decoder layer's
+  causal self-attention is cuDNN's forward and backward; the
+  decoder's cross-attention (passages concatenated) stays einsums."""
+  mesh = _h100_mesh()
+  model = EncoderDecoderModel(CONFIG.replace(attention=attention))
+  params = jax.eval_shape(lambda: model.init_params(0))
+  batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((2, 3, 16), jnp.int32),
+           "decoder_target_tokens": jax.ShapeDtypeStruct((2, 8), jnp.int32)}
+  step = jax.jit(jax.grad(lambda p, b: model.loss(p, b, None)[0]))
+  with jax.set_mesh(mesh):
+    hlo = step.trace(params, batch).lower().compile().as_text()
+  found = {t: hlo.count(f'custom_call_target="{FMHA}{t}"')
+           for t in ("ScaleBiasSoftmax", "ScaleBiasSoftmaxBackward")}
+  # the forward twice (REMAT='full' recomputes it for the backward)
+  assert found == {"ScaleBiasSoftmax": 2 * calls,
+                   "ScaleBiasSoftmaxBackward": calls}
+  assert hlo.count(FMHA) == hlo.count(f"{FMHA}ScaleBias")
