@@ -16,6 +16,16 @@
 # only with more than 2 minutes left); results go to $OUT (the device tool
 # brings it back) as JSON lines and logs.
 #
+# `bash benchmarks/gpu.sh --attention` instead runs, after 0 and 1, the
+# attention comparison (issue #49): FiD-base's scanned train step at batch
+# 16 with DROPOUT_RATE=0.0 (cuDNN's flash attention takes no attention
+# dropout) and greedy decoding at batch 16, each with ATTENTION='reference'
+# and then 'cudnn' (benchmarks/gpu_step.py --attentions): step times, the
+# first step's loss of each (they agree to bfloat16 tolerance when cuDNN
+# computes what the einsums do) and the decoded tokens' SHA-1. Both
+# programs compile deviceless with either attention (docs/gpu.md, "cuDNN
+# flash attention").
+#
 # The batches (per card) were sized deviceless on the 2-core CPU host with
 # jax 0.10.2 + jax-cuda12-plugin 0.10.2 (benchmarks/RESULTS.md, "GPU
 # programs, sized without a GPU"), each program compiled so:
@@ -89,6 +99,20 @@ case "$kind" in
 esac
 BASE=(--gin_file=gin/fid/base.gin --gin.TARGET_MAXLENGTH=20
       --gin.DECODE_MAXLENGTH=20 --gin.SCAN_LAYERS=True)
+
+# --attention: reference against cuDNN, train then decode, at batch 16
+if [ "${1:-}" = --attention ]; then
+  timeout "$(( $(left) / 2 ))" python3 benchmarks/gpu_step.py train \
+      "${BASE[@]}" --gin.BATCH_SIZE=16 --gin.DROPOUT_RATE=0.0 --steps 10 \
+      --attentions reference,cudnn --json-out "$OUT/attention_train.jsonl" \
+      2>&1 | tee "$OUT/attention_train.log" | tail -3
+  timeout "$(( $(left) - 10 ))" python3 benchmarks/gpu_step.py decode \
+      "${BASE[@]}" --batch-sizes 16 --steps 5 --attentions reference,cudnn \
+      --json-out "$OUT/attention_decode.jsonl" \
+      2>&1 | tee "$OUT/attention_decode.log" | tail -3
+  echo "done in ${SECONDS}s"
+  exit 0
+fi
 
 # 2. the train step; if the largest batch fails (the card's allocator
 # needs more than the compiler counted), once more at batch 16 (53.37 GB)

@@ -18,12 +18,20 @@ the step time and the card's dense bf16 peak (:data:`jaxfid.aot.gpus.CARDS`,
 by the device kind; None for another device). Prints one JSON line per
 program and writes them all to ``--json-out``.
 
+``--attentions reference,cudnn`` runs each program once per attention
+implementation (gin ``ATTENTION``; each row says which): on a GPU, cuDNN's
+flash attention against the einsums, at the same batch. cuDNN takes no
+attention dropout, so a train comparison binds ``DROPOUT_RATE=0.0``; the
+train rows' first losses then agree to bfloat16 tolerance (``first_step_loss``: the loss of fresh parameters on the
+batch), the decode rows' tokens are compared by ``tokens_sha1``.
+
   python benchmarks/gpu_step.py train --gin_file=gin/fid/base.gin \\
       --gin.TARGET_MAXLENGTH=20 --gin.SCAN_LAYERS=True --gin.BATCH_SIZE=16
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -56,11 +64,15 @@ def _peak(devices: int) -> float | None:
   return None if card is None else card.peak_bf16_flops * devices
 
 
-def _timed(fn, steps: int) -> tuple[float, float]:
-  """(first call's seconds: compile and run, the mean of ``steps`` more)."""
+def _timed(fn, steps: int, first_out: list | None = None
+           ) -> tuple[float, float]:
+  """(first call's seconds: compile and run, the mean of ``steps`` more);
+  the first call's output is appended to ``first_out``."""
   t0 = time.perf_counter()
-  jax.block_until_ready(fn())
+  out = jax.block_until_ready(fn())
   first = time.perf_counter() - t0
+  if first_out is not None:
+    first_out.append(out)
   t0 = time.perf_counter()
   out = None
   for _ in range(steps):
@@ -98,12 +110,14 @@ def train(run: command.Run, base: dict, steps: int) -> dict:
       def one():
         state[0], metrics = step(state[0], batch)
         return metrics
-      first, per_step = _timed(one, steps)
+      first_metrics = []
+      first, per_step = _timed(one, steps, first_metrics)
       loss = float(jax.device_get(one()["loss"]))
+      first_loss = float(jax.device_get(first_metrics[0]["loss"]))
   return _row("train", settings.batch_size, plan.mesh.size, flops, first,
               per_step,
               {"remat": built.remat, "scan_layers": built.scan_layers,
-               "loss": loss})
+               "loss": loss, "first_step_loss": first_loss})
 
 
 def decode(run: command.Run, base: dict, batch_size: int, steps: int) -> dict:
@@ -128,7 +142,8 @@ def decode(run: command.Run, base: dict, batch_size: int, steps: int) -> dict:
   ran = int((tokens != 0).any(axis=0).sum())
   row = _row("decode", rows, plan.mesh.size, flops, first, per_step,
              {"scan_layers": built.scan_layers, "tokens_decoded": ran,
-              "decode_maxlength": int(tokens.shape[1])})
+              "decode_maxlength": int(tokens.shape[1]),
+              "tokens_sha1": hashlib.sha1(tokens.tobytes()).hexdigest()})
   if ran < tokens.shape[1]:  # the FLOPs count every token of the bound
     row["mfu"] = None
   return row
@@ -141,6 +156,9 @@ def main(argv=None) -> int:
   p.add_argument("--batch-sizes", default="1,16",
                  help="decode: the batch sizes, comma-separated")
   p.add_argument("--json-out", default=None)
+  p.add_argument("--attentions", default=None,
+                 help="run once per ATTENTION, comma-separated "
+                      "(e.g. reference,cudnn)")
   p.add_argument("--gin_file", action="append", default=[])
   args, rest = p.parse_known_args(argv)
   bindings = [a.removeprefix("--gin.") for a in rest
@@ -148,14 +166,21 @@ def main(argv=None) -> int:
   unknown = [a for a in rest if not a.startswith("--gin.")]
   if unknown:
     p.error(f"unknown arguments: {' '.join(unknown)}")
-  run = command.Run(tuple(args.gin_file), tuple(bindings), ())
-  base = run.placeholders()
-  run.check(base)
-  rows = ([train(run, base, args.steps)] if args.program == "train" else
-          [decode(run, base, int(b), args.steps)
-           for b in args.batch_sizes.split(",")])
-  for row in rows:
-    print(json.dumps(row), flush=True)
+  rows = []
+  for attention in (args.attentions.split(",") if args.attentions
+                    else [None]):
+    extra = () if attention is None else (f"ATTENTION='{attention}'",)
+    run = command.Run(tuple(args.gin_file), (*bindings, *extra), ())
+    base = run.placeholders()
+    run.check(base)
+    found = ([train(run, base, args.steps)] if args.program == "train" else
+             [decode(run, base, int(b), args.steps)
+              for b in args.batch_sizes.split(",")])
+    for row in found:
+      if attention is not None:
+        row["attention"] = attention
+      print(json.dumps(row), flush=True)
+    rows += found
   if args.json_out:
     with open(args.json_out, "w", encoding="utf-8") as f:
       f.write("".join(json.dumps(r) + "\n" for r in rows))
