@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfid.aot import gpus, topologies
+from jaxfid.aot import gpus, programs, topologies
 from jaxfid.core import sharding as ax
 from jaxfid.t5 import attention_ops, cudnn_attention
 from jaxfid.t5.config import T5Config
@@ -105,6 +105,34 @@ def test_auto_is_cudnn_for_a_gpu_and_compiles_without_one():
     assert f'"{FMHA}ScaleBiasSoftmaxBackward"' in hlo
     assert FMHA not in step(BF16, 0.1)
     assert FMHA not in step(jnp.float32, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_program_flops_count_cudnn_as_the_einsums(causal):
+  """``bench compile``'s program FLOPs (XLA:GPU has no cost analysis without
+  a card) count cuDNN's forward and backward as the reference's einsums and
+  their transposes: the same total for the gradient of either."""
+  mesh = _h100_mesh()
+  mask = None if causal else jnp.ones((2, 1, 1, 32), bool)
+
+  def grads(implementation):
+    def loss(q, k, v, bias):
+      ctx, _ = attention_ops.attend(q, k, v, bias=bias, mask=mask, rate=0.0,
+                                    rng=None, implementation=implementation,
+                                    causal=causal)
+      return jnp.sum(ctx.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+  args = [jax.ShapeDtypeStruct((2, 16, 4, 64), BF16)] + [
+      jax.ShapeDtypeStruct((2, 32 - 16 * causal, 4, 64), BF16)] * 2 + [
+          jax.ShapeDtypeStruct((1, 4, 16, 32 - 16 * causal), jnp.float32)]
+  with jax.set_mesh(mesh):
+    counted = {i: programs.program_flops(grads(i), *args)
+               for i in ("reference", "cudnn")}
+    assert FMHA in jax.jit(grads("cudnn")).trace(*args).lower().as_text()
+  assert counted["cudnn"] == counted["reference"] == 12 * 2 * 4 * 16 * (
+      32 - 16 * causal) * 64
 
 
 CONFIG = T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=96, num_heads=4,

@@ -218,18 +218,41 @@ def _sub_jaxprs(value):
       yield from _sub_jaxprs(v)
 
 
+# cuDNN's fused attention (jax.nn.dot_product_attention's 'cudnn'), FLOPs
+# per B*N*T*S*H: the forward's scores and weighted values (4, as the
+# einsums'), the backward's four gradient matmuls (8, as the einsums'
+# transposes; cuDNN also recomputes the scores there, not counted)
+_CUDNN_ATTENTION = {"dot_product_attention_fwd": 4,
+                    "dot_product_attention_fwd_wrapper": 4,
+                    "dot_product_attention_bwd": 8,
+                    "dot_product_attention_bwd_wrapper": 8}
+
+
+def _cudnn_attention_flops(eqn) -> float:
+  q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+  if eqn.params["layout"] == 1:  # BNTH
+    b, n, t, h = q
+    s = k[2]
+  else:  # BTNH
+    b, t, n, h = q
+    s = k[1]
+  return float(_CUDNN_ATTENTION[eqn.primitive.name] * b * n * t * s * h)
+
+
 def jaxpr_flops(jaxpr) -> float:
   """Matmul FLOPs of a jaxpr: every ``dot_general`` (2 per multiply-add),
   inside calls and loops too (a scan times its length, a ``while`` times its
   literal bound, a ``cond`` its costliest branch, a ``shard_map`` body times
   its shards, a Pallas kernel what it declares or its body times its
-  grid)."""
+  grid, cuDNN's fused attention its matmuls)."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "dot_general":
       total += _dot_flops(eqn)
+    elif name in _CUDNN_ATTENTION:
+      total += _cudnn_attention_flops(eqn)
     elif name == "pallas_call":
       cost = eqn.params.get("cost_estimate")
       total += (float(cost.flops) if cost is not None else
