@@ -142,14 +142,21 @@ CONFIG = T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=96, num_heads=4,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention, calls", [("cudnn", 4), ("reference", 0)])
-def test_a_t5_train_step_uses_cudnn_for_its_self_attention(attention, calls):
+@pytest.mark.slow  # a whole T5 step compiled for an H100: 30-40 s each here
+@pytest.mark.parametrize("attention, passages, calls", [
+    ("cudnn", "flatten", 4), ("reference", "flatten", 0),
+    ("cudnn", "vmap", 0)])
+def test_a_t5_train_step_uses_cudnn_for_its_self_attention(
+    attention, passages, calls):
   """A FiD-shaped T5's loss gradient for an H100: each encoder layer's
   self-attention (relative bias, padded passages) and each decoder layer's
   causal self-attention is cuDNN's forward and backward; the
-  decoder's cross-attention (passages concatenated) stays einsums."""
+  decoder's cross-attention (passages concatenated) stays einsums, and so
+  does everything under vmapped passages (jax's batching of cuDNN's
+  attention fails there)."""
   mesh = _h100_mesh()
-  model = EncoderDecoderModel(CONFIG.replace(attention=attention))
+  model = EncoderDecoderModel(CONFIG.replace(attention=attention,
+                                             passage_encoding=passages))
   params = jax.eval_shape(lambda: model.init_params(0))
   batch = {"encoder_input_tokens": jax.ShapeDtypeStruct((2, 3, 16), jnp.int32),
            "decoder_target_tokens": jax.ShapeDtypeStruct((2, 8), jnp.int32)}

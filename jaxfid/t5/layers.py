@@ -213,8 +213,10 @@ class Attention(nnx.Module):
     self.dropout_rate = config.dropout_rate
     self.dtype = dt
     # the kernel's TPU lowering does not take the batch dimension vmap adds
-    # (PASSAGE_ENCODING='vmap'): 'auto' keeps the einsums there
-    self.implementation = ("reference" if config.attention == "auto"
+    # (PASSAGE_ENCODING='vmap'), nor does jax 0.10.2's batching of cuDNN's
+    # attention (it reshapes the key lengths to the vmapped batch and
+    # fails): 'auto' and 'cudnn' keep the einsums there
+    self.implementation = ("reference" if config.attention in ("auto", "cudnn")
                            and config.passage_encoding == "vmap"
                            else config.attention)
 
