@@ -70,9 +70,9 @@ class T5Config(Config):
       asked for, e.g. FiD's encoder; the reference elsewhere; interpreted
       off TPU), 'cudnn' (cuDNN's flash attention on GPU where it applies:
       bfloat16/float16, no attention dropout, the relative bias with a key
-      padding mask, or the causal mask; the reference elsewhere and off
-      GPU), or 'auto': 'pallas' on TPU, 'cudnn' on GPU, 'reference'
-      elsewhere and with vmapped passages.
+      padding mask, or the causal mask; the reference elsewhere, off GPU
+      and with vmapped passages), or 'auto': 'pallas' on TPU, 'cudnn' on
+      GPU, 'reference' elsewhere and with vmapped passages.
     cross_attention_period: FiDO layer-sparse cross-attention: decoder layer i
       (0-based) has cross-attention iff ``(i + 1) % period == 0``; 1 = every
       layer (standard T5).
