@@ -69,6 +69,64 @@ def test_off_gpu_every_implementation_is_the_reference_or_pallas():
     np.testing.assert_array_equal(logits, outs[0][1])
 
 
+def _xla_and_reference(mask, causal=False, kv_heads=4):
+  """(this module's call through JAX's 'xla' attention, the reference):
+  each (context, grads of q, k, v, bias), bfloat16 inputs."""
+  ks = jax.random.split(jax.random.key(1), 5)
+  q = jax.random.normal(ks[0], (3, 16, 4, 64)).astype(BF16)
+  k, v = (jax.random.normal(x, (3, 16, kv_heads, 64)).astype(BF16)
+          for x in ks[1:3])
+  bias = jax.random.normal(ks[3], (1, 4, 16, 16))
+  cot = jax.random.normal(ks[4], (3, 16, 4, 64))
+  out = []
+  for run in ("xla", "reference"):
+    def loss(q, k, v, bias, run=run):
+      if run == "xla":
+        ctx = cudnn_attention.attention(q, k, v, bias=bias, mask=mask,
+                                        causal=causal, implementation="xla")
+      else:
+        ctx, _ = attention_ops.reference(q, k, v, bias=bias, mask=mask,
+                                         rate=0.0, rng=None)
+      return jnp.sum(ctx.astype(jnp.float32) * cot), ctx
+    grads, ctx = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+        q, k, v, bias)
+    out.append([np.asarray(x, np.float32) for x in (ctx, *grads)])
+  return out, v
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_the_call_computes_t5_attention(kv_heads):
+  """What cudnn_attention hands cuDNN (no scaling, the bias in bfloat16,
+  the key mask as lengths, multi-query keys), run through JAX's 'xla'
+  attention on this host, is the reference's attention to bfloat16
+  tolerance, context and gradients (the bias's, summed over the batch,
+  too); a row with no real token attends to its first key."""
+  lengths = jnp.array([16, 9, 0])
+  mask = (jnp.arange(16)[None, :] < lengths[:, None])[:, None, None, :]
+  (xla, ref), v = _xla_and_reference(mask, kv_heads=kv_heads)
+  for name, a, b in zip(("ctx", "dq", "dk", "dv", "dbias"), xla, ref):
+    if name != "dbias":
+      a, b = a[:2], b[:2]  # the empty row differs by design
+    np.testing.assert_allclose(a, b, atol=0.05, rtol=0.05, err_msg=name)
+  first = np.asarray(v[2, 0], np.float32)  # [K, E]
+  np.testing.assert_allclose(xla[0][2], np.broadcast_to(
+      first, (16, 4, 64)), atol=1e-2)
+
+
+def test_causal_and_a_mask_with_a_hole():
+  """``causal=True`` is the decoder's causal mask; a key mask that is not a
+  prefix makes that row's context NaN (the others are untouched)."""
+  causal = jnp.tril(jnp.ones((16, 16), bool))[None, None]
+  (xla, ref), _ = _xla_and_reference(causal, causal=True)
+  for name, a, b in zip(("ctx", "dq", "dk", "dv", "dbias"), xla, ref):
+    np.testing.assert_allclose(a, b, atol=0.05, rtol=0.05, err_msg=name)
+  hole = jnp.ones((3, 1, 1, 16), bool).at[1, 0, 0, 3].set(False)
+  (xla, ref), _ = _xla_and_reference(hole)
+  assert np.isnan(xla[0][1]).all()
+  np.testing.assert_allclose(xla[0][[0, 2]], ref[0][[0, 2]], atol=0.05,
+                             rtol=0.05)
+
+
 def _h100_mesh():
   if not gpus.plugin_available():
     pytest.skip("JAX's CUDA plugin is not installed (pip install -e "

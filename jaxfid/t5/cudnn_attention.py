@@ -77,9 +77,12 @@ def supported(q_shape, k_shape, dtype, bias_shape, mask_shape, *,
 
 
 def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
-              mask: Array | None, causal: bool) -> Array:
+              mask: Array | None, causal: bool,
+              implementation: str = "cudnn") -> Array:
   """Context ``[B, L, H, E]`` (q's dtype) of T5 attention, no scaling, for
-  :func:`supported` inputs; ``mask`` is ignored when ``causal``."""
+  :func:`supported` inputs; ``mask`` is ignored when ``causal``.
+  ``implementation='xla'`` runs the same call through JAX's own einsums
+  (any platform: the tests check this module's arithmetic with it)."""
   b, _, _, _ = q.shape
   s = k.shape[1]
   k = k.astype(q.dtype)
@@ -93,7 +96,7 @@ def attention(q: Array, k: Array, v: Array, *, bias: Array | None,
   ctx = jax.nn.dot_product_attention(
       q, k, v, bias=None if bias is None else bias.astype(q.dtype),
       scale=1.0, is_causal=causal, key_value_seq_lengths=lengths,
-      implementation="cudnn")  # [B, L, H, E]
+      implementation=implementation)  # [B, L, H, E]
   if ok is not None:
     ctx = jnp.where(ok[:, None, None, None], ctx,
                     jnp.asarray(jnp.nan, ctx.dtype))
